@@ -1,0 +1,26 @@
+# Dependencies, all from Debian's packages (README.md says why each one is here).
+find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(Boost 1.74 REQUIRED COMPONENTS program_options filesystem)
+find_package(TBB REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(Threads REQUIRED)
+if(POLYPROBE_BUILD_TESTS)
+  find_package(Catch2 2.13 REQUIRED)
+endif()
+
+# The CUDA plugins' effective state is computed once, so the build and its summary agree.
+set(POLYPROBE_HAVE_CUDA OFF)
+if(NOT POLYPROBE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(POLYPROBE_HAVE_CUDA ON)
+  elseif(POLYPROBE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "POLYPROBE_CUDA=ON but no CUDA compiler was found; install the CUDA "
+                        "Toolkit in /usr/local/cuda or configure with -DPOLYPROBE_CUDA=OFF")
+  endif()
+endif()

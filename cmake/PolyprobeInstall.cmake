@@ -1,0 +1,16 @@
+# `cmake --install` yields a package usable with find_package(polyprobe CONFIG): the core
+# library, the public headers, the plugin API target and the host app with its plugins.
+include(CMakePackageConfigHelpers)
+install(TARGETS polyprobe_core polyprobe_plugin_api EXPORT polyprobeTargets
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/polyprobe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(EXPORT polyprobeTargets NAMESPACE polyprobe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/polyprobeConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/polyprobeConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/polyprobeConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/polyprobeConfig.cmake ${PROJECT_BINARY_DIR}/polyprobeConfigVersion.cmake
+              ${PROJECT_SOURCE_DIR}/cmake/PolyprobePlugin.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)

@@ -1,0 +1,1 @@
+target_sources(polyprobe_core PRIVATE ${CMAKE_CURRENT_LIST_DIR}/losses.cpp)

@@ -1,0 +1,61 @@
+// Internal pieces of the plugin host: views of core objects in ABI form, and adapters
+// that present plugin objects as core interfaces.
+#pragma once
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/layer.hpp>
+#include <polyprobe/loss.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/plugin_abi.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace polyprobe::detail {
+
+std::string dtype_label(int32_t dtype);
+std::string device_label(int32_t device);
+std::string component_label(int32_t component);
+int32_t to_pp_dtype(DType dtype);
+std::string error_text(const pp_error& err);
+
+// A pp_model_view of a Model, with storage for everything its pointers reference. It
+// stays valid as long as this object and the model's layers live.
+class ModelView {
+ public:
+  explicit ModelView(const Model& model);
+  ModelView(const ModelView&) = delete;
+  ModelView& operator=(const ModelView&) = delete;
+  const pp_model_view* get() const { return &view_; }
+
+ private:
+  std::deque<std::string> strings_;
+  std::deque<std::vector<int64_t>> shapes_;
+  std::vector<pp_layer_view> layers_;
+  pp_model_view view_{};
+};
+
+// A pp_loss_view of a Loss (valid while the loss lives).
+struct LossView {
+  explicit LossView(const Loss& loss);
+  LossView(const LossView&) = delete;
+  LossView& operator=(const LossView&) = delete;
+  std::string name;
+  pp_loss_view view{};
+};
+
+// A Layer whose implementation lives in a plugin.
+std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind,
+                                               const std::string& plugin,
+                                               const nlohmann::json& attrs, const Shape& input);
+
+// An Evaluator whose implementation lives in a plugin.
+std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
+                                                 const Loss& loss, const EvaluatorOptions& options);
+
+pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device);
+
+}  // namespace polyprobe::detail

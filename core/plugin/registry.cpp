@@ -1,0 +1,386 @@
+// Plugin discovery, loading and selection (see registry.hpp for the rules).
+#define BOOST_DLL_USE_STD_FS
+#include <polyprobe/error.hpp>
+#include <polyprobe/registry.hpp>
+
+#include "plugin/plugin_impl.hpp"
+
+#include <boost/dll/runtime_symbol_info.hpp>
+#include <boost/dll/shared_library.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+#ifndef POLYPROBE_PLUGIN_RELDIR
+#define POLYPROBE_PLUGIN_RELDIR "../lib/polyprobe/plugins"
+#endif
+
+namespace polyprobe {
+namespace fs = std::filesystem;
+
+namespace detail {
+
+std::string dtype_label(int32_t dtype) {
+  switch (dtype) {
+    case PP_DTYPE_F32: return "float32";
+    case PP_DTYPE_F64: return "float64";
+    case PP_DTYPE_I64: return "int64";
+    case PP_DTYPE_BF16: return "bfloat16";
+    case PP_DTYPE_F16: return "float16";
+    default: return "dtype#" + std::to_string(dtype);
+  }
+}
+
+std::string device_label(int32_t device) {
+  switch (device) {
+    case PP_DEVICE_CPU: return "cpu";
+    case PP_DEVICE_CUDA: return "cuda";
+    default: return "device#" + std::to_string(device);
+  }
+}
+
+std::string component_label(int32_t component) {
+  switch (component) {
+    case PP_COMPONENT_EVALUATOR: return "evaluator";
+    case PP_COMPONENT_ACCUMULATOR: return "accumulator";
+    case PP_COMPONENT_LAYER: return "layer";
+    case PP_COMPONENT_SUBSPACE: return "subspace";
+    case PP_COMPONENT_RADIUS_MODEL: return "radius_model";
+    default: return "component#" + std::to_string(component);
+  }
+}
+
+int32_t to_pp_dtype(DType dtype) { return dtype == DType::f32 ? PP_DTYPE_F32 : PP_DTYPE_F64; }
+
+std::string error_text(const pp_error& err) {
+  const std::size_t n = strnlen(err.message, sizeof(err.message));
+  return n == 0 ? std::string("(no reason given)") : std::string(err.message, n);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Loaded libraries are never unloaded (DESIGN.md section 5): their threads, static state
+// and the function pointers we keep must outlive every caller. The handles are parked in
+// a container that is itself never destroyed.
+std::vector<boost::dll::shared_library*>& parked_libraries() {
+  static auto* libraries = new std::vector<boost::dll::shared_library*>();
+  return *libraries;
+}
+
+bool is_plugin_file(const fs::path& path) {
+  const std::string name = path.filename().string();
+  return name.starts_with("libpolyprobe_") && path.extension() == ".so";
+}
+
+// The size of version 1 of pp_plugin: a descriptor must be at least this large.
+constexpr uint32_t kPluginV1Size =
+    static_cast<uint32_t>(offsetof(pp_plugin, accumulator_create) + sizeof(void*));
+
+bool valid_name(const char* name) {
+  if (name == nullptr || *name == '\0' || std::strlen(name) > 64) return false;
+  return std::all_of(name, name + std::strlen(name), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.';
+  });
+}
+
+std::string safe(const char* text) { return text == nullptr ? std::string() : std::string(text); }
+
+}  // namespace
+
+PluginRegistry::PluginRegistry() = default;
+PluginRegistry::~PluginRegistry() = default;
+
+fs::path PluginRegistry::executable_plugin_dir() {
+  std::error_code ec;
+  const fs::path exe = boost::dll::program_location(ec);
+  if (ec || exe.empty()) return {};
+  return (exe.parent_path() / POLYPROBE_PLUGIN_RELDIR).lexically_normal();
+}
+
+std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& explicit_dirs) {
+  std::vector<fs::path> dirs(explicit_dirs.begin(), explicit_dirs.end());
+  if (const char* env = std::getenv("POLYPROBE_PLUGIN_PATH"); env != nullptr) {
+    std::stringstream entries(env);
+    std::string entry;
+    // An empty entry would mean the current directory in PATH-like variables; plugins are
+    // never loaded from there, so empty entries are skipped.
+    while (std::getline(entries, entry, ':'))
+      if (!entry.empty()) dirs.emplace_back(entry);
+  }
+  if (fs::path own = executable_plugin_dir(); !own.empty()) dirs.push_back(own);
+  return dirs;
+}
+
+void PluginRegistry::load_directories(const std::vector<fs::path>& dirs) {
+  for (const fs::path& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) continue;
+    std::vector<fs::path> files;
+    for (const auto& entry : fs::directory_iterator(dir, ec))
+      if (is_plugin_file(entry.path())) files.push_back(entry.path());
+    std::sort(files.begin(), files.end());
+    for (const fs::path& file : files) load_library(file);
+  }
+}
+
+const PluginInfo* PluginRegistry::find(const std::string& name) const {
+  for (std::size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].loaded && infos_[i].name == name) return &infos_[i];
+  return nullptr;
+}
+
+void PluginRegistry::load_library(const fs::path& requested) {
+  std::error_code ec;
+  fs::path path = fs::weakly_canonical(requested, ec);
+  if (ec) path = requested;
+  for (const PluginInfo& info : infos_)
+    if (info.path == path) return;  // the same file reached through two search entries
+
+  PluginInfo info;
+  info.path = path;
+  info.name = path.stem().string();
+  const pp_plugin* desc = nullptr;
+  auto record = [&](std::string reason) {
+    info.reason = std::move(reason);
+    infos_.push_back(std::move(info));
+    descriptors_.push_back(desc);
+  };
+
+  auto* library = new boost::dll::shared_library();
+  try {
+    library->load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    delete library;
+    return record(std::string("cannot load the library: ") + e.what());
+  }
+  parked_libraries().push_back(library);  // never unloaded, even when rejected below
+
+  if (!library->has(PP_ENTRY_SYMBOL))
+    return record(std::string("not a polyprobe plugin: it does not export ") + PP_ENTRY_SYMBOL);
+  auto entry = library->get<const pp_plugin*(uint32_t)>(PP_ENTRY_SYMBOL);
+  try {
+    desc = entry(PP_PLUGIN_API_VERSION);
+  } catch (const std::exception& e) {
+    return record(std::string("its entry function threw: ") + e.what());
+  } catch (...) {
+    return record("its entry function threw an unknown exception");
+  }
+  if (desc == nullptr)
+    return record("it declined this host's plugin API version " +
+                  std::to_string(PP_PLUGIN_API_VERSION) + ": rebuild it against this polyprobe");
+  info.abi = desc->api_version;
+  if (desc->api_version != PP_PLUGIN_API_VERSION) {
+    const std::string reason = "it was built for plugin API " + std::to_string(desc->api_version) +
+                               " but this host speaks " + std::to_string(PP_PLUGIN_API_VERSION) +
+                               ": rebuild it against this polyprobe";
+    desc = nullptr;
+    return record(reason);
+  }
+  if (desc->struct_size < kPluginV1Size) {
+    const std::string reason = "its descriptor is too small (struct_size " +
+                               std::to_string(desc->struct_size) + " < " +
+                               std::to_string(kPluginV1Size) + "): rebuild it against this polyprobe";
+    desc = nullptr;
+    return record(reason);
+  }
+  if (!valid_name(desc->name)) {
+    desc = nullptr;
+    return record("its descriptor has no valid name (letters, digits, '_', '-', '.'; at most 64)");
+  }
+  info.name = desc->name;
+  info.version = safe(desc->version);
+  info.vendor = safe(desc->vendor);
+  info.summary = safe(desc->summary);
+  info.loaded = true;
+  if (const PluginInfo* other = find(info.name); other != nullptr) {
+    const std::string reason = "duplicate: a plugin named '" + info.name +
+                               "' is already loaded from " + other->path.string();
+    info.loaded = false;
+    desc = nullptr;
+    return record(reason);
+  }
+  if (desc->n_caps < 0 || (desc->n_caps > 0 && desc->caps == nullptr) || desc->n_layers < 0 ||
+      (desc->n_layers > 0 && desc->layers == nullptr)) {
+    info.loaded = false;
+    desc = nullptr;
+    return record("its descriptor lists capabilities or layers without data");
+  }
+  for (int32_t i = 0; i < desc->n_caps; ++i) {
+    const pp_capability& cap = desc->caps[i];
+    CapabilityInfo c{detail::component_label(cap.component), safe(cap.name),
+                     detail::device_label(cap.device), {}, safe(cap.summary)};
+    for (int32_t t = PP_DTYPE_F32; t <= PP_DTYPE_F16; ++t)
+      if ((cap.dtypes & PP_DTYPE_BIT(t)) != 0) c.dtypes.push_back(detail::dtype_label(t));
+    info.capabilities.push_back(std::move(c));
+  }
+  for (int32_t i = 0; i < desc->n_layers; ++i) {
+    const pp_layer_kind& kind = desc->layers[i];
+    if (kind.struct_size < sizeof(pp_layer_kind) || !valid_name(kind.kind) ||
+        kind.create == nullptr || kind.destroy == nullptr || kind.describe == nullptr ||
+        kind.forward == nullptr) {
+      info.loaded = false;
+      desc = nullptr;
+      return record("its layer kind #" + std::to_string(i) + " is incomplete");
+    }
+    info.capabilities.push_back({"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});
+  }
+  if (desc->probe == nullptr) {
+    info.score = 1;
+  } else {
+    pp_error why{};
+    try {
+      info.score = desc->probe(&why);
+    } catch (...) {
+      info.score = 0;
+      std::snprintf(why.message, sizeof(why.message), "its probe threw");
+    }
+    if (info.score <= 0) {
+      info.score = 0;
+      return record("unusable on this machine: " + detail::error_text(why));
+    }
+  }
+  info.available = true;
+  record("");
+}
+
+void PluginRegistry::register_layers(LayerFactory& factory) {
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    PluginInfo& info = infos_[i];
+    const pp_plugin* desc = descriptors_[i];
+    if (!info.available || desc == nullptr) continue;
+    for (int32_t k = 0; k < desc->n_layers; ++k) {
+      const pp_layer_kind* kind = &desc->layers[k];
+      if (factory.contains(kind->kind)) {
+        info.reason += std::string(info.reason.empty() ? "" : "; ") + "layer kind '" + kind->kind +
+                       "' skipped: already provided by " + factory.kinds().at(kind->kind).provider;
+        continue;
+      }
+      factory.add(kind->kind, {[kind, name = info.name](const nlohmann::json& attrs, const Shape& in) {
+                                 return detail::make_plugin_layer(kind, name, attrs, in);
+                               },
+                               safe(kind->summary), info.name});
+    }
+  }
+}
+
+nlohmann::json Selection::to_json() const {
+  return {{"component", component}, {"chosen", chosen}, {"reasons", reasons}};
+}
+
+std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, const Loss& loss,
+                                                          const EvaluatorRequest& request,
+                                                          Selection* selection) const {
+  Selection local;
+  Selection& sel = selection != nullptr ? *selection : local;
+  sel = Selection{"evaluator", "", {}};
+  const std::string& backend = request.backend;
+  const bool automatic = backend.empty() || backend == "auto";
+  if (request.device != "cpu" && request.device != "cuda")
+    throw Error("unknown device '" + request.device + "' (use cpu or cuda)");
+
+  if (backend == "reference") {
+    if (request.device != "cpu")
+      throw Error("the reference evaluator runs on the cpu, not on " + request.device);
+    sel.chosen = "reference";
+    sel.reasons.push_back("reference: requested with --backend reference");
+    return make_reference_evaluator(model, loss, nullptr, request.options);
+  }
+  if (!automatic && find(backend) == nullptr) {
+    std::string known = "reference";
+    for (const PluginInfo& info : infos_)
+      if (info.loaded) known += ", " + info.name;
+    throw Error("unknown backend '" + backend + "' (known: " + known +
+                "); `polyprobe plugins` lists what was found and why");
+  }
+
+  const detail::ModelView view(model);
+  const detail::LossView loss_view(loss);
+  const int32_t device = request.device == "cuda" ? PP_DEVICE_CUDA : PP_DEVICE_CPU;
+  const pp_eval_options options = detail::to_pp_options(request.options, device);
+  const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
+
+  struct Candidate {
+    int score;
+    std::string name;
+    const pp_plugin* desc;
+  };
+  std::vector<Candidate> candidates;
+  std::string explicit_reason;
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const PluginInfo& info = infos_[i];
+    const pp_plugin* desc = descriptors_[i];
+    if (!info.loaded) continue;
+    auto decline = [&](const std::string& why) {
+      sel.reasons.push_back(info.name + ": declined: " + why);
+      if (info.name == backend) explicit_reason = why;
+    };
+    if (!info.available) {
+      decline(info.reason);
+      continue;
+    }
+    if (desc->evaluator_create == nullptr) {
+      if (info.name == backend) decline("it provides no evaluator");
+      continue;
+    }
+    bool device_ok = false, dtype_ok = false;
+    for (int32_t c = 0; c < desc->n_caps; ++c) {
+      const pp_capability& cap = desc->caps[c];
+      if (cap.component != PP_COMPONENT_EVALUATOR || cap.device != device) continue;
+      device_ok = true;
+      dtype_ok = dtype_ok || (cap.dtypes & PP_DTYPE_BIT(dtype)) != 0;
+    }
+    if (!device_ok) {
+      decline("it has no evaluator for device " + request.device);
+      continue;
+    }
+    if (!dtype_ok) {
+      decline("its evaluators do not compute in " + std::string(to_string(request.options.dtype)));
+      continue;
+    }
+    if (desc->evaluator_supports != nullptr) {
+      pp_error why{};
+      if (desc->evaluator_supports(nullptr, view.get(), &loss_view.view, &options, &why) == 0) {
+        decline(detail::error_text(why));
+        continue;
+      }
+    }
+    sel.reasons.push_back(info.name + ": can serve (score " + std::to_string(info.score) + ")");
+    candidates.push_back({info.score, info.name, desc});
+  }
+
+  const Candidate* chosen = nullptr;
+  if (!automatic) {
+    for (const Candidate& c : candidates)
+      if (c.name == backend) chosen = &c;
+    if (chosen == nullptr)
+      throw Error("backend '" + backend + "' cannot serve this model: " +
+                  (explicit_reason.empty() ? std::string("it declined") : explicit_reason));
+    sel.reasons.push_back(backend + ": chosen: requested with --backend");
+  } else {
+    // Policy (the device) already filtered; then the highest score, then the name.
+    for (const Candidate& c : candidates)
+      if (chosen == nullptr || c.score > chosen->score ||
+          (c.score == chosen->score && c.name < chosen->name))
+        chosen = &c;
+    if (chosen == nullptr) {
+      if (device != PP_DEVICE_CPU)
+        throw Error("no plugin can evaluate on " + request.device +
+                    "; `polyprobe plugins` lists what was found and why");
+      sel.chosen = "reference";
+      sel.reasons.push_back(
+          "reference: chosen: no plugin can serve, so the core's reference evaluator runs "
+          "(correct but slow)");
+      return make_reference_evaluator(model, loss, nullptr, request.options);
+    }
+    sel.reasons.push_back(chosen->name + ": chosen: highest score among those that can serve");
+  }
+  sel.chosen = chosen->name;
+  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options);
+}
+
+}  // namespace polyprobe

@@ -1,0 +1,34 @@
+// Reduce-by-key: out[keys[i], :] += values[i, :] for rows of a fixed width.
+//
+// Used wherever contributions are summed (per-sample into per-candidate losses,
+// barycentric moves, kernel sums). Strategies: `scatter` (in input order, or atomics or
+// per-thread partials on parallel backends), `segment` (owner-computes: contributions
+// grouped by key, each key's sum formed in input order and placed once; deterministic for
+// any thread count) and `auto` (chosen from measurement). The reference adds in input
+// order, sequentially, and is the yardstick.
+#pragma once
+
+#include <polyprobe/tensor.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace polyprobe {
+
+class Accumulator {
+ public:
+  virtual ~Accumulator() = default;
+  virtual std::string name() const = 0;
+  // out must be [n_keys, width] (already holding what to add to), values [keys.size(), width].
+  // Throws polyprobe::Error for a key out of range or mismatched shapes.
+  virtual void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values,
+                          MatrixRef<double> out) = 0;
+  virtual void accumulate(std::span<const int64_t> keys, ConstMatrixRef<float> values,
+                          MatrixRef<float> out) = 0;
+};
+
+std::unique_ptr<Accumulator> make_reference_accumulator();
+
+}  // namespace polyprobe

@@ -1,0 +1,179 @@
+// Header-only C++ helpers for plugin authors, over plugin_abi.h.
+//
+// A plugin written in C++ uses exceptions and RAII inside, and this header turns them into
+// the ABI's status codes at the boundary: every function pointer a plugin hands out goes
+// through pp::guard, so no exception ever crosses into the host. It depends on nothing but
+// the C++ standard library and plugin_abi.h, so a third-party plugin needs no other part
+// of polyprobe (it does not link the core).
+#pragma once
+
+#include <polyprobe/plugin_abi.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+// Marks the one exported symbol of a plugin; everything else stays hidden.
+#define POLYPROBE_PLUGIN_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace pp {
+
+// Writes a reason into a pp_error (truncating), tolerating a null error pointer.
+inline void set_error(pp_error* err, std::string_view message) {
+  if (err == nullptr) return;
+  const std::size_t n = std::min(message.size(), sizeof(err->message) - 1);
+  std::memcpy(err->message, message.data(), n);
+  err->message[n] = '\0';
+}
+
+// Runs `body` and converts any exception into PP_FAILED with its message.
+template <class Body>
+int guard(pp_error* err, Body&& body) noexcept {
+  try {
+    body();
+    return PP_OK;
+  } catch (const std::exception& e) {
+    set_error(err, e.what());
+  } catch (...) {
+    set_error(err, "unknown exception");
+  }
+  return PP_FAILED;
+}
+
+template <class T>
+constexpr int32_t dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return PP_DTYPE_F32;
+  else if constexpr (std::is_same_v<T, double>) return PP_DTYPE_F64;
+  else if constexpr (std::is_same_v<T, int64_t>) return PP_DTYPE_I64;
+  else static_assert(sizeof(T) == 0, "no pp_dtype for this type");
+}
+
+inline const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case PP_DTYPE_F32: return "float32";
+    case PP_DTYPE_F64: return "float64";
+    case PP_DTYPE_I64: return "int64";
+    case PP_DTYPE_BF16: return "bfloat16";
+    case PP_DTYPE_F16: return "float16";
+    default: return "unknown";
+  }
+}
+
+inline int64_t numel(const pp_tensor& t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// The data of a contiguous CPU tensor as a typed span; throws when dtype or layout differ.
+template <class T>
+std::span<T> as_span(const pp_tensor& t) {
+  if (t.dtype != dtype_of<std::remove_const_t<T>>())
+    throw std::invalid_argument(std::string("tensor has dtype ") + dtype_name(t.dtype) +
+                                ", expected " + dtype_name(dtype_of<std::remove_const_t<T>>()));
+  if (t.device != PP_DEVICE_CPU) throw std::invalid_argument("tensor is not in CPU memory");
+  if (t.strides != nullptr) {
+    int64_t expected = 1;
+    for (int32_t i = t.ndim - 1; i >= 0; --i) {
+      if (t.shape[i] != 1 && t.strides[i] != expected)
+        throw std::invalid_argument("tensor is not contiguous row-major");
+      expected *= t.shape[i];
+    }
+  }
+  return {static_cast<T*>(t.data), static_cast<std::size_t>(numel(t))};
+}
+
+// The number of rows of a [rows, ...] tensor and the elements per row.
+inline int64_t rows(const pp_tensor& t) { return t.ndim == 0 ? 1 : t.shape[0]; }
+inline int64_t row_size(const pp_tensor& t) { return t.ndim == 0 ? 1 : numel(t) / t.shape[0]; }
+
+// ---- Layer kinds ----------------------------------------------------------------------
+//
+// A layer class L provides:
+//   static std::unique_ptr<L> create(std::string_view attrs_json, std::span<const int64_t> in_shape);
+//   void describe(pp_layer_info& info) const;     // output shape, parameters, contract
+//   template <class T> void forward(std::span<const T> in, int64_t batch,
+//                                   std::span<const T> params, std::span<T> out) const;
+// and optionally
+//   void init_params(uint64_t seed, std::span<double> params) const;
+// make_layer_kind<L>(kind, summary) turns it into the ABI's pp_layer_kind.
+template <class L>
+struct LayerAdapter {
+  static int create(const char* attrs_json, int32_t in_ndim, const int64_t* in_shape, void** self,
+                    pp_error* err) {
+    return guard(err, [&] {
+      auto layer = L::create(attrs_json ? attrs_json : "{}",
+                             std::span<const int64_t>(in_shape, static_cast<std::size_t>(in_ndim)));
+      *self = layer.release();
+    });
+  }
+  static void destroy(void* self) { delete static_cast<L*>(self); }
+  static int describe(const void* self, pp_layer_info* info, pp_error* err) {
+    return guard(err, [&] {
+      *info = pp_layer_info{};
+      info->struct_size = sizeof(pp_layer_info);
+      static_cast<const L*>(self)->describe(*info);
+    });
+  }
+  template <class T>
+  static void run(const L& layer, const pp_tensor& in, const pp_tensor& params, pp_tensor& out) {
+    layer.template forward<T>(as_span<const T>(in), rows(in), as_span<const T>(params),
+                              as_span<T>(out));
+  }
+  static int forward(const void* self, const pp_tensor* in, const pp_tensor* params,
+                     pp_tensor* out, pp_error* err) {
+    return guard(err, [&] {
+      const L& layer = *static_cast<const L*>(self);
+      if (in->dtype == PP_DTYPE_F32) run<float>(layer, *in, *params, *out);
+      else if (in->dtype == PP_DTYPE_F64) run<double>(layer, *in, *params, *out);
+      else throw std::invalid_argument(std::string("unsupported dtype ") + dtype_name(in->dtype));
+    });
+  }
+  static int init_params(const void* self, uint64_t seed, double* params, int64_t count,
+                         pp_error* err) {
+    return guard(err, [&] {
+      static_cast<const L*>(self)->init_params(
+          seed, std::span<double>(params, static_cast<std::size_t>(count)));
+    });
+  }
+};
+
+template <class L>
+constexpr pp_layer_kind make_layer_kind(const char* kind, const char* summary) {
+  pp_layer_kind k{};
+  k.struct_size = sizeof(pp_layer_kind);
+  k.kind = kind;
+  k.summary = summary;
+  k.create = &LayerAdapter<L>::create;
+  k.destroy = &LayerAdapter<L>::destroy;
+  k.describe = &LayerAdapter<L>::describe;
+  k.forward = &LayerAdapter<L>::forward;
+  if constexpr (requires(const L& l, uint64_t s, std::span<double> p) { l.init_params(s, p); })
+    k.init_params = &LayerAdapter<L>::init_params;
+  return k;
+}
+
+// Fills a pp_param_spec.
+inline pp_param_spec param_spec(const char* name, std::initializer_list<int64_t> shape) {
+  pp_param_spec s{};
+  s.name = name;
+  s.ndim = static_cast<int32_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), s.shape);
+  return s;
+}
+
+// Sets the per-sample output shape of a pp_layer_info.
+inline void set_out_shape(pp_layer_info& info, std::span<const int64_t> shape) {
+  if (shape.size() > PP_MAX_DIMS) throw std::invalid_argument("output shape has too many dims");
+  info.out_ndim = static_cast<int32_t>(shape.size());
+  std::copy(shape.begin(), shape.end(), info.out_shape);
+}
+
+}  // namespace pp

@@ -1,0 +1,257 @@
+/* polyprobe plugin ABI: the only thing that crosses between the host and a plugin.
+ *
+ * A plugin is a shared library that exports one C symbol, polyprobe_plugin_entry. The host
+ * calls it once with its PP_PLUGIN_API_VERSION; the plugin returns a static descriptor
+ * (pp_plugin) or NULL when it cannot speak that version. Everything here is plain data and
+ * function pointers: no C++ types, no exceptions, no Eigen or STL. Every fallible call
+ * returns PP_OK or another status and, on failure, writes a one-line reason into the
+ * caller's pp_error. Tensors cross as views (pp_tensor) and are never owned by the callee.
+ * Whoever creates an object frees it through the matching destroy.
+ *
+ * Versioning: a struct that may grow starts with struct_size; new fields are only
+ * appended, and a reader checks struct_size before touching a field past the first
+ * version. PP_PLUGIN_API_VERSION changes only when an existing field changes meaning.
+ */
+#ifndef POLYPROBE_PLUGIN_ABI_H
+#define POLYPROBE_PLUGIN_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PP_PLUGIN_API_VERSION 1u
+#define PP_ENTRY_SYMBOL "polyprobe_plugin_entry"
+
+/* Status codes. */
+enum { PP_OK = 0, PP_FAILED = 1, PP_UNSUPPORTED = 2 };
+
+/* A reason, written by the callee on failure (NUL-terminated, truncated if long). */
+typedef struct pp_error {
+  char message[1024];
+} pp_error;
+
+typedef enum pp_dtype {
+  PP_DTYPE_F32 = 1,
+  PP_DTYPE_F64 = 2,
+  PP_DTYPE_I64 = 3,
+  PP_DTYPE_BF16 = 4,
+  PP_DTYPE_F16 = 5
+} pp_dtype;
+#define PP_DTYPE_BIT(t) (1u << (t))
+
+typedef enum pp_device_kind { PP_DEVICE_CPU = 0, PP_DEVICE_CUDA = 1 } pp_device_kind;
+
+/* A strided view of memory owned by the caller. Strides count elements, not bytes. */
+typedef struct pp_tensor {
+  void *data;
+  int32_t dtype;        /* pp_dtype */
+  int32_t device;       /* pp_device_kind */
+  int32_t device_index;
+  int32_t ndim;
+  const int64_t *shape;
+  const int64_t *strides; /* NULL = contiguous row-major */
+} pp_tensor;
+
+/* What a plugin can provide. */
+typedef enum pp_component {
+  PP_COMPONENT_EVALUATOR = 1,    /* scores candidate sets (name = the evaluation path) */
+  PP_COMPONENT_ACCUMULATOR = 2,  /* reduce-by-key (name = the strategy) */
+  PP_COMPONENT_LAYER = 3,        /* a layer kind (name = the kind, as in model files) */
+  PP_COMPONENT_SUBSPACE = 4,     /* a parameter subspace */
+  PP_COMPONENT_RADIUS_MODEL = 5  /* a radius model */
+} pp_component;
+
+/* One declared capability. */
+typedef struct pp_capability {
+  int32_t component;   /* pp_component */
+  const char *name;    /* path, strategy, layer kind, ... */
+  int32_t device;      /* pp_device_kind */
+  uint32_t dtypes;     /* OR of PP_DTYPE_BIT(...) */
+  uint32_t flags;      /* component-specific; 0 for now */
+  const char *summary; /* one line for `polyprobe plugins` */
+} pp_capability;
+
+/* Layer contracts: what a layer lets evaluators exploit (DESIGN.md section 3). A false
+ * declaration is caught by probing and costs speed, never correctness. */
+enum {
+  PP_CONTRACT_ELEMENTWISE = 1u << 0,    /* no parameters, y[i] = f(x[i]) for any f */
+  PP_CONTRACT_AFFINE = 1u << 1,         /* y = x Q(W)^T + Qb(b); params = W (out x in), b */
+  PP_CONTRACT_SITE_LOCAL = 1u << 2,     /* parameters act per position (conv, attention) */
+  PP_CONTRACT_PREFIX_REUSABLE = 1u << 3 /* output depends only on input and own parameters */
+};
+/* A scalar function with context (the layer that declared it): y = fn(ctx, x). */
+typedef double (*pp_scalar_fn)(const void *ctx, double x);
+
+#define PP_MAX_DIMS 8
+#define PP_MAX_LAYER_PARAMS 8
+
+typedef struct pp_param_spec {
+  const char *name; /* PyTorch's name within the module: "weight", "bias", ... */
+  int32_t ndim;
+  int64_t shape[PP_MAX_DIMS];
+} pp_param_spec;
+
+/* What a created layer tells the host about itself. */
+typedef struct pp_layer_info {
+  uint32_t struct_size;
+  int32_t out_ndim; /* per-sample output shape */
+  int64_t out_shape[PP_MAX_DIMS];
+  int32_t n_params;
+  pp_param_spec params[PP_MAX_LAYER_PARAMS];
+  uint32_t contract;             /* OR of PP_CONTRACT_* */
+  pp_scalar_fn elementwise_fn;   /* (optional) elementwise: the scalar function f */
+  pp_scalar_fn weight_transform; /* (optional) affine: Q; NULL = identity */
+  pp_scalar_fn bias_transform;   /* (optional) affine: Qb; NULL = identity */
+  const void *fn_ctx;            /* the ctx passed to the three functions above */
+} pp_layer_info;
+
+/* A layer kind provided by a plugin. Activations are [batch, features] row-major, the
+ * features of one sample flattened from its per-sample shape. */
+typedef struct pp_layer_kind {
+  uint32_t struct_size;
+  const char *kind;    /* as written in model files, e.g. "triangle_wave" */
+  const char *summary; /* one line */
+  /* Creates a layer for one per-sample input shape from JSON attributes ("{}" if none). */
+  int (*create)(const char *attrs_json, int32_t in_ndim, const int64_t *in_shape, void **self,
+                pp_error *err);
+  void (*destroy)(void *self);
+  int (*describe)(const void *self, pp_layer_info *info, pp_error *err);
+  /* in [B, in_features], params [n] (flat, the layer's parameters in declared order), out
+   * [B, out_features]; all three of one dtype, F32 or F64. */
+  int (*forward)(const void *self, const pp_tensor *in, const pp_tensor *params, pp_tensor *out,
+                 pp_error *err);
+  /* (optional) initial parameter values; NULL = zeros. */
+  int (*init_params)(const void *self, uint64_t seed, double *params, int64_t count,
+                     pp_error *err);
+} pp_layer_kind;
+
+/* --- Candidate evaluation ------------------------------------------------------------ */
+
+/* One layer of a model as an evaluator sees it. */
+typedef struct pp_layer_view {
+  const char *kind;
+  const char *attrs_json;
+  int32_t in_ndim;
+  const int64_t *in_shape;
+  int32_t out_ndim;
+  const int64_t *out_shape;
+  int64_t param_offset; /* into the flat parameter vector */
+  int64_t param_count;
+  uint32_t contract; /* as declared; see pp_layer_info */
+  pp_scalar_fn elementwise_fn;
+  pp_scalar_fn weight_transform;
+  pp_scalar_fn bias_transform;
+  const void *fn_ctx;
+  /* The host's own forward of this layer, so an evaluator can run kinds it does not know. */
+  const void *host_layer;
+  int (*host_forward)(const void *host_layer, const pp_tensor *in, const pp_tensor *params,
+                      pp_tensor *out, pp_error *err);
+} pp_layer_view;
+
+typedef struct pp_model_view {
+  uint32_t struct_size;
+  int32_t n_layers;
+  const pp_layer_view *layers;
+  int64_t n_params;
+  int32_t in_ndim;
+  const int64_t *in_shape;
+} pp_model_view;
+
+/* The objective: mean per-sample loss plus l2 * sum(theta^2). */
+typedef struct pp_loss_view {
+  uint32_t struct_size;
+  const char *name; /* "cross_entropy", "mse", "hinge", "zero_one" */
+  double l2;
+} pp_loss_view;
+
+typedef struct pp_batch_view {
+  uint32_t struct_size;
+  pp_tensor inputs;  /* [B, in_features], F64 */
+  pp_tensor labels;  /* [B] I64 for classification losses, else data NULL */
+  pp_tensor targets; /* [B, out_features] F64 for regression losses, else data NULL */
+} pp_batch_view;
+
+/* A candidate set, described rather than materialised: candidate c is the base parameter
+ * vector with particle particle[c] moved by displacement[c*d .. c*d+d). Particle p covers
+ * the coordinates coords[p*d .. p*d+d) (-1 = padding, which does not exist in the model).
+ * The V x K candidates of one particle are adjacent. */
+typedef struct pp_candidates {
+  uint32_t struct_size;
+  int64_t count;
+  int32_t d;
+  const int64_t *particle;     /* [count] */
+  const double *displacement;  /* [count * d] */
+  int64_t n_particles;
+  const int64_t *coords;       /* [n_particles * d] */
+  const double *base_params;   /* [n_params], the incumbent */
+  int64_t n_params;
+} pp_candidates;
+
+typedef struct pp_eval_options {
+  uint32_t struct_size;
+  int32_t dtype;        /* compute dtype, pp_dtype */
+  int32_t device;       /* pp_device_kind */
+  int32_t device_index;
+  int32_t threads;      /* 0 = all the process may use */
+  int64_t chunk_size;   /* candidates held at once; 0 = automatic */
+} pp_eval_options;
+
+typedef struct pp_evaluator_api {
+  uint32_t struct_size;
+  /* Binds the evaluator to a minibatch; called before evaluate and after each batch change. */
+  int (*register_batch)(void *self, const pp_batch_view *batch, pp_error *err);
+  /* Writes losses[count]. With count == 0 it writes losses[0] = the base parameters' loss. */
+  int (*evaluate)(void *self, const pp_candidates *cands, double *losses, pp_error *err);
+  /* (optional) JSON describing the paths taken and declined, valid until the next call. */
+  const char *(*explain)(void *self);
+  void (*destroy)(void *self);
+} pp_evaluator_api;
+
+typedef struct pp_accumulator_api {
+  uint32_t struct_size;
+  /* out[keys[i], :] += values[i, :] for rows of width `width`; out is [n_keys, width]. The
+   * result must not depend on thread count when the strategy claims determinism. */
+  int (*accumulate)(void *self, int64_t n, const int64_t *keys, const pp_tensor *values,
+                    int64_t n_keys, pp_tensor *out, pp_error *err);
+  void (*destroy)(void *self);
+} pp_accumulator_api;
+
+/* --- The descriptor -------------------------------------------------------------------- */
+
+typedef struct pp_plugin {
+  uint32_t api_version; /* PP_PLUGIN_API_VERSION the plugin was built with */
+  uint32_t struct_size;
+  const char *name;    /* unique among loaded plugins, e.g. "cpu_tbb" */
+  const char *version;
+  const char *vendor;
+  const char *summary;
+  /* Scores the plugin on this machine; 0 = unusable, with the reason in *why. */
+  int32_t (*probe)(pp_error *why);
+  const pp_capability *caps;
+  int32_t n_caps;
+  const pp_layer_kind *layers;
+  int32_t n_layers;
+  /* (optional) 1 if evaluator `path` can serve this model and loss, else 0 and *why. */
+  int (*evaluator_supports)(const char *path, const pp_model_view *model,
+                            const pp_loss_view *loss, const pp_eval_options *options,
+                            pp_error *why);
+  /* (optional) creates an evaluator of `path` (NULL = the plugin's automatic choice). */
+  int (*evaluator_create)(const char *path, const pp_model_view *model, const pp_loss_view *loss,
+                          const pp_eval_options *options, void **self,
+                          const pp_evaluator_api **api, pp_error *err);
+  /* (optional) creates an accumulator of `strategy`. */
+  int (*accumulator_create)(const char *strategy, int32_t dtype, void **self,
+                            const pp_accumulator_api **api, pp_error *err);
+} pp_plugin;
+
+/* The one exported symbol. Returns NULL when the plugin cannot serve host_api_version. */
+typedef const pp_plugin *(*pp_plugin_entry_fn)(uint32_t host_api_version);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* POLYPROBE_PLUGIN_ABI_H */

@@ -1,0 +1,106 @@
+// The plugin registry: finds, loads and chooses plugins at run time.
+//
+// Search order (DESIGN.md section 5): directories given explicitly (--plugin-dir), then
+// POLYPROBE_PLUGIN_PATH (colon-separated), then the install's plugin folder relative to the
+// running executable (<prefix>/lib/polyprobe/plugins; the build tree mirrors it). Never the
+// current directory. Each library is loaded once (RTLD_NOW | RTLD_LOCAL) and never
+// unloaded. A library that fails to load, speaks another ABI, has no entry symbol, throws,
+// duplicates a loaded name, or is unusable on this machine is recorded with its reason and
+// never aborts loading the others.
+//
+// Selection, per component kind: an explicit user choice beats policy (the requested
+// device), policy beats score (the plugin's probe), and the name breaks ties. An explicit
+// choice that cannot serve is an error; automatic selection falls back to the core's
+// reference and says so. Every decision is kept in a Selection for --explain.
+#pragma once
+
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/plugin_abi.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace polyprobe {
+
+class Accumulator;
+class LayerFactory;
+class Loss;
+class Model;
+
+struct CapabilityInfo {
+  std::string component;  // "evaluator", "accumulator", "layer", "subspace", "radius_model"
+  std::string name;
+  std::string device;     // "cpu", "cuda"
+  std::vector<std::string> dtypes;
+  std::string summary;
+};
+
+struct PluginInfo {
+  std::string name;       // from the descriptor, or the file name when it never got that far
+  std::string version;
+  std::string vendor;
+  std::string summary;
+  std::filesystem::path path;
+  uint32_t abi = 0;       // the descriptor's api_version (0 if unknown)
+  bool loaded = false;    // the descriptor was read
+  bool available = false; // loaded and its probe scored it above 0
+  int score = 0;
+  std::string reason;     // why not available (empty when available)
+  std::vector<CapabilityInfo> capabilities;
+};
+
+// Why a component was chosen: the winner and one line per candidate considered.
+struct Selection {
+  std::string component;
+  std::string chosen;  // plugin name, or "reference" for the core's own
+  std::vector<std::string> reasons;
+  nlohmann::json to_json() const;
+};
+
+struct EvaluatorRequest {
+  std::string backend;        // "" or "auto": choose; "reference"; or a plugin name
+  std::string device = "cpu"; // the policy: the device the user asked for
+  EvaluatorOptions options;
+};
+
+class PluginRegistry {
+ public:
+  PluginRegistry();
+  ~PluginRegistry();
+  PluginRegistry(const PluginRegistry&) = delete;
+  PluginRegistry& operator=(const PluginRegistry&) = delete;
+
+  // The search path: `explicit_dirs`, then POLYPROBE_PLUGIN_PATH, then the executable's
+  // plugin folder (when the executable's location is known).
+  static std::vector<std::filesystem::path> search_path(
+      const std::vector<std::filesystem::path>& explicit_dirs);
+  // <dir of the running executable>/../lib/polyprobe/plugins, if it can be found.
+  static std::filesystem::path executable_plugin_dir();
+
+  // Loads every polyprobe plugin library (libpolyprobe_*.so) in `dirs`, in order.
+  void load_directories(const std::vector<std::filesystem::path>& dirs);
+  // Loads one library by path; never throws (failures are recorded).
+  void load_library(const std::filesystem::path& path);
+
+  const std::vector<PluginInfo>& plugins() const { return infos_; }
+  const PluginInfo* find(const std::string& name) const;
+
+  // Makes every layer kind of every available plugin creatable by `factory`. A kind that
+  // collides with an existing one is skipped and noted in that plugin's reason.
+  void register_layers(LayerFactory& factory);
+
+  // Chooses and creates an evaluator. Throws polyprobe::Error when an explicit backend
+  // cannot serve or does not exist. `selection` (optional) receives the reasons.
+  std::unique_ptr<Evaluator> make_evaluator(const Model& model, const Loss& loss,
+                                            const EvaluatorRequest& request,
+                                            Selection* selection = nullptr) const;
+
+ private:
+  struct Loaded;
+  std::vector<PluginInfo> infos_;
+  std::vector<const pp_plugin*> descriptors_;  // parallel to infos_ (null if not loaded)
+};
+
+}  // namespace polyprobe
