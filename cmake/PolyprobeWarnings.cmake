@@ -2,7 +2,7 @@
 add_library(polyprobe_build_flags INTERFACE)
 target_compile_options(polyprobe_build_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX,C>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion
-    -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Wnull-dereference -Wimplicit-fallthrough>)
+    -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Wimplicit-fallthrough>)
 # -Wold-style-cast and -Wnon-virtual-dtor do not apply to C.
 target_compile_options(polyprobe_build_flags INTERFACE
   $<$<COMPILE_LANGUAGE:C>:-Wno-old-style-cast -Wno-non-virtual-dtor>)

@@ -1,0 +1,62 @@
+// The host app's command framework.
+//
+// Each subcommand is a Command: its options (Boost.Program_options), a help text with
+// examples, and a run function. run_command parses the command line and, with --config,
+// an INI-style file whose keys are the same long option names (the command line wins),
+// prints --help, loads plugins when the command asks for them, and turns every
+// polyprobe::Error into one line on stderr and a non-zero exit: 2 for usage errors, 1 for
+// failures.
+#pragma once
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/registry.hpp>
+
+#include <boost/program_options.hpp>
+
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace polyprobe::app {
+
+namespace po = boost::program_options;
+
+// What every command gets: parsed options, and the plugins and layer kinds when loaded.
+struct Context {
+  po::variables_map vm;
+  PluginRegistry registry;
+  LayerFactory layers = LayerFactory::with_builtins();
+  bool json = false;   // --json where the command has it
+  bool quiet = false;  // --quiet: no progress
+  std::ostream* out;
+  std::ostream* err;
+};
+
+struct Command {
+  std::string name;
+  std::string summary;      // one line for `polyprobe --help`
+  std::string description;  // paragraphs and examples for `polyprobe NAME --help`
+  bool uses_plugins = true;
+  // Adds the command's own options.
+  std::function<void(po::options_description&, po::positional_options_description&)> options;
+  std::function<int(Context&)> run;
+};
+
+// A usage error (bad option value, missing argument): exit code 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+int run_command(const Command& command, const std::vector<std::string>& args);
+
+// The commands, in the order `polyprobe --help` lists them (commands.cpp).
+const std::vector<Command>& commands();
+
+// Backend selection options shared by commands that evaluate candidates.
+void add_backend_options(po::options_description& options);
+EvaluatorRequest evaluator_request(const Context& context);
+
+}  // namespace polyprobe::app

@@ -1,0 +1,17 @@
+#include "cli.hpp"
+
+namespace polyprobe::app {
+
+// Each command is defined in its own cmd_*.cpp.
+Command version_command();
+Command plugins_command();
+
+const std::vector<Command>& commands() {
+  static const std::vector<Command> table = {
+      version_command(),
+      plugins_command(),
+  };
+  return table;
+}
+
+}  // namespace polyprobe::app
