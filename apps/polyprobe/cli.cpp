@@ -71,7 +71,9 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
     } catch (const po::error& e) {
       throw UsageError(std::string(e.what()) + " (see `polyprobe " + command.name + " --help`)");
     }
-    context.json = context.vm.count("json") && context.vm["json"].as<bool>();
+    // --json is a switch for most commands, a file name for `bench`.
+    context.json = context.vm.count("json") && context.vm["json"].value().type() == typeid(bool) &&
+                   context.vm["json"].as<bool>();
     context.quiet = context.vm["quiet"].as<bool>() || !isatty(STDERR_FILENO);
     if (command.uses_plugins) load_plugins(context);
     return command.run(context);

@@ -5,11 +5,13 @@ namespace polyprobe::app {
 // Each command is defined in its own cmd_*.cpp.
 Command version_command();
 Command plugins_command();
+Command bench_command();
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       version_command(),
       plugins_command(),
+      bench_command(),
   };
   return table;
 }

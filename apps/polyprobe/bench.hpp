@@ -1,0 +1,62 @@
+// The benchmark harness behind `polyprobe bench SUITE`.
+//
+// A suite measures named workloads and reports one BenchRecord per (workload, path,
+// threads, ...) with cold time, median and interquartile range over timed repetitions
+// after untimed warm-up, and the largest relative difference of its results from the
+// reference. Baselines are measured in the same process, side by side. Records print as a
+// table and, with --json FILE, are written as {"records": [...], "env": {...}}.
+#pragma once
+
+#include "cli.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace polyprobe::app {
+
+struct Timing {
+  double cold_ms = 0;
+  double median_ms = 0;
+  double iqr_ms = 0;
+  double min_ms = 0;
+  double max_ms = 0;
+  int reps = 0;
+  std::vector<double> times_ms;
+};
+
+struct TimingOptions {
+  int repeats = 7;
+  int min_warmup = 2;
+  double min_warmup_seconds = 0.5;  // short calls right after idling run slow for a while
+};
+
+// Times `call`: the first call is cold, then warm-up calls (untimed), then `repeats` timed.
+Timing time_calls(const std::function<void()>& call, const TimingOptions& options = {});
+
+struct BenchRecord {
+  std::string suite, workload, path, device = "cpu", dtype = "float32";
+  int threads = 1;
+  int64_t candidates = 0, batch = 0;
+  Timing timing;
+  double max_rel_diff = 0;   // against the reference (float64)
+  nlohmann::json extra = nlohmann::json::object();  // suite-specific fields
+  nlohmann::json to_json() const;
+};
+
+struct BenchSuite {
+  std::string name;
+  std::string summary;
+  std::function<void(po::options_description&)> options;  // (optional) suite options
+  std::function<std::vector<BenchRecord>(Context&)> run;
+};
+
+// The suites, in the order `polyprobe bench --help` lists them (cmd_bench.cpp).
+const std::vector<BenchSuite>& bench_suites();
+
+// Facts about the machine for the JSON "env" block (CPU model, cores, compiler).
+nlohmann::json bench_environment();
+
+}  // namespace polyprobe::app

@@ -1,0 +1,158 @@
+// `polyprobe bench SUITE`: run a benchmark suite and report every record.
+#include "bench.hpp"
+
+#include <polyprobe/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <thread>
+
+namespace polyprobe::app {
+
+// Suites live in bench_*.cpp files; add each one to the table below.
+// (none yet)
+
+const std::vector<BenchSuite>& bench_suites() {
+  static const std::vector<BenchSuite> suites = {};
+  return suites;
+}
+
+namespace {
+
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  if (v.empty()) return 0;
+  const double pos = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(pos);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+void print_table(std::ostream& out, const std::vector<BenchRecord>& records) {
+  out << std::left << std::setw(18) << "workload" << std::setw(22) << "path" << std::setw(8)
+      << "threads" << std::setw(11) << "candidates" << std::right << std::setw(11) << "cold ms"
+      << std::setw(12) << "median ms" << std::setw(10) << "iqr ms" << std::setw(12) << "max rel diff"
+      << "\n";
+  for (const BenchRecord& r : records) {
+    out << std::left << std::setw(18) << r.workload << std::setw(22) << r.path << std::setw(8)
+        << r.threads << std::setw(11) << r.candidates << std::right << std::fixed
+        << std::setprecision(3) << std::setw(11) << r.timing.cold_ms << std::setw(12)
+        << r.timing.median_ms << std::setw(10) << r.timing.iqr_ms << std::scientific
+        << std::setprecision(1) << std::setw(12) << r.max_rel_diff << std::defaultfloat << "\n";
+  }
+}
+
+}  // namespace
+
+Timing time_calls(const std::function<void()>& call, const TimingOptions& options) {
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  };
+  Timing t;
+  auto t0 = clock::now();
+  call();
+  t.cold_ms = ms_since(t0);
+  const auto warm_start = clock::now();
+  for (int i = 1; i < options.min_warmup || ms_since(warm_start) < 1000.0 * options.min_warmup_seconds; ++i)
+    call();
+  for (int i = 0; i < options.repeats; ++i) {
+    t0 = clock::now();
+    call();
+    t.times_ms.push_back(ms_since(t0));
+  }
+  t.reps = options.repeats;
+  t.median_ms = percentile(t.times_ms, 0.5);
+  t.iqr_ms = percentile(t.times_ms, 0.75) - percentile(t.times_ms, 0.25);
+  t.min_ms = *std::min_element(t.times_ms.begin(), t.times_ms.end());
+  t.max_ms = *std::max_element(t.times_ms.begin(), t.times_ms.end());
+  return t;
+}
+
+nlohmann::json BenchRecord::to_json() const {
+  nlohmann::json j = {{"suite", suite}, {"workload", workload}, {"path", path},
+                      {"device", device}, {"dtype", dtype}, {"threads", threads},
+                      {"candidates", candidates}, {"batch", batch},
+                      {"cold_ms", timing.cold_ms}, {"median_ms", timing.median_ms},
+                      {"iqr_ms", timing.iqr_ms}, {"min_ms", timing.min_ms},
+                      {"max_ms", timing.max_ms}, {"reps", timing.reps},
+                      {"times_ms", timing.times_ms}, {"max_rel_diff", max_rel_diff}};
+  for (const auto& [key, value] : extra.items()) j[key] = value;
+  return j;
+}
+
+nlohmann::json bench_environment() {
+  std::string cpu = "unknown";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);)
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  return {{"cpu", cpu},
+          {"hardware_threads", std::thread::hardware_concurrency()},
+          {"compiler", __VERSION__},
+          {"polyprobe", POLYPROBE_VERSION}};
+}
+
+namespace {
+
+int run(Context& ctx) {
+  const std::string name = ctx.vm.count("suite") ? ctx.vm["suite"].as<std::string>() : "";
+  const auto& suites = bench_suites();
+  auto it = std::find_if(suites.begin(), suites.end(), [&](const BenchSuite& s) { return s.name == name; });
+  if (it == suites.end()) {
+    std::string known;
+    for (const auto& s : suites) known += (known.empty() ? "" : ", ") + s.name;
+    throw UsageError((name.empty() ? std::string("no suite given") : "unknown suite '" + name + "'") +
+                     " (suites: " + (known.empty() ? "none" : known) + ")");
+  }
+  const std::vector<BenchRecord> records = it->run(ctx);
+  print_table(*ctx.out, records);
+  if (ctx.vm.count("json")) {
+    const std::string path = ctx.vm["json"].as<std::string>();
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& r : records) list.push_back(r.to_json());
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream file(tmp);
+      if (!file) throw Error("cannot write '" + tmp + "'");
+      file << nlohmann::json{{"records", list}, {"env", bench_environment()}}.dump(1) << "\n";
+      if (!file) throw Error("cannot write '" + tmp + "'");
+    }
+    std::filesystem::rename(tmp, path);
+    *ctx.out << "wrote " << records.size() << " records to " << path << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command bench_command() {
+  Command c;
+  c.name = "bench";
+  c.summary = "run a benchmark suite: cold time, median and spread, side by side with baselines";
+  std::string description = "suites:\n";
+  for (const auto& s : bench_suites()) description += "  " + s.name + ": " + s.summary + "\n";
+  description +=
+      "\nEach record reports the cold (first) call, then the median and interquartile range of\n"
+      "timed calls after an untimed warm-up, and the largest relative difference of its results\n"
+      "from the float64 reference. Run one timing job at a time on a quiet machine.\n\n"
+      "example:\n  polyprobe bench SUITE --json results.json";
+  c.description = description;
+  c.options = [](po::options_description& o, po::positional_options_description& p) {
+    o.add_options()("suite", po::value<std::string>()->value_name("SUITE"), "the suite to run")
+        ("json", po::value<std::string>()->value_name("FILE"), "also write the records as JSON to FILE")
+        ("repeats", po::value<int>()->default_value(7), "timed calls per record");
+    for (const auto& s : bench_suites())
+      if (s.options) s.options(o);
+    p.add("suite", 1);
+  };
+  c.run = run;
+  return c;
+}
+
+}  // namespace polyprobe::app
