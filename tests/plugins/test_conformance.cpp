@@ -1,0 +1,192 @@
+// Conformance: every loaded evaluator backend against the core's reference evaluator, on
+// random models, particles and displacements. A backend that declines a case reports
+// "not supported" with its reason instead of failing (after ggml's test-backend-ops).
+#include <polyprobe/error.hpp>
+#include <polyprobe/loss.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/registry.hpp>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <random>
+
+using namespace polyprobe;
+
+namespace {
+
+struct Backends {
+  PluginRegistry registry;
+  LayerFactory factory = LayerFactory::with_builtins();
+  Backends() {
+    registry.load_directories({PluginRegistry::executable_plugin_dir(), POLYPROBE_EXAMPLE_PLUGIN_DIR});
+    registry.register_layers(factory);
+  }
+  std::vector<std::string> evaluator_plugins() const {
+    std::vector<std::string> names;
+    for (const PluginInfo& info : registry.plugins())
+      for (const CapabilityInfo& c : info.capabilities)
+        if (info.available && c.component == "evaluator" && c.device == "cpu") {
+          names.push_back(info.name);
+          break;
+        }
+    return names;
+  }
+};
+
+Backends& backends() {
+  static Backends b;
+  return b;
+}
+
+struct Case {
+  Model model;
+  std::unique_ptr<Loss> loss;
+  Batch batch;
+  ParticleMap particles;
+  std::vector<int64_t> particle;
+  std::vector<double> displacement;
+  std::string description;
+};
+
+// A random MLP with the given activations; `discontinuous` allows sign, staircase and
+// transformed weights, whose float32 and float64 results may legitimately differ.
+Case random_case(std::mt19937_64& rng, bool discontinuous) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const LayerFactory& f = backends().factory;
+  std::vector<std::string> activations = {"relu", "tanh", "gelu", "triangle_wave"};
+  if (discontinuous) activations.insert(activations.end(), {"sign", "staircase"});
+  std::vector<std::string> losses = {"cross_entropy", "mse", "hinge"};
+  if (discontinuous) losses.push_back("zero_one");
+
+  const int inputs = pick(2, 7), outputs = pick(2, 4), hidden_layers = pick(1, 2);
+  Case c{Model(Shape{{inputs}}), nullptr, {}, {}, {}, {}, {}};
+  c.description = "in " + std::to_string(inputs);
+  for (int h = 0; h <= hidden_layers; ++h) {
+    const bool last = h == hidden_layers;
+    nlohmann::json attrs = {{"out_features", last ? outputs : pick(2, 9)}, {"bias", pick(0, 3) != 0}};
+    if (discontinuous && pick(0, 2) == 0) attrs["weight_transform"] = pick(0, 1) ? "sign" : "int8";
+    c.model.add(f.create("linear", attrs, c.model.output_shape()));
+    c.description += " linear" + attrs.dump();
+    if (!last) {
+      const std::string act = activations[static_cast<std::size_t>(pick(0, static_cast<int>(activations.size()) - 1))];
+      c.model.add(f.create(act, {}, c.model.output_shape()));
+      c.description += " " + act;
+    }
+  }
+  c.model.initialize(rng());
+  const std::string loss = losses[static_cast<std::size_t>(pick(0, static_cast<int>(losses.size()) - 1))];
+  c.loss = make_loss(loss, pick(0, 1) ? 1e-3 : 0.0);
+  c.description += " loss " + loss;
+
+  const int rows = pick(1, 9);
+  std::normal_distribution<double> normal;
+  c.batch.inputs = Matrix<double>::NullaryExpr(rows, inputs, [&] { return normal(rng); });
+  if (loss == "mse") {
+    c.batch.targets.values = Matrix<double>::NullaryExpr(rows, outputs, [&] { return normal(rng); });
+  } else {
+    for (int r = 0; r < rows; ++r) c.batch.targets.labels.push_back(pick(0, outputs - 1));
+  }
+
+  const int d = pick(1, 5), per_particle = (d + 1) * pick(1, 2);
+  c.particles = ParticleMap::contiguous(c.model.num_parameters(), d);
+  c.description += " d " + std::to_string(d);
+  for (int64_t p = 0; p < c.particles.count(); ++p)
+    for (int k = 0; k < per_particle; ++k) {
+      c.particle.push_back(p);
+      for (int j = 0; j < d; ++j) c.displacement.push_back(0.3 * normal(rng));
+    }
+  return c;
+}
+
+double max_relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(std::abs(want[i]), 1e-6));
+  return worst;
+}
+
+std::vector<double> run(Evaluator& evaluator, const Case& c) {
+  evaluator.register_batch(c.batch);
+  std::vector<double> losses(c.particle.size());
+  evaluator.evaluate(c.model.parameters(), {&c.particles, c.particle, c.displacement}, losses);
+  losses.push_back(evaluator.evaluate_base(c.model.parameters()));
+  return losses;
+}
+
+void check_backend(const std::string& name, DType dtype, bool discontinuous, double tolerance) {
+  std::mt19937_64 rng(dtype == DType::f32 ? 11 : 12);
+  int supported = 0;
+  for (int trial = 0; trial < 40; ++trial) {
+    const Case c = random_case(rng, discontinuous);
+    INFO(name << " " << to_string(dtype) << " case " << trial << ": " << c.description);
+    EvaluatorRequest request;
+    request.backend = name;
+    request.options.dtype = dtype;
+    std::unique_ptr<Evaluator> evaluator;
+    try {
+      evaluator = backends().registry.make_evaluator(c.model, *c.loss, request);
+    } catch (const Error& e) {
+      WARN(name << ": not supported: " << e.what());
+      continue;
+    }
+    ++supported;
+    auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+    const auto want = run(*reference, c);
+    const auto got = run(*evaluator, c);
+    CHECK(max_relative_error(got, want) <= tolerance);
+  }
+  CHECK(supported > 0);
+}
+
+}  // namespace
+
+TEST_CASE("the core's reference evaluator materialises exactly what it is asked") {
+  std::mt19937_64 rng(3);
+  const Case c = random_case(rng, true);
+  auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+  const auto losses = run(*reference, c);
+  for (std::size_t i = 0; i < c.particle.size(); i += 7) {
+    std::vector<double> params(c.model.parameters().begin(), c.model.parameters().end());
+    const auto coords = c.particles.particle(c.particle[i]);
+    for (int j = 0; j < c.particles.d; ++j)
+      if (coords[static_cast<std::size_t>(j)] >= 0)
+        params[static_cast<std::size_t>(coords[static_cast<std::size_t>(j)])] +=
+            c.displacement[i * static_cast<std::size_t>(c.particles.d) + static_cast<std::size_t>(j)];
+    CHECK(losses[i] == objective(c.model, *c.loss, c.batch, params, DType::f64));
+  }
+}
+
+TEST_CASE("every cpu evaluator backend agrees with the reference") {
+  const auto names = backends().evaluator_plugins();
+  REQUIRE_FALSE(names.empty());  // at least cpu_tbb is built with the tests
+  for (const std::string& name : names) {
+    SECTION(name + " float64, discontinuous models too, to 1e-12") {
+      check_backend(name, DType::f64, true, 1e-12);
+    }
+    SECTION(name + " float32, continuous models, to 1e-5") {
+      check_backend(name, DType::f32, false, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("every cpu evaluator backend gives bit-identical losses for any thread count") {
+  for (const std::string& name : backends().evaluator_plugins()) {
+    std::mt19937_64 rng(5);
+    for (int trial = 0; trial < 10; ++trial) {
+      const Case c = random_case(rng, true);
+      std::vector<double> first;
+      for (int threads : {1, 2, 3}) {
+        EvaluatorRequest request;
+        request.backend = name;
+        request.options.dtype = DType::f32;
+        request.options.threads = threads;
+        auto evaluator = backends().registry.make_evaluator(c.model, *c.loss, request);
+        const auto losses = run(*evaluator, c);
+        if (first.empty()) first = losses;
+        INFO(name << " threads " << threads << ": " << c.description);
+        CHECK(losses == first);
+      }
+    }
+  }
+}

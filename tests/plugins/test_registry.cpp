@@ -1,0 +1,173 @@
+// The registry against real misbehaving plugins: each failure is recorded with its reason,
+// never thrown, and never stops the other plugins from loading.
+#include <polyprobe/error.hpp>
+#include <polyprobe/loss.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/registry.hpp>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+
+using namespace polyprobe;
+
+namespace {
+
+const PluginInfo* by_file(const PluginRegistry& registry, const std::string& stem) {
+  for (const PluginInfo& info : registry.plugins())
+    if (info.path.filename() == "libpolyprobe_" + stem + ".so") return &info;
+  return nullptr;
+}
+
+PluginRegistry& fixtures() {
+  static PluginRegistry registry;
+  static bool loaded = false;
+  if (!loaded) {
+    registry.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR, PluginRegistry::executable_plugin_dir()});
+    loaded = true;
+  }
+  return registry;
+}
+
+Model tiny_mlp() {
+  LayerFactory factory = LayerFactory::with_builtins();
+  Model model(Shape{{3}});
+  model.add(factory.create("linear", {{"out_features", 4}}, model.output_shape()));
+  model.add(factory.create("relu", {}, model.output_shape()));
+  model.add(factory.create("linear", {{"out_features", 2}}, model.output_shape()));
+  model.initialize(1);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("a well-formed plugin loads and is available") {
+  const PluginInfo* ok = by_file(fixtures(), "ok");
+  REQUIRE(ok != nullptr);
+  CHECK(ok->loaded);
+  CHECK(ok->available);
+  CHECK(ok->name == "fixture_ok");
+  CHECK(ok->abi == PP_PLUGIN_API_VERSION);
+  CHECK(ok->score == 5);
+  CHECK(ok->reason.empty());
+  REQUIRE(ok->capabilities.size() == 1);
+  CHECK(ok->capabilities[0].component == "evaluator");
+}
+
+TEST_CASE("every broken plugin is recorded with its reason and the others still load") {
+  struct Case {
+    const char* file;
+    const char* reason_part;
+  };
+  const Case cases[] = {
+      {"wrong_abi", "built for plugin API 99 but this host speaks 1"},
+      {"declines", "declined this host's plugin API version"},
+      {"throws", "entry function threw: fixture entry exploded"},
+      {"no_device", "unusable on this machine: no CUDA device is present"},
+      {"no_entry", "does not export polyprobe_plugin_entry"},
+      {"not_a_library", "cannot load the library"},
+      {"bad_name", "no valid name"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.file);
+    const PluginInfo* info = by_file(fixtures(), c.file);
+    REQUIRE(info != nullptr);
+    CHECK_FALSE(info->available);
+    CHECK_THAT(info->reason, Catch::Contains(c.reason_part));
+  }
+  // The real plugin still loaded beside the broken ones.
+  const PluginInfo* cpu = fixtures().find("cpu_tbb");
+  REQUIRE(cpu != nullptr);
+  CHECK(cpu->available);
+}
+
+TEST_CASE("two plugins with the same name: the first found wins, the second says why") {
+  const PluginInfo* a = by_file(fixtures(), "dup_a");
+  const PluginInfo* b = by_file(fixtures(), "dup_b");
+  REQUIRE(a != nullptr);
+  REQUIRE(b != nullptr);
+  CHECK(a->available);
+  CHECK_FALSE(b->available);
+  CHECK_THAT(b->reason, Catch::Contains("duplicate") && Catch::Contains("dup_a"));
+}
+
+TEST_CASE("the same file reached twice is loaded once") {
+  PluginRegistry registry;
+  registry.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR, POLYPROBE_FIXTURE_PLUGIN_DIR});
+  int count = 0;
+  for (const PluginInfo& info : registry.plugins()) count += info.path.filename() == "libpolyprobe_ok.so";
+  CHECK(count == 1);
+}
+
+TEST_CASE("the search path puts explicit directories first, then the environment, never the cwd") {
+  ::setenv("POLYPROBE_PLUGIN_PATH", "/env/a::/env/b:", 1);
+  const auto dirs = PluginRegistry::search_path({"/explicit"});
+  ::unsetenv("POLYPROBE_PLUGIN_PATH");
+  REQUIRE(dirs.size() >= 3);
+  CHECK(dirs[0] == "/explicit");
+  CHECK(dirs[1] == "/env/a");
+  CHECK(dirs[2] == "/env/b");
+  for (const auto& dir : dirs) CHECK_FALSE(dir.empty());
+  // The last entry is the executable's own plugin folder.
+  CHECK(dirs.back() == PluginRegistry::executable_plugin_dir());
+}
+
+TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
+  const Model model = tiny_mlp();
+  const auto loss = make_loss("cross_entropy");
+
+  SECTION("automatic picks the best plugin that can serve and says why") {
+    Selection sel;
+    auto evaluator = fixtures().make_evaluator(model, *loss, {}, &sel);
+    CHECK(sel.chosen == "cpu_tbb");
+    CHECK(evaluator->name() == "cpu_tbb");
+    bool mentions_no_device = false;
+    for (const auto& r : sel.reasons) mentions_no_device |= r.find("fixture_no_device") != std::string::npos;
+    CHECK(mentions_no_device);
+  }
+  SECTION("an explicit reference request is honoured") {
+    EvaluatorRequest request;
+    request.backend = "reference";
+    Selection sel;
+    auto evaluator = fixtures().make_evaluator(model, *loss, request, &sel);
+    CHECK(evaluator->name() == "reference");
+  }
+  SECTION("an unknown backend is an error naming the known ones") {
+    EvaluatorRequest request;
+    request.backend = "no_such_backend";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("unknown backend 'no_such_backend'") && Catch::Contains("cpu_tbb"));
+  }
+  SECTION("an explicit backend that cannot serve is an error with its reason") {
+    EvaluatorRequest request;
+    request.backend = "fixture_no_device";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("cannot serve") && Catch::Contains("no CUDA device"));
+  }
+  SECTION("a plugin without an evaluator API cannot be chosen explicitly") {
+    EvaluatorRequest request;
+    request.backend = "fixture_ok";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("provides no evaluator"));
+  }
+  SECTION("with no plugin at all, automatic selection falls back to the reference and says so") {
+    PluginRegistry empty;
+    Selection sel;
+    auto evaluator = empty.make_evaluator(model, *loss, {}, &sel);
+    CHECK(sel.chosen == "reference");
+    REQUIRE_FALSE(sel.reasons.empty());
+    CHECK_THAT(sel.reasons.back(), Catch::Contains("no plugin can serve"));
+  }
+  SECTION("cuda with no plugin that serves it is an error, not a silent cpu run") {
+    EvaluatorRequest request;
+    request.device = "cuda";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("no plugin can evaluate on cuda"));
+  }
+  SECTION("an unknown device is an error") {
+    EvaluatorRequest request;
+    request.device = "tpu";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request), Catch::Contains("unknown device"));
+  }
+}
