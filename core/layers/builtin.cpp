@@ -7,6 +7,13 @@ namespace polyprobe {
 void register_builtin_layers(LayerFactory& factory) {
   register_linear(factory);
   register_elementwise(factory);
+  register_layer_norm(factory);
+  register_conv(factory);
+  register_pool(factory);
+  register_attention(factory);
+  register_moe(factory);
+  register_lif(factory);
+  register_cheri_block(factory);
 }
 
 void check_attribute_names(const nlohmann::json& attrs, const char* kind,

@@ -16,6 +16,13 @@ void register_builtin_layers(LayerFactory& factory);
 // Registration functions of the individual layer files.
 void register_linear(LayerFactory& factory);
 void register_elementwise(LayerFactory& factory);
+void register_layer_norm(LayerFactory& factory);
+void register_conv(LayerFactory& factory);
+void register_pool(LayerFactory& factory);
+void register_attention(LayerFactory& factory);
+void register_moe(LayerFactory& factory);
+void register_lif(LayerFactory& factory);
+void register_cheri_block(LayerFactory& factory);
 
 // Attribute access with errors that name the layer kind and the attribute.
 template <class T>
