@@ -1,5 +1,7 @@
 #include "plugin/plugin_impl.hpp"
 
+#include <polyprobe/subspaces.hpp>
+
 #include <nlohmann/json.hpp>
 
 namespace polyprobe::detail {
@@ -78,6 +80,24 @@ ModelView::ModelView(const Model& model) {
   view_.n_params = model.num_parameters();
   view_.in_ndim = static_cast<int32_t>(model.input_shape().dims.size());
   view_.in_shape = keep_shape(model.input_shape());
+}
+
+SubspaceView::SubspaceView(const Subspace* subspace) {
+  if (subspace == nullptr) return;
+  const auto* rank_one = dynamic_cast<const RankOneSubspace*>(subspace);
+  if (rank_one == nullptr) {
+    reason_ = "subspace '" + subspace->kind() + "' has no rank-one description for plugins";
+    return;
+  }
+  kind_ = rank_one->kind();
+  for (const RankOneCoordinate& c : rank_one->coordinates())
+    coords_.push_back({c.offset, c.rows, c.cols, c.row, c.col, c.u, c.v});
+  view_.struct_size = sizeof(pp_subspace_view);
+  view_.kind = kind_.c_str();
+  view_.dimension = rank_one->dimension();
+  view_.n_params = rank_one->parameter_count();
+  view_.coords = coords_.data();
+  has_view_ = true;
 }
 
 LossView::LossView(const Loss& loss) : name(loss.name()) {

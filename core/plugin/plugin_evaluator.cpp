@@ -9,9 +9,13 @@ namespace {
 class PluginEvaluator final : public Evaluator {
  public:
   PluginEvaluator(const pp_plugin* plugin, const Model& model, const Loss& loss,
-                  const EvaluatorOptions& options)
-      : plugin_(plugin), model_(model), loss_(loss), model_view_(model), loss_view_(loss) {
-    const pp_eval_options opts = to_pp_options(options, PP_DEVICE_CPU);
+                  const EvaluatorOptions& options, const Subspace* subspace, std::string path)
+      : plugin_(plugin), model_(model), loss_(loss), model_view_(model), loss_view_(loss),
+        subspace_view_(subspace), path_(std::move(path)) {
+    if (subspace != nullptr && subspace_view_.get() == nullptr)
+      throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
+    const pp_eval_options opts = to_pp_options(options, PP_DEVICE_CPU, subspace_view_.get(),
+                                               path_.empty() ? nullptr : path_.c_str());
     pp_error err{};
     if (plugin_->evaluator_create(nullptr, model_view_.get(), &loss_view_.view, &opts, &self_,
                                   &api_, &err) != PP_OK ||
@@ -102,6 +106,8 @@ class PluginEvaluator final : public Evaluator {
   const Loss& loss_;
   ModelView model_view_;
   LossView loss_view_;
+  SubspaceView subspace_view_;
+  std::string path_;
   void* self_ = nullptr;
   const pp_evaluator_api* api_ = nullptr;
   Batch batch_;
@@ -111,19 +117,23 @@ class PluginEvaluator final : public Evaluator {
 
 }  // namespace
 
-pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device) {
+pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+                              const pp_subspace_view* subspace, const char* path) {
   pp_eval_options o{};
   o.struct_size = sizeof(o);
   o.dtype = to_pp_dtype(options.dtype);
   o.device = device;
   o.threads = options.threads;
   o.chunk_size = options.chunk_size;
+  o.subspace = subspace;
+  o.path = path;
   return o;
 }
 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
-                                                 const Loss& loss, const EvaluatorOptions& options) {
-  return std::make_unique<PluginEvaluator>(plugin, model, loss, options);
+                                                 const Loss& loss, const EvaluatorOptions& options,
+                                                 const Subspace* subspace, const std::string& path) {
+  return std::make_unique<PluginEvaluator>(plugin, model, loss, options, subspace, path);
 }
 
 }  // namespace polyprobe::detail

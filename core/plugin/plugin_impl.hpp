@@ -8,6 +8,7 @@
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/plugin_abi.h>
+#include <polyprobe/subspace.hpp>
 
 #include <deque>
 #include <memory>
@@ -47,6 +48,23 @@ struct LossView {
   pp_loss_view view{};
 };
 
+// A pp_subspace_view of a rank-one subspace (valid while the subspace lives). `get()` is
+// null when there is no subspace; `reason` says why a subspace cannot be shown to plugins.
+class SubspaceView {
+ public:
+  explicit SubspaceView(const Subspace* subspace);
+  SubspaceView(const SubspaceView&) = delete;
+  SubspaceView& operator=(const SubspaceView&) = delete;
+  const pp_subspace_view* get() const { return has_view_ ? &view_ : nullptr; }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string kind_, reason_;
+  std::vector<pp_subspace_coord> coords_;
+  pp_subspace_view view_{};
+  bool has_view_ = false;
+};
+
 // A Layer whose implementation lives in a plugin.
 std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind,
                                                const std::string& plugin,
@@ -54,8 +72,13 @@ std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind,
 
 // An Evaluator whose implementation lives in a plugin.
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
-                                                 const Loss& loss, const EvaluatorOptions& options);
+                                                 const Loss& loss, const EvaluatorOptions& options,
+                                                 const Subspace* subspace = nullptr,
+                                                 const std::string& path = {});
 
-pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device);
+// The ABI options; `subspace` and `path` (may be null) must outlive their use.
+pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+                              const pp_subspace_view* subspace = nullptr,
+                              const char* path = nullptr);
 
 }  // namespace polyprobe::detail

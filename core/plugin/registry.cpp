@@ -288,7 +288,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       throw Error("the reference evaluator runs on the cpu, not on " + request.device);
     sel.chosen = "reference";
     sel.reasons.push_back("reference: requested with --backend reference");
-    return make_reference_evaluator(model, loss, nullptr, request.options);
+    return make_reference_evaluator(model, loss, request.subspace, request.options);
   }
   if (!automatic && find(backend) == nullptr) {
     std::string known = "reference";
@@ -301,7 +301,10 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   const detail::ModelView view(model);
   const detail::LossView loss_view(loss);
   const int32_t device = request.device == "cuda" ? PP_DEVICE_CUDA : PP_DEVICE_CPU;
-  const pp_eval_options options = detail::to_pp_options(request.options, device);
+  const detail::SubspaceView subspace_view(request.subspace);
+  const pp_eval_options options = detail::to_pp_options(
+      request.options, device, subspace_view.get(),
+      request.path.empty() ? nullptr : request.path.c_str());
   const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
 
   struct Candidate {
@@ -321,6 +324,10 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     };
     if (!info.available) {
       decline(info.reason);
+      continue;
+    }
+    if (request.subspace != nullptr && subspace_view.get() == nullptr) {
+      decline(subspace_view.reason());
       continue;
     }
     if (desc->evaluator_create == nullptr) {
@@ -375,12 +382,13 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       sel.reasons.push_back(
           "reference: chosen: no plugin can serve, so the core's reference evaluator runs "
           "(correct but slow)");
-      return make_reference_evaluator(model, loss, nullptr, request.options);
+      return make_reference_evaluator(model, loss, request.subspace, request.options);
     }
     sel.reasons.push_back(chosen->name + ": chosen: highest score among those that can serve");
   }
   sel.chosen = chosen->name;
-  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options);
+  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options,
+                                       request.subspace, request.path);
 }
 
 }  // namespace polyprobe

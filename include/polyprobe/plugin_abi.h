@@ -190,6 +190,27 @@ typedef struct pp_candidates {
   int64_t n_params;
 } pp_candidates;
 
+/* One search coordinate of a rank-one subspace: theta moves the rows x cols parameter
+ * tensor at `offset` (row-major, a bias is rows x 1) by theta * u v^T, where u = e_row when
+ * row >= 0, else the dense u[rows], and v = e_col when col >= 0, else the dense v[cols]. */
+typedef struct pp_subspace_coord {
+  int64_t offset;
+  int64_t rows, cols;
+  int64_t row, col;
+  const double *u;
+  const double *v;
+} pp_subspace_coord;
+
+/* A subspace as evaluators see it: candidates' coords index `coords`, their displacements
+ * are in subspace coordinates, and the base parameters stay the model's. */
+typedef struct pp_subspace_view {
+  uint32_t struct_size;
+  const char *kind;                /* "hybrid", "factored", ... */
+  int64_t dimension;               /* number of coordinates */
+  int64_t n_params;                /* parameters it maps into */
+  const pp_subspace_coord *coords; /* [dimension] */
+} pp_subspace_view;
+
 typedef struct pp_eval_options {
   uint32_t struct_size;
   int32_t dtype;        /* compute dtype, pp_dtype */
@@ -197,7 +218,14 @@ typedef struct pp_eval_options {
   int32_t device_index;
   int32_t threads;      /* 0 = all the process may use */
   int64_t chunk_size;   /* candidates held at once; 0 = automatic */
+  /* Appended in API 1 (read only when struct_size covers it): */
+  const pp_subspace_view *subspace; /* (optional) NULL = candidates move raw parameters */
+  const char *path;     /* (optional) force one evaluation path; NULL or "auto" = choose */
 } pp_eval_options;
+
+/* Whether the host sent an appended field of pp_eval_options (older hosts send fewer). */
+#define PP_EVAL_OPTIONS_HAS(options, field)                                   \
+  ((options)->struct_size >= offsetof(pp_eval_options, field) + sizeof((options)->field))
 
 typedef struct pp_evaluator_api {
   uint32_t struct_size;
@@ -217,6 +245,11 @@ typedef struct pp_accumulator_api {
   int (*accumulate)(void *self, int64_t n, const int64_t *keys, const pp_tensor *values,
                     int64_t n_keys, pp_tensor *out, pp_error *err);
   void (*destroy)(void *self);
+  /* Appended in API 1 (check struct_size): */
+  /* (optional) threads for later calls; 0 = all the process may use. */
+  int (*set_threads)(void *self, int32_t threads, pp_error *err);
+  /* (optional) the strategy that ran in the last call ("auto" resolves to one). */
+  const char *(*last_strategy)(void *self);
 } pp_accumulator_api;
 
 /* --- The descriptor -------------------------------------------------------------------- */

@@ -63,6 +63,10 @@ struct EvaluatorRequest {
   std::string backend;        // "" or "auto": choose; "reference"; or a plugin name
   std::string device = "cpu"; // the policy: the device the user asked for
   EvaluatorOptions options;
+  // (optional) candidates move subspace coordinates; must outlive the evaluator. Plugins
+  // see rank-one subspaces (subspaces.hpp); any other kind is served by the reference.
+  const Subspace* subspace = nullptr;
+  std::string path;           // "" or "auto": the plugin chooses; else force this path
 };
 
 class PluginRegistry {

@@ -1,5 +1,8 @@
-// The cpu_tbb plugin: CPU candidate evaluation on Eigen, parallel with oneTBB.
-#include "dense_evaluator.hpp"
+// The cpu_tbb plugin: CPU candidate evaluation on Eigen, parallel with oneTBB, and
+// reduce-by-key accumulators. This file is only the ABI glue: every function handed to
+// the host goes through pp::guard, so no exception crosses the boundary.
+#include "accumulator.hpp"
+#include "evaluator.hpp"
 
 #include <polyprobe/plugin.hpp>
 
@@ -7,50 +10,81 @@
 
 namespace {
 
-using polyprobe::cpu_tbb::DenseEvaluator;
+using polyprobe::cpu_tbb::CandidateEvaluator;
 
 int register_batch(void* self, const pp_batch_view* batch, pp_error* err) {
-  return pp::guard(err, [&] { static_cast<DenseEvaluator*>(self)->register_batch(*batch); });
+  return pp::guard(err, [&] { static_cast<CandidateEvaluator*>(self)->register_batch(*batch); });
 }
 int evaluate(void* self, const pp_candidates* cands, double* losses, pp_error* err) {
-  return pp::guard(err, [&] { static_cast<DenseEvaluator*>(self)->evaluate(*cands, losses); });
+  return pp::guard(err, [&] { static_cast<CandidateEvaluator*>(self)->evaluate(*cands, losses); });
 }
 const char* explain(void* self) {
   try {
-    return static_cast<DenseEvaluator*>(self)->explain();
+    return static_cast<CandidateEvaluator*>(self)->explain();
   } catch (...) {
     return nullptr;
   }
 }
-void destroy(void* self) { delete static_cast<DenseEvaluator*>(self); }
+void destroy(void* self) { delete static_cast<CandidateEvaluator*>(self); }
 
 const pp_evaluator_api kEvaluatorApi = {sizeof(pp_evaluator_api), &register_batch, &evaluate,
                                         &explain, &destroy};
 
+// The evaluator chooses its path per particle group; a path name here only forces it.
+bool known_path(const char* path) {
+  if (path == nullptr) return true;
+  const std::string_view p(path);
+  return p == "auto" || p == "sparse" || p == "subspace-delta" || p == "dense" || p == "inplace" ||
+         p == "fallback";
+}
+
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
              const pp_eval_options* options, pp_error* why) {
-  if (path != nullptr && std::string_view(path) != "dense") {
-    pp::set_error(why, std::string("unknown path '") + path + "' (this plugin has: dense)");
+  if (!known_path(path)) {
+    pp::set_error(why, std::string("unknown path '") + path + "' (paths: " +
+                           polyprobe::cpu_tbb::kPathNames + ")");
     return 0;
   }
-  const std::string reason = polyprobe::cpu_tbb::dense_unsupported_reason(*model, *loss, *options);
+  const std::string reason = polyprobe::cpu_tbb::unsupported_reason(*model, *loss, *options);
   if (reason.empty()) return 1;
   pp::set_error(why, reason);
   return 0;
 }
 
 int create(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-           const pp_eval_options* options, void** self, const pp_evaluator_api** api,
-           pp_error* err) {
+           const pp_eval_options* options, void** self, const pp_evaluator_api** api, pp_error* err) {
   return pp::guard(err, [&] {
-    if (path != nullptr && std::string_view(path) != "dense")
-      throw std::invalid_argument(std::string("unknown path '") + path + "'");
-    *self = polyprobe::cpu_tbb::make_dense_evaluator(*model, *loss, *options).release();
+    if (!known_path(path)) throw std::invalid_argument(std::string("unknown path '") + path + "'");
+    pp_eval_options opts = *options;
+    if (path != nullptr && PP_EVAL_OPTIONS_HAS(options, path)) opts.path = path;
+    *self = polyprobe::cpu_tbb::make_candidate_evaluator(*model, *loss, opts).release();
     *api = &kEvaluatorApi;
   });
 }
 
-int32_t probe(pp_error*) {
+int create_accumulator(const char* strategy, int32_t dtype, void** self, const pp_accumulator_api** api,
+                       pp_error* err) {
+  return pp::guard(err, [&] { polyprobe::cpu_tbb::create_accumulator(strategy, dtype, self, api); });
+}
+
+int32_t probe(pp_error* why) {
+  // The plugin may be built for a newer instruction set than this CPU has.
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+#if defined(__AVX512F__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    pp::set_error(why, "built for AVX-512 (POLYPROBE_CPU_TBB_ARCH), which this CPU lacks");
+    return 0;
+  }
+#endif
+#if defined(__AVX2__)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    pp::set_error(why, "built for AVX2 and FMA (POLYPROBE_CPU_TBB_ARCH), which this CPU lacks");
+    return 0;
+  }
+#endif
+#endif
+  (void)why;
   // Usable on any CPU; the score grows with the cores oneTBB can use, so that a faster
   // CPU backend would still need to out-score it honestly.
   return 10 + tbb::info::default_concurrency();
@@ -58,9 +92,23 @@ int32_t probe(pp_error*) {
 
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
 const pp_capability kCaps[] = {
+    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CPU, kFloats, 0,
+     "full space: a particle's change propagates as a delta, sparse through elementwise layers, "
+     "dense one affine layer later; ReLU kink tables"},
+    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CPU, kFloats, 0,
+     "rank-one subspace coordinates (hybrid, factored) propagate as deltas"},
     {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_CPU, kFloats, 0,
-     "every candidate's forward from its first changed layer; shared later layers as one "
-     "GEMM per particle; parallel over particles"},
+     "changed layers materialised per candidate; later layers one GEMM per particle"},
+    {PP_COMPONENT_EVALUATOR, "inplace", PP_DEVICE_CPU, kFloats, 0,
+     "apply, score, revert on one shared parameter copy; bounded memory"},
+    {PP_COMPONENT_EVALUATOR, "fallback", PP_DEVICE_CPU, kFloats, 0,
+     "the whole forward of each materialised candidate; relies on no contract"},
+    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CPU, kFloats, 0,
+     "atomic adds into the output; not deterministic"},
+    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_CPU, kFloats, 0,
+     "owner computes over a stable grouping by key; deterministic"},
+    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_CPU, kFloats, 0,
+     "segment or scatter, chosen from measurement"},
 };
 
 const pp_plugin kPlugin = [] {
@@ -68,14 +116,16 @@ const pp_plugin kPlugin = [] {
   p.api_version = PP_PLUGIN_API_VERSION;
   p.struct_size = sizeof(pp_plugin);
   p.name = "cpu_tbb";
-  p.version = "0.1.0";
+  p.version = "0.2.0";
   p.vendor = "polyprobe";
-  p.summary = "CPU candidate evaluation on Eigen, parallel with oneTBB";
+  p.summary = "CPU candidate evaluation on Eigen, parallel with oneTBB: sparse and subspace "
+              "deltas, dense, in-place and fallback paths; accumulators";
   p.probe = &probe;
   p.caps = kCaps;
   p.n_caps = static_cast<int32_t>(std::size(kCaps));
   p.evaluator_supports = &supports;
   p.evaluator_create = &create;
+  p.accumulator_create = &create_accumulator;
   return p;
 }();
 

@@ -1,0 +1,323 @@
+// The delta paths: `sparse` (full space) and `subspace-delta` (rank-one subspaces).
+//
+// A particle's coordinates are rank-one changes of affine layers (Term): a full-space
+// weight W[o, i] changes the pre-activation by theta e_o (x_i), a subspace A-coordinate by
+// theta e_o (v^T x), a B-coordinate by theta u (x_i). The change of a group's candidates
+// is carried forward as a delta, feature-major [features, candidates * batch]:
+//   - sparse (a few units) while it only touched one-hot rows, through elementwise layers
+//     as f(a + delta) - f(a), computed exactly;
+//   - dense one affine layer later (W delta, one GEMM per group);
+//   - whole activations after a host layer (its forward on a + delta, stacked).
+// The loss comes from the incumbent's outputs plus the final delta.
+//
+// Kink tables. When sparse units enter affine layer l followed by ReLU and affine l+2,
+// the response of l+2 to unit u for sample b is M_b[:, u] = W_{l+2} diag(mask_b) W_l[:, u]
+// as long as no ReLU unit changes side. inv_room[u, b] = max_j |W_l[j, u]| / |z_jb| bounds
+// that: if sum_k |delta_k,b| inv_room[u_k, b] < 1/2, every |dz_j| < |z_j| / 2, so no unit
+// crosses its kink and the linear response is exact; other samples are recomputed
+// exactly. This turns a dense (out_{l+1} x out_{l+2}) suffix per sample into out_{l+2}
+// multiply-adds. The tables cost B out_{l+2} out_{l+1} in_l per call, so they are built
+// only when more than in_l candidates would use them.
+#include "evaluator_impl.hpp"
+
+#include <polyprobe/plugin.hpp>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace polyprobe::cpu_tbb {
+
+template <class S>
+void EvaluatorImpl<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count,
+                                         Scratch& s) const {
+  if (layer.is_relu) {
+    for (int64_t i = 0; i < count; ++i) out[i] = in[i] > S(0) ? in[i] : S(0);
+    return;
+  }
+  // The layer's own forward on a flat buffer viewed as rows of its width: probed to be
+  // elementwise and indifferent to where a value sits.
+  const int64_t width = layer.in, rows = (count + width - 1) / width;
+  s.buffer.assign(static_cast<std::size_t>(rows * width), S(0));
+  s.buffer_out.resize(static_cast<std::size_t>(rows * width));
+  std::copy(in, in + count, s.buffer.begin());
+  const int32_t dtype = pp::dtype_of<S>();
+  const int64_t shape[2] = {rows, width}, p_shape[1] = {0};
+  pp_tensor tin{s.buffer.data(), dtype, PP_DEVICE_CPU, 0, 2, shape, nullptr};
+  pp_tensor tp{s.buffer.data(), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{s.buffer_out.data(), dtype, PP_DEVICE_CPU, 0, 2, shape, nullptr};
+  pp_error err{};
+  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
+    throw std::runtime_error(std::string("layer '") + layer.view->kind + "': " + err.message);
+  std::copy(s.buffer_out.begin(), s.buffer_out.begin() + count, out);
+}
+
+template <class S>
+void EvaluatorImpl<S>::build_kink_tables() {
+  const std::size_t n_layers = plan_.layers.size();
+  for (std::size_t l = 0; l + 2 < n_layers; ++l) {
+    KinkTable& table = kink_[l];
+    table.built = false;
+    const LayerPlan &first = plan_.layers[l], &relu = plan_.layers[l + 1], &second = plan_.layers[l + 2];
+    if (first.op != LayerOp::affine || relu.op != LayerOp::elementwise || !relu.is_relu ||
+        second.op != LayerOp::affine)
+      continue;
+    int64_t users = 0;  // delta candidates whose sparse change can reach layer l
+    for (std::size_t k = l >= 2 ? l - 2 : 0; k < l; ++k) users += first_layer_candidates_[k];
+    if (users <= first.in) continue;
+    const int64_t in = first.in, mid = first.out, out = second.out, batch = batch_;
+    table.response.resize(in * out, batch);
+    table.inv_room.resize(in, batch);
+    const Mat<S>& z = acts_t_[l + 1];  // [mid, batch], the ReLU's input
+    const Eigen::Map<const Mat<S>> w_first(eff_.data() + first.offset, mid, in);
+    const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
+    const Mat<S> abs_first_t = weights_t_[l].cwiseAbs();  // [in, mid]
+    arena_->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
+        Mat<S> masked(out, mid), response(out, in);
+        Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid);
+        for (int64_t b = r.begin(); b != r.end(); ++b) {
+          for (int64_t j = 0; j < mid; ++j) {
+            const S zj = z(j, b);
+            if (zj > S(0)) masked.col(j) = w_second.col(j);
+            else masked.col(j).setZero();
+            inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
+          }
+          response.noalias() = masked * w_first;
+          for (int64_t u = 0; u < in; ++u) {
+            table.response.col(b).segment(u * out, out) = response.col(u);
+            table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
+          }
+        }
+      });
+    });
+    table.built = true;
+  }
+}
+
+template <class S>
+void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
+  const KinkTable& table = kink_[l];
+  const LayerPlan &first = plan_.layers[l], &second = plan_.layers[l + 2];
+  const int64_t batch = batch_, out = second.out, mid = first.out;
+  const auto n_units = static_cast<int64_t>(s.units.size());
+  const Mat<S>& z = acts_t_[l + 1];
+  const Mat<S>& relu_z = acts_t_[l + 2];
+  const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
+  s.next.resize(out, n * batch);
+  s.tmp_b.resize(batch);
+  Eigen::Matrix<S, Eigen::Dynamic, 1> dz(mid), da(mid);
+  for (int64_t i = 0; i < n; ++i) {
+    auto block = s.next.middleCols(i * batch, batch);
+    s.tmp_b.setZero();
+    block.setZero();
+    for (int64_t k = 0; k < n_units; ++k) {
+      const int64_t u = s.units[static_cast<std::size_t>(k)];
+      const auto values = s.sparse.row(k).segment(i * batch, batch).array();
+      s.tmp_b += values.abs() * table.inv_room.row(u).array();
+      for (int64_t o = 0; o < out; ++o)
+        block.row(o).array() += table.response.row(u * out + o).array() * values;
+    }
+    for (int64_t b = 0; b < batch; ++b) {
+      if (s.tmp_b(b) < S(0.5)) continue;
+      // A ReLU unit may cross its kink for this sample: the exact suffix.
+      dz.setZero();
+      for (int64_t k = 0; k < n_units; ++k)
+        dz += weights_t_[l].row(s.units[static_cast<std::size_t>(k)]).transpose() * s.sparse(k, i * batch + b);
+      for (int64_t j = 0; j < mid; ++j) {
+        const S v = z(j, b) + dz(j);
+        da(j) = (v > S(0) ? v : S(0)) - relu_z(j, b);
+      }
+      block.col(b).noalias() = w_second * da;
+    }
+  }
+  s.delta.swap(s.next);
+}
+
+template <class S>
+void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Scratch& s,
+                                      double* losses) const {
+  const int64_t n = g.end - g.begin, batch = batch_, nb = n * batch;
+  const int32_t d = c.d;
+  const Term* terms = terms_.data() + g.terms_begin;
+  const int64_t n_terms = g.terms_end - g.terms_begin;
+  // theta per candidate and term: full space uses the effective change Q(w + d) - Q(w).
+  s.theta.resize(static_cast<std::size_t>(n * n_terms));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t t = 0; t < n_terms; ++t) {
+      const double delta = c.displacement[(g.begin + i) * d + terms[t].slot];
+      const int64_t p = terms[t].param;
+      s.theta[static_cast<std::size_t>(i * n_terms + t)] =
+          subspace_mode_ ? static_cast<S>(delta)
+                         : effective(p, base_[static_cast<std::size_t>(p)] + delta) - eff_[static_cast<std::size_t>(p)];
+    }
+  if (l2_ != 0.0 && subspace_mode_) collect_touched(c, g.particle, s);
+
+  enum class State { none, sparse, dense } state = State::none;
+  Mat<S>& delta = s.delta;
+  int64_t ti = 0;
+  const std::size_t n_layers = plan_.layers.size();
+  for (std::size_t l = static_cast<std::size_t>(g.first_layer); l < n_layers; ++l) {
+    const LayerPlan& layer = plan_.layers[l];
+    if (layer.op == LayerOp::affine) {
+      const auto layer_id = static_cast<int32_t>(l);
+      const bool has_terms = ti < n_terms && terms[ti].layer == layer_id;
+      if (state == State::sparse && kink_[l].built && (ti == n_terms || terms[ti].layer > layer_id + 2)) {
+        apply_kink(l, n, s);
+        state = State::dense;
+        l += 2;
+        continue;
+      }
+      // The incoming delta through this layer's weights.
+      if (state == State::sparse) {
+        s.next.noalias() = weights_t_[l](s.units, Eigen::all).transpose() * s.sparse;
+      } else if (state == State::dense) {
+        const Eigen::Map<const Mat<S>> w(eff_.data() + layer.offset, layer.out, layer.in);
+        s.next.noalias() = w * delta;
+      }
+      if (!has_terms) {
+        if (state != State::none) {
+          delta.swap(s.next);
+          state = State::dense;
+        }
+        continue;
+      }
+      // This layer's own coordinates act on the candidate's input a + delta.
+      int64_t te = ti;
+      bool one_hot = true;
+      while (te < n_terms && terms[te].layer == layer_id) one_hot = one_hot && terms[te++].row >= 0;
+      const bool sparse_out = state == State::none && one_hot;
+      std::vector<int64_t>& out_units = s.units;  // free: the incoming state is none
+      if (sparse_out) {
+        out_units.clear();
+        for (int64_t t = ti; t < te; ++t)
+          if (std::find(out_units.begin(), out_units.end(), terms[t].row) == out_units.end())
+            out_units.push_back(terms[t].row);
+        s.dense_in.setZero(static_cast<int64_t>(out_units.size()), nb);
+      } else if (state == State::none) {
+        s.next.setZero(layer.out, nb);
+      }
+      Mat<S>& target = sparse_out ? s.dense_in : s.next;
+      s.src.resize(batch);
+      for (int64_t t = ti; t < te; ++t) {
+        const Term& term = terms[t];
+        const int64_t out_row = sparse_out
+            ? std::find(out_units.begin(), out_units.end(), term.row) - out_units.begin()
+            : term.row;
+        for (int64_t i = 0; i < n; ++i) {
+          const int64_t col0 = i * batch;
+          // src = v^T (a + delta) for this candidate.
+          if (term.col == kBias) {
+            s.src.setOnes();
+          } else if (term.col >= 0) {
+            s.src = acts_t_[l].row(term.col).array();
+            if (state == State::dense) s.src += delta.row(term.col).segment(col0, batch).array();
+            if (state == State::sparse)
+              for (std::size_t k = 0; k < s.units.size(); ++k)
+                if (s.units[k] == term.col) s.src += s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
+          } else {
+            s.src = v_src_.row(term.v_index).array();
+            const double* v = dense_v_[static_cast<std::size_t>(term.v_index)];
+            if (state == State::dense)
+              s.src += (Eigen::Map<const Eigen::VectorXd>(v, layer.in).template cast<S>().transpose() *
+                        delta.middleCols(col0, batch)).array();
+            if (state == State::sparse)
+              for (std::size_t k = 0; k < s.units.size(); ++k)
+                s.src += static_cast<S>(v[s.units[k]]) * s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
+          }
+          s.src *= s.theta[static_cast<std::size_t>(i * n_terms + t)];
+          if (out_row >= 0) {
+            target.row(out_row).segment(col0, batch).array() += s.src;
+          } else {
+            const auto& u = dense_u_[static_cast<std::size_t>(term.u_index)];
+            target.middleCols(col0, batch).noalias() +=
+                Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) * s.src.matrix();
+          }
+        }
+      }
+      ti = te;
+      if (sparse_out) {
+        s.sparse.swap(s.dense_in);
+        state = State::sparse;
+      } else {
+        delta.swap(s.next);
+        state = State::dense;
+      }
+    } else if (layer.op == LayerOp::elementwise) {
+      if (state == State::none) continue;
+      const Mat<S>& a = acts_t_[l];
+      const Mat<S>& fa = acts_t_[l + 1];
+      if (state == State::sparse) {
+        const auto n_units = static_cast<int64_t>(s.units.size());
+        for (int64_t k = 0; k < n_units; ++k) {
+          const int64_t u = s.units[static_cast<std::size_t>(k)];
+          for (int64_t i = 0; i < n; ++i) s.sparse.row(k).segment(i * batch, batch) += a.row(u);
+        }
+        s.dense_in.resize(n_units, nb);
+        apply_elementwise(layer, s.sparse.data(), s.dense_in.data(), n_units * nb, s);
+        for (int64_t k = 0; k < n_units; ++k) {
+          const int64_t u = s.units[static_cast<std::size_t>(k)];
+          for (int64_t i = 0; i < n; ++i)
+            s.sparse.row(k).segment(i * batch, batch) = s.dense_in.row(k).segment(i * batch, batch) - fa.row(u);
+        }
+      } else if (layer.is_relu) {
+        for (int64_t i = 0; i < n; ++i) {
+          auto block = delta.middleCols(i * batch, batch);
+          block = (a + block).cwiseMax(S(0)) - fa;
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) delta.middleCols(i * batch, batch) += a;
+        s.next.resize(delta.rows(), nb);
+        apply_elementwise(layer, delta.data(), s.next.data(), delta.size(), s);
+        for (int64_t i = 0; i < n; ++i) delta.middleCols(i * batch, batch) = s.next.middleCols(i * batch, batch) - fa;
+      }
+    } else {
+      // A host layer: whole activations a + delta from here on, stacked sample-major.
+      s.stack.resize(nb, layer.in);
+      for (int64_t i = 0; i < n; ++i) {
+        auto rows = s.stack.middleRows(i * batch, batch);
+        rows = acts_[l];
+        if (state == State::dense) rows += delta.middleCols(i * batch, batch).transpose();
+        if (state == State::sparse)
+          for (std::size_t k = 0; k < s.units.size(); ++k)
+            rows.col(s.units[k]) += s.sparse.row(static_cast<int64_t>(k)).segment(i * batch, batch).transpose();
+      }
+      for (std::size_t m = l; m < n_layers; ++m) {
+        forward_layer(plan_.layers[m], s.stack, eff_.data(), s.stack_next);
+        s.stack.swap(s.stack_next);
+      }
+      for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+      return;
+    }
+  }
+  if (state == State::none) {
+    for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = base_loss_ - l2_ * base_sq_ + l2_term(c, g, g.begin + i, s);
+    return;
+  }
+  if (state == State::sparse) {
+    s.next.setZero(plan_.out_features, nb);
+    for (std::size_t k = 0; k < s.units.size(); ++k) s.next.row(s.units[k]) = s.sparse.row(static_cast<int64_t>(k));
+    delta.swap(s.next);
+  }
+  s.row_losses.resize(static_cast<std::size_t>(n));
+  delta_losses(delta, n, s.row_losses.data(), s);
+  for (int64_t i = 0; i < n; ++i)
+    losses[g.begin + i] = s.row_losses[static_cast<std::size_t>(i)] + l2_term(c, g, g.begin + i, s);
+}
+
+#define POLYPROBE_INSTANTIATE(S)                                                                   \
+  template void EvaluatorImpl<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t,      \
+                                                    Scratch&) const;                               \
+  template void EvaluatorImpl<S>::build_kink_tables();                                            \
+  template void EvaluatorImpl<S>::apply_kink(std::size_t, int64_t, Scratch&) const;               \
+  template void EvaluatorImpl<S>::evaluate_delta(const pp_candidates&, const Group&, Scratch&,    \
+                                                 double*) const;
+POLYPROBE_INSTANTIATE(float)
+POLYPROBE_INSTANTIATE(double)
+#undef POLYPROBE_INSTANTIATE
+
+}  // namespace polyprobe::cpu_tbb

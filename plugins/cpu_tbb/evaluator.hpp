@@ -1,0 +1,45 @@
+// The cpu_tbb plugin's candidate evaluator: every CPU evaluation path behind one object.
+//
+// A candidate set arrives grouped by particle (the V x K candidates of one particle are
+// adjacent). Each group takes the fastest path whose conditions hold, checked per group
+// and explained: `sparse` / `subspace-delta` (propagate the particle's change as a delta
+// through verified affine and elementwise layers), `dense` (materialise the changed
+// layers' weights, then one GEMM per later layer over the whole group), `inplace` (apply,
+// score, revert on one shared parameter copy when per-thread copies would not fit) and
+// `fallback` (the whole forward of every materialised candidate through the host's
+// layers: always correct). The incumbent's activations are computed once per call (prefix
+// reuse). Work is split over particles with oneTBB; each candidate's loss is computed by
+// one thread in a fixed order, so results do not depend on the thread count.
+#pragma once
+
+#include <polyprobe/plugin_abi.h>
+
+#include <memory>
+#include <string>
+
+namespace polyprobe::cpu_tbb {
+
+class CandidateEvaluator {
+ public:
+  virtual ~CandidateEvaluator() = default;
+  virtual void register_batch(const pp_batch_view& batch) = 0;
+  // losses[count], or losses[0] = the incumbent's objective when count == 0.
+  virtual void evaluate(const pp_candidates& candidates, double* losses) = 0;
+  // JSON: per layer and particle block the path and why others declined, the chunk size,
+  // the memory estimate, and per path the candidates of the last call.
+  virtual const char* explain() = 0;
+};
+
+// The paths a caller may force (pp_eval_options.path); "auto" or null lets each group choose.
+inline constexpr const char* kPathNames = "auto, sparse, subspace-delta, dense, inplace, fallback";
+
+// Throws std::invalid_argument naming what it cannot serve.
+std::unique_ptr<CandidateEvaluator> make_candidate_evaluator(const pp_model_view& model,
+                                                             const pp_loss_view& loss,
+                                                             const pp_eval_options& options);
+
+// Empty when the evaluator can serve this model, loss and options, else the reason.
+std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& loss,
+                               const pp_eval_options& options);
+
+}  // namespace polyprobe::cpu_tbb

@@ -1,0 +1,191 @@
+// Internals of the cpu_tbb evaluator, shared by its path files (evaluator.cpp: set-up,
+// grouping, chunking and threads; delta_path.cpp: sparse and subspace deltas;
+// materialised_paths.cpp: dense, in-place and fallback; loss_kernels.cpp: losses).
+#pragma once
+
+#include "evaluator.hpp"
+#include "model_plan.hpp"
+
+#include <polyprobe/kernels/losses.hpp>
+
+#include <Eigen/Core>
+#include <tbb/enumerable_thread_specific.h>
+#include <tbb/task_arena.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace polyprobe::cpu_tbb {
+
+template <class S>
+using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using Arr = Eigen::Array<S, 1, Eigen::Dynamic>;  // one value per sample
+
+enum class Path : int { delta, dense, inplace, fallback, incumbent, count };
+inline constexpr int kPathCount = static_cast<int>(Path::count);
+// "sparse" or "subspace-delta" for the delta path, by search space.
+const char* path_name(Path path, bool subspace);
+
+// Why a group did not take the delta path.
+enum class Decline : int {
+  none,
+  no_prefix_reuse,    // a layer is not prefix-reusable (model-wide)
+  not_affine,         // a moved coordinate belongs to a layer not verified affine
+  subspace_transform, // a subspace coordinate moves a transformed weight (not rank one)
+  across_host,        // the particle changes layers on both sides of a host layer
+  forced,             // another path was requested
+  count
+};
+const char* decline_text(Decline why);
+
+// One coordinate of a particle as a rank-one change of an affine layer's pre-activation:
+// dz = theta * u (v^T x), u = e_row or a dense vector, v = e_col, a dense vector or the
+// bias input 1.
+inline constexpr int64_t kDenseV = -1, kBias = -2;
+struct Term {
+  int32_t layer = 0;
+  int32_t slot = 0;      // the particle's displacement component that drives it
+  int64_t row = 0;       // >= 0: one output unit; -1: dense u (u_index)
+  int64_t col = 0;       // >= 0: one input feature; kDenseV: dense v (v_index); kBias
+  int32_t u_index = -1;  // into dense_u_
+  int32_t v_index = -1;  // into dense_v_
+  int64_t param = -1;    // full space: the parameter moved (its transform gives theta)
+};
+
+// A block of adjacent candidates that move one particle, and the path it takes.
+struct Group {
+  int64_t begin = 0, end = 0;
+  int64_t particle = 0;
+  Path path = Path::fallback;
+  Decline why = Decline::none;
+  int32_t first_layer = 0;  // the first layer the particle changes
+  int64_t terms_begin = 0, terms_end = 0;  // into terms_
+};
+
+template <class S>
+class EvaluatorImpl final : public CandidateEvaluator {
+ public:
+  EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss, const pp_eval_options& options);
+  void register_batch(const pp_batch_view& batch) override;
+  void evaluate(const pp_candidates& c, double* losses) override;
+  const char* explain() override;
+
+ private:
+  // Everything one worker needs for one group; sized on first use, then reused, so the
+  // hot path allocates nothing per candidate.
+  struct Scratch {
+    // delta path: deltas are feature-major, [features, candidates * batch]
+    Mat<S> delta, next, dense_in;
+    Mat<S> sparse;                 // [units, candidates * batch]
+    std::vector<int64_t> units;
+    std::vector<S> theta;          // [candidates * terms]
+    Arr<S> src, tmp_b, max_b, sum_b;
+    std::vector<S> buffer, buffer_out;  // host elementwise on padded flat buffers
+    // materialised paths: sample-major
+    std::vector<S> eff;         // effective parameters (transforms applied)
+    std::vector<S> raw_params;  // fallback: parameters as the host layers take them
+    uint64_t generation = 0, raw_generation = 0;
+    std::vector<double> row_losses;
+    std::vector<Mat<S>> hidden;
+    Mat<S> stack, stack_next;
+    std::vector<int64_t> touched;  // parameters a group changes
+    std::vector<double> coef;      // [touched * d]: d(param) / d(displacement component)
+    std::vector<double> raw;       // [touched] per candidate
+    std::vector<std::pair<int64_t, std::pair<int32_t, double>>> entries;  // collect_touched
+  };
+
+  // --- evaluator.cpp: set-up and orchestration
+  void set_base(const double* base);
+  void forward_prefix();
+  S effective(int64_t param, double raw) const;
+  void plan_groups(const pp_candidates& c);
+  Decline build_terms(const pp_candidates& c, int64_t particle, std::vector<Term>& out, int32_t& first) const;
+  void run_groups(const pp_candidates& c, double* losses);
+  void evaluate_group(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  double l2_term(const pp_candidates& c, const Group& g, int64_t cand, Scratch& s) const;
+  void collect_touched(const pp_candidates& c, int64_t particle, Scratch& s) const;
+  int64_t auto_chunk() const;
+  double memory_estimate_bytes() const;
+
+  // --- delta_path.cpp
+  void evaluate_delta(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  void build_kink_tables();
+  void apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count, Scratch& s) const;
+  // Sparse units at the input of affine layer l through l, relu l+1 and affine l+2 into
+  // s.delta ([out_{l+2}, n * batch]) with the kink tables.
+  void apply_kink(std::size_t l, int64_t n, Scratch& s) const;
+
+  // --- materialised_paths.cpp (sample-major)
+  void evaluate_dense(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  void evaluate_inplace(const pp_candidates& c, const Group& g, Scratch& s, double* losses);
+  void evaluate_fallback(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  // One layer on sample-major rows. `params` are effective ones (transforms applied) for
+  // native affine layers; with host_only every layer runs its host forward on raw params.
+  void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
+                     bool host_only = false) const;
+  void set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s, S* eff) const;
+
+  // --- loss_kernels.cpp
+  // Mean loss of candidates whose outputs are the incumbent's plus `delta`
+  // (feature-major [outputs, n * batch]); sums in double in sample order.
+  void delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses, Scratch& s) const;
+  // Mean loss of sample-major outputs rows [first, first + batch).
+  double rows_loss(const Mat<S>& out, int64_t first_row) const;
+
+  ModelPlan plan_;
+  kernels::LossKind loss_;
+  double l2_;
+  int threads_;
+  std::string forced_;  // "" = auto
+  bool subspace_mode_ = false;
+  const pp_subspace_view* subspace_ = nullptr;
+  std::vector<int32_t> coord_u_, coord_v_;     // per subspace coordinate: dense u / v index
+  std::vector<std::vector<S>> dense_u_;        // dense u vectors of subspace coordinates, in S
+  std::vector<const double*> dense_v_;         // dense v vectors
+  std::vector<int32_t> dense_v_layer_;
+  std::vector<int32_t> first_host_from_;       // first host layer index >= l (n_layers if none)
+  std::unique_ptr<tbb::task_arena> arena_;
+  int64_t chunk_ = 0;       // candidates a worker holds at once
+  bool chunk_auto_ = true;
+  int64_t chunk_halvings_ = 0;  // allocation failures survived by halving the chunk
+  bool inplace_for_dense_ = false;  // per-thread parameter copies would not fit
+
+  // batch
+  Mat<S> x_;  // sample-major inputs
+  std::vector<int64_t> labels_;
+  std::vector<double> targets_;
+  int64_t batch_ = 0;
+
+  // per call
+  std::vector<double> base_;
+  std::vector<S> eff_;
+  double base_sq_ = 0.0;
+  uint64_t generation_ = 0;
+  std::vector<Mat<S>> acts_;     // sample-major [batch, width], acts_[l] = input of layer l
+  std::vector<Mat<S>> acts_t_;   // feature-major [width, batch]
+  std::vector<Mat<S>> weights_t_;  // affine layers: effective W^T [in, out]
+  Mat<S> v_src_;                 // [dense_v_, batch]: v^T (input of its layer)
+  double base_loss_ = 0.0;
+  std::vector<Group> groups_;
+  std::vector<Term> terms_;
+  std::vector<int64_t> first_layer_candidates_;  // per layer: delta candidates starting there
+  // Kink tables of affine layer l (see delta_path.cpp), when built this call.
+  struct KinkTable {
+    bool built = false;
+    Mat<S> response;   // [in_l * out_{l+2}, batch]
+    Mat<S> inv_room;   // [in_l, batch]
+  };
+  std::vector<KinkTable> kink_;
+  std::array<int64_t, kPathCount> path_candidates_{};
+  std::vector<std::array<int64_t, kPathCount>> layer_path_candidates_;
+  std::vector<std::array<int64_t, static_cast<int>(Decline::count)>> layer_declines_;
+
+  tbb::enumerable_thread_specific<Scratch> scratch_;
+  std::string explain_;
+};
+
+}  // namespace polyprobe::cpu_tbb
