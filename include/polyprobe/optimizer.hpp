@@ -24,7 +24,7 @@
 
 namespace polyprobe {
 
-class Batch;
+struct Batch;
 class Evaluator;
 class Model;
 class Subspace;

@@ -70,7 +70,8 @@ class RadiusModel {
   // Step length along a block's transport move, as a multiple of it (1 = the move itself).
   virtual double move_scale(const BlockModel& /*block*/) const { return 1.0; }
   // The predicted change of the step just taken (sum over blocks).
-  virtual void record_prediction(double /*predicted_change*/) {}
+  // `at_boundary`: the step length hit quadratic_max_scale (a trust region may then grow).
+  virtual void record_prediction(double /*predicted_change*/, bool /*at_boundary*/) {}
   // The mean candidate cost of the step just scored (stagnation feedback).
   virtual void observe_costs(double /*mean_cost*/) {}
   // Forget any deferred comparison (objective changed, momentum-only step, resync).

@@ -1,0 +1,195 @@
+// Tight-frame templates and Haar rotations.
+#include "random_normal.hpp"
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/geometry.hpp>
+
+#include <Eigen/QR>
+
+#include <cmath>
+#include <string>
+
+namespace polyprobe {
+
+PolytopeKind parse_polytope(std::string_view name) {
+  if (name == "simplex") return PolytopeKind::simplex;
+  if (name == "orthoplex") return PolytopeKind::orthoplex;
+  if (name == "cube") return PolytopeKind::cube;
+  throw Error("unknown polytope '" + std::string(name) + "' (use simplex, orthoplex or cube)");
+}
+
+std::string_view to_string(PolytopeKind kind) {
+  switch (kind) {
+    case PolytopeKind::simplex: return "simplex";
+    case PolytopeKind::orthoplex: return "orthoplex";
+    case PolytopeKind::cube: return "cube";
+  }
+  return "?";
+}
+
+int64_t polytope_vertex_count(PolytopeKind kind, int32_t d) {
+  switch (kind) {
+    case PolytopeKind::simplex: return int64_t{d} + 1;
+    case PolytopeKind::orthoplex: return 2 * int64_t{d};
+    case PolytopeKind::cube: return int64_t{1} << d;
+  }
+  return 0;
+}
+
+Matrix<double> make_template(PolytopeKind kind, int32_t d) {
+  if (d < 1) throw Error("polytope dimension must be at least 1, got " + std::to_string(d));
+  if (kind == PolytopeKind::cube && d > 20)
+    throw Error("a cube in dimension " + std::to_string(d) +
+                " has 2^d vertices; use d <= 20 or the orthoplex");
+  const auto vertices = polytope_vertex_count(kind, d);
+  const double dd = d;
+  Matrix<double> t = Matrix<double>::Zero(vertices, d);
+  switch (kind) {
+    case PolytopeKind::simplex: {
+      // polystep: sqrt(1 + 1/d) I - (sqrt(d + 1) + 1) / d^1.5, plus the row 1/sqrt(d).
+      const double shift = (std::sqrt(dd + 1) + 1) / std::pow(dd, 1.5);
+      for (int32_t i = 0; i < d; ++i)
+        for (int32_t j = 0; j < d; ++j) t(i, j) = (i == j ? std::sqrt(1 + 1 / dd) : 0.0) - shift;
+      t.row(d).setConstant(1 / std::sqrt(dd));
+      break;
+    }
+    case PolytopeKind::orthoplex:
+      for (int32_t i = 0; i < d; ++i) {
+        t(i, i) = 1;
+        t(d + i, i) = -1;
+      }
+      break;
+    case PolytopeKind::cube:
+      for (int64_t v = 0; v < vertices; ++v)
+        for (int32_t j = 0; j < d; ++j)
+          t(v, j) = ((v >> (d - 1 - j)) & 1 ? 1.0 : -1.0) / std::sqrt(dd);
+      break;
+  }
+  // Centre and normalise: exact for the orthoplex and cube, and removes the rounding of the
+  // simplex construction so the tight-frame identities hold to machine precision.
+  t.rowwise() -= t.colwise().mean();
+  t.rowwise().normalize();
+  return t;
+}
+
+namespace {
+
+using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic>;
+
+// Negates the last column when det < 0, so the result is in SO(d) and, for a biased draw,
+// the first column (the bias direction) is untouched.
+void fix_determinant(Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic,
+                                              Eigen::RowMajor>>& q,
+                     double det_sign) {
+  if (det_sign < 0) q.col(q.cols() - 1) *= -1;
+}
+
+bool usable_bias(std::span<const double> bias, int64_t particle, int32_t d, double& norm) {
+  if (bias.empty()) return false;
+  norm = 0;
+  for (int32_t j = 0; j < d; ++j) {
+    const double b = bias[static_cast<std::size_t>(particle * d + j)];
+    norm += b * b;
+  }
+  norm = std::sqrt(norm);
+  return norm > 0 && std::isfinite(norm);
+}
+
+void draw_qr(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> rotations,
+             std::span<const double> bias) {
+  MatD g(d, d);
+  std::vector<double> normals(static_cast<std::size_t>(d) * static_cast<std::size_t>(d));
+  for (int64_t p = 0; p < count; ++p) {
+    fill_standard_normal(rng, normals);
+    for (int32_t i = 0; i < d; ++i)
+      for (int32_t j = 0; j < d; ++j) g(i, j) = normals[static_cast<std::size_t>(i * d + j)];
+    double norm = 0;
+    if (usable_bias(bias, p, d, norm))
+      for (int32_t i = 0; i < d; ++i) g(i, 0) = bias[static_cast<std::size_t>(p * d + i)] / norm;
+    Eigen::HouseholderQR<MatD> qr(g);
+    MatD q = qr.householderQ();
+    const MatD& r = qr.matrixQR();
+    for (int32_t j = 0; j < d; ++j)
+      if (r(j, j) < 0) q.col(j) *= -1;
+    Eigen::Map<Matrix<double>> out(rotations.data() + p * d * d, d, d);
+    out = q;
+    fix_determinant(out, q.determinant());
+  }
+}
+
+// Stewart (1980): Q = H_0 H_1 ... H_{d-2} D, each H_k a Householder reflection on
+// coordinates k..d-1 built from a fresh Gaussian vector, D the signs that make the
+// equivalent QR factor's diagonal positive. O(d^2) per rotation instead of O(d^3).
+void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d,
+                      std::span<double> rotations, std::span<const double> bias) {
+  std::vector<double> x(static_cast<std::size_t>(d));
+  std::vector<double> normals(static_cast<std::size_t>(d * (d + 1) / 2));
+  for (int64_t p = 0; p < count; ++p) {
+    fill_standard_normal(rng, normals);
+    Eigen::Map<Matrix<double>> q(rotations.data() + p * d * d, d, d);
+    q.setIdentity();
+    double det_sign = 1;
+    std::size_t next = 0;
+    double bias_norm = 0;
+    const bool biased = usable_bias(bias, p, d, bias_norm);
+    for (int32_t k = 0; k + 1 < d; ++k) {
+      const int32_t m = d - k;
+      for (int32_t i = 0; i < m; ++i) x[static_cast<std::size_t>(i)] = normals[next++];
+      if (k == 0 && biased)
+        for (int32_t i = 0; i < d; ++i) x[static_cast<std::size_t>(i)] = bias[static_cast<std::size_t>(p * d + i)];
+      double norm2 = 0;
+      for (int32_t i = 0; i < m; ++i) norm2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
+      const double norm = std::sqrt(norm2);
+      const double s = x[0] >= 0 ? 1.0 : -1.0;
+      // u = x + s |x| e_0; H = I - 2 u u^T / |u|^2 maps x to -s |x| e_0.
+      x[0] += s * norm;
+      double u2 = 0;
+      for (int32_t i = 0; i < m; ++i) u2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
+      // Q[:, k:] <- Q[:, k:] H; then multiply column k by D_k = -s.
+      if (u2 > 0) {
+        for (int32_t r = 0; r < d; ++r) {
+          double dot = 0;
+          for (int32_t i = 0; i < m; ++i) dot += q(r, k + i) * x[static_cast<std::size_t>(i)];
+          const double f = 2 * dot / u2;
+          for (int32_t i = 0; i < m; ++i) q(r, k + i) -= f * x[static_cast<std::size_t>(i)];
+        }
+        det_sign = -det_sign;
+      }
+      if (s > 0) {
+        q.col(k) *= -1;
+        det_sign = -det_sign;
+      }
+    }
+    // The last sign of D: a fair coin from the last normal.
+    if (normals[next] < 0) {
+      q.col(d - 1) *= -1;
+      det_sign = -det_sign;
+    }
+    fix_determinant(q, det_sign);
+  }
+}
+
+}  // namespace
+
+void draw_rotations(std::mt19937_64& rng, int64_t count, int32_t d, RotationMethod method,
+                    std::span<double> rotations, std::span<const double> bias) {
+  if (d < 1) throw Error("rotation dimension must be at least 1, got " + std::to_string(d));
+  if (static_cast<int64_t>(rotations.size()) != count * d * d)
+    throw Error("draw_rotations: the output holds " + std::to_string(rotations.size()) +
+                " values, not count * d * d = " + std::to_string(count * d * d));
+  if (!bias.empty() && static_cast<int64_t>(bias.size()) != count * d)
+    throw Error("draw_rotations: the bias holds " + std::to_string(bias.size()) +
+                " values, not count * d = " + std::to_string(count * d));
+  if (d == 1) {
+    std::fill(rotations.begin(), rotations.end(), 1.0);  // SO(1) = {1}
+    return;
+  }
+  if (method == RotationMethod::automatic)
+    method = count * d >= kWideRotationBatch ? RotationMethod::householder : RotationMethod::qr;
+  if (method == RotationMethod::qr)
+    draw_qr(rng, count, d, rotations, bias);
+  else
+    draw_householder(rng, count, d, rotations, bias);
+}
+
+}  // namespace polyprobe

@@ -1,0 +1,11 @@
+target_sources(polyprobe_core PRIVATE
+  ${CMAKE_CURRENT_LIST_DIR}/ask_tell.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/config.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/geometry.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/minimize.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/radius_model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/schedule.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/step_engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/vector_search.cpp)

@@ -1,0 +1,483 @@
+// One optimizer step, independent of how candidates are scored.
+#include "step_engine.hpp"
+
+#include "state_io.hpp"
+
+#include <polyprobe/error.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+namespace polyprobe::detail {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+ScheduleSettings schedule_settings(const OptimizerConfig& c) {
+  ScheduleSettings s;
+  s.kind = c.schedule;
+  s.epsilon = c.epsilon;
+  s.epsilon_final = c.epsilon_final;
+  s.total_steps = c.total_steps;
+  s.decay_steps = c.schedule_decay_steps;
+  s.power = c.schedule_power;
+  s.decay_rate = c.schedule_decay_rate;
+  return s;
+}
+
+std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
+
+// Replaces non-finite costs by a finite penalty above every finite cost of the block, so a
+// diverging candidate repels mass instead of poisoning the solve. False when none is finite.
+bool penalise_nonfinite(MatrixRef<double> cost, double margin) {
+  double worst = -std::numeric_limits<double>::infinity();
+  bool any_finite = false;
+  for (Eigen::Index i = 0; i < cost.size(); ++i)
+    if (std::isfinite(cost.data()[i])) {
+      worst = std::max(worst, cost.data()[i]);
+      any_finite = true;
+    }
+  if (!any_finite) return false;
+  const double penalty = worst + margin * (1 + std::abs(worst));
+  for (Eigen::Index i = 0; i < cost.size(); ++i)
+    if (!std::isfinite(cost.data()[i])) cost.data()[i] = penalty;
+  return true;
+}
+
+}  // namespace
+
+StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particles,
+                       std::vector<BlockRange> blocks, TransportSolver solver)
+    : config_(config),
+      d_(d),
+      particles_(particles),
+      vertices_(polytope_vertex_count(config.polytope, d)),
+      probes_(config.num_probe),
+      amortize_(config.amortize_steps),
+      blocks_(std::move(blocks)),
+      solver_(solver),
+      template_(make_template(config.polytope, d)),
+      schedule_(schedule_settings(config)),
+      radius_(make_radius_model(config.radius)),
+      rng_(config.seed) {
+  if (solver_ == TransportSolver::automatic)
+    throw Error("StepEngine: the transport solver must be resolved before construction");
+  if (solver_ == TransportSolver::top_k && config.top_k > vertices_)
+    throw Error("solver top_k needs top_k <= V = " + std::to_string(vertices_) + ", got " +
+                std::to_string(config.top_k));
+  int64_t next = 0;
+  for (const BlockRange& b : blocks_) {
+    if (b.first != next || b.count <= 0)
+      throw Error("StepEngine: blocks must tile the particles in order without gaps");
+    next += b.count;
+  }
+  if (next != particles_)
+    throw Error("StepEngine: blocks cover " + std::to_string(next) + " of " +
+                std::to_string(particles_) + " particles");
+  duals_.resize(blocks_.size());
+  const auto pd = idx(particles_ * d_);
+  velocity_.assign(pd, 0.0);
+  last_move_.assign(pd, 0.0);
+  cache_costs_.assign(idx(particles_ * vertices_), 0.0);
+  cache_rotations_.assign(pd * idx(d_), 0.0);
+  cache_valid_.assign(idx(particles_), 0);
+  reused_.assign(idx(particles_), 0);
+}
+
+double StepEngine::momentum_coefficient() const {
+  const double progress =
+      std::min(1.0, static_cast<double>(step_) / static_cast<double>(std::max<int64_t>(1, config_.total_steps)));
+  return config_.momentum_init + (config_.momentum_final - config_.momentum_init) * progress;
+}
+
+StepInfo StepEngine::begin_info() const {
+  StepInfo info;
+  info.step = step_;
+  info.predicted_change = kNaN;
+  info.trust_ratio = kNaN;
+  info.mean_cost = kNaN;
+  info.best_cost = kNaN;
+  info.incumbent_loss = kNaN;
+  return info;
+}
+
+void StepEngine::plan(uint64_t objective_key) {
+  if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
+  rng_before_plan_ = rng_;
+  key_ = objective_key;
+  epsilon_ = schedule_.at(step_);
+  const RadiusMultipliers m = radius_->multipliers();
+  probe_r_ = config_.probe_radius * epsilon_ * m.probe;
+  step_r_plan_ = config_.step_radius * epsilon_ * m.step;
+
+  const auto P = particles_, V = vertices_;
+  const auto K = probes_;
+  rotations_.resize(idx(P * d_ * d_));
+  draw_rotations(rng_, P, d_, config_.rotation, rotations_,
+                 config_.biased_rotation ? std::span<const double>(last_move_) : std::span<const double>());
+
+  std::fill(reused_.begin(), reused_.end(), 0);
+  if (config_.adaptive_probes && key_ == cache_key_ && step_r_plan_ == cache_step_r_ &&
+      probe_r_ == cache_probe_r_) {
+    for (int64_t i = 0; i < P; ++i) {
+      if (!cache_valid_[idx(i)]) continue;
+      double norm2 = 0;
+      for (int32_t j = 0; j < d_; ++j) norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
+      if (norm2 >= config_.adaptive_probes_threshold) continue;
+      reused_[idx(i)] = 1;
+      // The cached costs were measured with the cached rotation: keep them together.
+      std::copy_n(cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_), d_ * d_,
+                  rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_));
+    }
+  }
+
+  directions_.resize(idx(P * V * d_));
+  displacements_.resize(idx(P * V * K * d_));
+  for (int64_t i = 0; i < P; ++i) {
+    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
+    Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+    dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
+    for (int64_t v = 0; v < V; ++v)
+      for (int32_t k = 1; k <= K; ++k) {
+        const double scale = probe_r_ * k / (K + 1.0);
+        double* out = displacements_.data() + ((i * V + v) * K + (k - 1)) * d_;
+        for (int32_t j = 0; j < d_; ++j) out[j] = scale * dir(v, j);
+      }
+  }
+  screened_ = false;
+  planned_ = true;
+}
+
+const std::vector<char>& StepEngine::screen(std::span<const double> screen_losses) {
+  if (!planned_) throw Error("StepEngine::screen before plan()");
+  const auto P = particles_, V = vertices_;
+  if (static_cast<int64_t>(screen_losses.size()) != P * V)
+    throw Error("screen: expected " + std::to_string(P * V) + " losses, got " +
+                std::to_string(screen_losses.size()));
+  screen_losses_.assign(screen_losses.begin(), screen_losses.end());
+  keep_.assign(idx(P * V), 0);
+  const bool antithetic = config_.polytope == PolytopeKind::orthoplex;
+  std::vector<double> score;
+  std::vector<int64_t> order;
+  for (int64_t i = 0; i < P; ++i) {
+    const double* s = screen_losses_.data() + i * V;
+    // Orthoplex: rank the axis pairs by |L(+e) - L(-e)| and keep both signs, so the kept set
+    // stays antithetic. Otherwise rank vertices by how far their loss is from the row mean:
+    // both extremes carry the transport signal.
+    const int64_t units = antithetic ? V / 2 : V;
+    const double mean = std::accumulate(s, s + V, 0.0) / static_cast<double>(V);
+    score.resize(idx(units));
+    for (int64_t u = 0; u < units; ++u)
+      score[idx(u)] = antithetic ? std::abs(s[u] - s[u + units]) : std::abs(s[u] - mean);
+    for (double& x : score)
+      if (!std::isfinite(x)) x = std::numeric_limits<double>::infinity();
+    order.resize(idx(units));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[idx(a)] > score[idx(b)]; });
+    const auto kept = std::max<int64_t>(
+        1, static_cast<int64_t>(std::llround(config_.screen_keep_ratio * static_cast<double>(units))));
+    for (int64_t r = 0; r < kept; ++r) {
+      const int64_t u = order[idx(r)];
+      keep_[idx(i * V + u)] = 1;
+      if (antithetic) keep_[idx(i * V + u + units)] = 1;
+    }
+  }
+  screened_ = true;
+  return keep_;
+}
+
+void StepEngine::solve_block(const BlockRange& block, double temperature, StepInfo& info) {
+  auto cost = cost_.middleRows(block.first, block.count);
+  auto weights = weights_.middleRows(block.first, block.count);
+  Matrix<double> scaled = cost;
+  if (!penalise_nonfinite(scaled, config_.nonfinite_margin)) {
+    weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
+    return;
+  }
+  scale_cost(config_.cost_scaling, scaled);
+  switch (solver_) {
+    case TransportSolver::sinkhorn: {
+      const SinkhornSettings settings{config_.sinkhorn_max_iterations, config_.sinkhorn_tolerance};
+      const auto b = static_cast<std::size_t>(&block - blocks_.data());
+      const TransportResult r = solve_sinkhorn(scaled, temperature, settings, duals_[b], weights);
+      info.transport_iterations = std::max(info.transport_iterations, r.iterations);
+      info.transport_converged = info.transport_converged && r.converged;
+      break;
+    }
+    case TransportSolver::softmax: solve_softmax(scaled, temperature, weights); break;
+    case TransportSolver::greedy: solve_greedy(scaled, weights); break;
+    case TransportSolver::top_k: solve_top_k(scaled, config_.top_k, weights); break;
+    case TransportSolver::automatic: break;
+  }
+}
+
+StepInfo StepEngine::finish(std::span<const double> losses, std::span<const double> incumbents,
+                            std::span<double> moves) {
+  if (!planned_) throw Error("StepEngine::finish before plan()");
+  const auto P = particles_, V = vertices_;
+  const auto K = probes_;
+  if (static_cast<int64_t>(losses.size()) != P * V * K)
+    throw Error("finish: expected " + std::to_string(P * V * K) + " losses, got " + std::to_string(losses.size()));
+  if (static_cast<int64_t>(moves.size()) != P * d_)
+    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) + " values, not P d = " +
+                std::to_string(P * d_));
+  const bool quadratic = radius_->needs_incumbent();
+  if (quadratic && incumbents.size() != 1 && static_cast<int64_t>(incumbents.size()) != P)
+    throw Error("finish: the " + std::string(to_string(radius_->kind())) +
+                " radius model needs f(X): one shared incumbent loss or one per particle");
+  StepInfo info = begin_info();
+  info.epsilon = epsilon_;
+  info.probe_radius = probe_r_;
+
+  // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
+  // screen loss plus the particle's offset calibrated on its kept vertices.
+  cost_.resize(P, V);
+  weights_.resize(P, V);
+  for (int64_t i = 0; i < P; ++i) {
+    if (reused_[idx(i)]) {
+      for (int64_t v = 0; v < V; ++v) cost_(i, v) = cache_costs_[idx(i * V + v)];
+      ++info.reused;
+      continue;
+    }
+    double offset = 0;
+    int64_t kept = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      if (screened_ && !keep_[idx(i * V + v)]) continue;
+      double sum = 0;
+      for (int32_t k = 0; k < K; ++k) sum += losses[idx((i * V + v) * K + k)];
+      cost_(i, v) = sum / K;
+      if (screened_ && std::isfinite(cost_(i, v) - screen_losses_[idx(i * V + v)])) {
+        offset += cost_(i, v) - screen_losses_[idx(i * V + v)];
+        ++kept;
+      }
+    }
+    if (screened_) {
+      offset = kept > 0 ? offset / static_cast<double>(kept) : 0.0;
+      for (int64_t v = 0; v < V; ++v)
+        if (!keep_[idx(i * V + v)]) cost_(i, v) = screen_losses_[idx(i * V + v)] + offset;
+    }
+  }
+  info.reused *= V * K;
+  {
+    double sum = 0, best = std::numeric_limits<double>::infinity();
+    int64_t finite = 0;
+    for (Eigen::Index c = 0; c < cost_.size(); ++c)
+      if (std::isfinite(cost_.data()[c])) {
+        sum += cost_.data()[c];
+        best = std::min(best, cost_.data()[c]);
+        ++finite;
+      }
+    info.mean_cost = finite > 0 ? sum / static_cast<double>(finite) : kNaN;
+    info.best_cost = finite > 0 ? best : kNaN;
+  }
+
+  // The incumbent closes the deferred trust-region comparison before the step radius is set.
+  double incumbent_total = kNaN;
+  if (quadratic) {
+    incumbent_total = std::accumulate(incumbents.begin(), incumbents.end(), 0.0);
+    const bool comparable = prediction_valid_ && prediction_key_ == key_;
+    radius_->observe_incumbent(incumbent_total, comparable);
+    info.trust_ratio = last_trust_ratio(*radius_);
+    info.incumbent_loss = incumbents.size() == 1 ? incumbents[0] : incumbent_total / static_cast<double>(P);
+    info.incumbent_measured = true;
+  } else {
+    info.incumbent_loss = info.mean_cost;
+  }
+  const double step_r = config_.step_radius * epsilon_ * radius_->multipliers().step;
+  info.step_radius = step_r;
+
+  const double temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
+  for (const BlockRange& block : blocks_) solve_block(block, temperature, info);
+  schedule_.observe_solve(info.transport_converged);
+
+  // Barycentric move, in template space then rotated once: X_i + step_r R_i (W_i T).
+  std::vector<double> template_mean(idx(d_));
+  for (int64_t i = 0; i < P; ++i) {
+    Eigen::Map<Vector<double>> m(template_mean.data(), d_);
+    m.noalias() = template_.transpose() * weights_.row(i).transpose();
+    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
+    Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
+    out.noalias() = step_r * (rot * m);
+  }
+
+  // Quadratic models: per block, the step length along the transport move.
+  if (quadratic) {
+    const double scaled_radius = probe_r_ * K / (K + 1.0);
+    std::vector<double> gradient(idx(d_)), outer(idx(V));
+    double predicted = 0;
+    bool at_boundary = false;
+    for (const BlockRange& block : blocks_) {
+      BlockModel model;
+      for (int64_t i = block.first; i < block.first + block.count; ++i) {
+        for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
+        const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
+        Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+        const double curvature = fit_particle_quadratic(outer, f, dir, scaled_radius, gradient);
+        double slope = 0, norm2 = 0;
+        for (int32_t j = 0; j < d_; ++j) {
+          slope += gradient[idx(j)] * moves[idx(i * d_ + j)];
+          norm2 += moves[idx(i * d_ + j)] * moves[idx(i * d_ + j)];
+        }
+        if (std::isfinite(slope) && std::isfinite(curvature)) {
+          model.slope += slope;
+          model.curvature += curvature * norm2;
+        }
+      }
+      const double a = radius_->move_scale(model);
+      at_boundary = at_boundary || a >= config_.radius.quadratic_max_scale;
+      predicted += a * model.slope + 0.5 * a * a * model.curvature;
+      for (int64_t i = block.first; i < block.first + block.count; ++i)
+        for (int32_t j = 0; j < d_; ++j) moves[idx(i * d_ + j)] *= a;
+    }
+    info.predicted_change = predicted;
+    radius_->record_prediction(predicted, at_boundary);
+    prediction_valid_ = std::isfinite(predicted);
+    prediction_key_ = key_;
+  }
+
+  if (config_.momentum) {
+    const double mu = momentum_coefficient();
+    for (std::size_t c = 0; c < moves.size(); ++c)
+      moves[c] = velocity_[c] = mu * velocity_[c] + config_.velocity_lr * moves[c];
+  }
+  const bool finite = std::all_of(moves.begin(), moves.end(), [](double x) { return std::isfinite(x); });
+  if (!finite) {
+    // A NaN step is reverted: nothing moves and the history that produced it is dropped.
+    std::fill(moves.begin(), moves.end(), 0.0);
+    std::fill(velocity_.begin(), velocity_.end(), 0.0);
+    info.reverted = true;
+    radius_->invalidate();
+    prediction_valid_ = false;
+  } else if (!config_.momentum) {
+    std::copy(moves.begin(), moves.end(), velocity_.begin());
+  }
+  double norm2 = 0;
+  for (double x : moves) norm2 += x * x;
+  info.move_norm = std::sqrt(norm2);
+  std::copy(moves.begin(), moves.end(), last_move_.begin());
+
+  if (config_.adaptive_probes) {
+    for (int64_t i = 0; i < P; ++i) {
+      for (int64_t v = 0; v < V; ++v) cache_costs_[idx(i * V + v)] = cost_(i, v);
+      std::copy_n(rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_), d_ * d_,
+                  cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_));
+      cache_valid_[idx(i)] = 1;
+    }
+    cache_key_ = key_;
+    cache_step_r_ = step_r_plan_;
+    cache_probe_r_ = probe_r_;
+  }
+  radius_->observe_costs(info.mean_cost);
+  planned_ = false;
+  ++step_;
+  return info;
+}
+
+StepInfo StepEngine::coast(std::span<double> moves) {
+  if (next_is_scored()) throw Error("StepEngine::coast on a scored step; call plan()");
+  StepInfo info = begin_info();
+  info.momentum_only = true;
+  info.epsilon = schedule_.at(step_);
+  for (std::size_t c = 0; c < moves.size(); ++c) moves[c] = velocity_[c] = config_.amortize_ema * velocity_[c];
+  double norm2 = 0;
+  for (double x : moves) norm2 += x * x;
+  info.move_norm = std::sqrt(norm2);
+  std::copy(moves.begin(), moves.end(), last_move_.begin());
+  // The next incumbent differs from the predicted one by this unmodelled move.
+  prediction_valid_ = false;
+  radius_->invalidate();
+  std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
+  ++step_;
+  return info;
+}
+
+void StepEngine::forget_history() {
+  std::fill(velocity_.begin(), velocity_.end(), 0.0);
+  std::fill(last_move_.begin(), last_move_.end(), 0.0);
+  std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
+  prediction_valid_ = false;
+  radius_->invalidate();
+  planned_ = false;
+}
+
+void StepEngine::save(std::ostream& out) const {
+  using namespace state_io;
+  put(out, "engine.particles", particles_);
+  put(out, "engine.d", d_);
+  put(out, "engine.vertices", vertices_);
+  put(out, "engine.blocks", static_cast<int64_t>(blocks_.size()));
+  put(out, "engine.step", step_);
+  // A step planned but not finished (ask/tell between ask and tell) is re-planned on load
+  // from the generator state it started from, which reproduces it exactly.
+  put(out, "engine.rng", planned_ ? rng_before_plan_ : rng_);
+  put(out, "engine.planned_key", planned_ ? key_ : uint64_t{0});
+  for (const SinkhornDuals& d : duals_) {
+    put(out, "duals.f", d.f);
+    put(out, "duals.g", d.g);
+  }
+  put(out, "engine.velocity", velocity_);
+  put(out, "engine.last_move", last_move_);
+  put(out, "cache.costs", cache_costs_);
+  put(out, "cache.rotations", cache_rotations_);
+  std::vector<double> valid(cache_valid_.begin(), cache_valid_.end());
+  put(out, "cache.valid", valid);
+  put(out, "cache.key", cache_key_);
+  put(out, "cache.step_r", cache_step_r_);
+  put(out, "cache.probe_r", cache_probe_r_);
+  put(out, "prediction.key", prediction_key_);
+  put(out, "prediction.valid", prediction_valid_ ? 1 : 0);
+  put(out, "engine.planned", planned_ ? 1 : 0);
+  schedule_.save(out);
+  radius_->save(out);
+}
+
+void StepEngine::load(std::istream& in) {
+  using namespace state_io;
+  int64_t particles = 0, vertices = 0, blocks = 0;
+  int32_t d = 0;
+  get(in, "engine.particles", particles);
+  get(in, "engine.d", d);
+  get(in, "engine.vertices", vertices);
+  get(in, "engine.blocks", blocks);
+  if (particles != particles_ || d != d_ || vertices != vertices_ ||
+      blocks != static_cast<int64_t>(blocks_.size()))
+    throw Error("optimizer checkpoint: written for " + std::to_string(particles) + " particles of d = " +
+                std::to_string(d) + ", " + std::to_string(vertices) + " vertices, " + std::to_string(blocks) +
+                " blocks; this optimizer has " + std::to_string(particles_) + ", " + std::to_string(d_) +
+                ", " + std::to_string(vertices_) + ", " + std::to_string(blocks_.size()) +
+                "; load it into an optimizer of the same configuration and model");
+  get(in, "engine.step", step_);
+  get(in, "engine.rng", rng_);
+  uint64_t planned_key = 0;
+  get(in, "engine.planned_key", planned_key);
+  for (SinkhornDuals& dl : duals_) {
+    get(in, "duals.f", dl.f);
+    get(in, "duals.g", dl.g);
+  }
+  get(in, "engine.velocity", velocity_);
+  get(in, "engine.last_move", last_move_);
+  get(in, "cache.costs", cache_costs_);
+  get(in, "cache.rotations", cache_rotations_);
+  std::vector<double> valid;
+  get(in, "cache.valid", valid);
+  cache_valid_.assign(valid.size(), 0);
+  for (std::size_t i = 0; i < valid.size(); ++i) cache_valid_[i] = valid[i] != 0 ? 1 : 0;
+  get(in, "cache.key", cache_key_);
+  get(in, "cache.step_r", cache_step_r_);
+  get(in, "cache.probe_r", cache_probe_r_);
+  get(in, "prediction.key", prediction_key_);
+  int flag = 0, planned = 0;
+  get(in, "prediction.valid", flag);
+  prediction_valid_ = flag != 0;
+  get(in, "engine.planned", planned);
+  schedule_.load(in);
+  radius_->load(in);
+  planned_ = false;
+  if (planned != 0) plan(planned_key);
+}
+
+}  // namespace polyprobe::detail

@@ -1,0 +1,119 @@
+// The model-agnostic core of one optimizer step (internal).
+//
+// StepEngine owns everything of a step that does not depend on how candidates are scored:
+// the schedule, the rotations and their RNG, the candidate displacements, the cost matrix and
+// its transport solves (one per block), the barycentric move, momentum, the radius model and
+// the adaptive-probe cache. A step is plan() -> [screen()] -> finish(), or coast() for a
+// momentum-only step; PolytopeOptimizer, AskTellOptimizer and minimize() drive it with their
+// own evaluation in between. Moves are returned as displacements of the P particles in the
+// search coordinates; the caller applies them.
+#pragma once
+
+#include <polyprobe/optimizer.hpp>
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace polyprobe::detail {
+
+// Particles [first, first + count) form one transport problem.
+struct BlockRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
+class StepEngine {
+ public:
+  // `solver` must be resolved (not automatic). Blocks must tile [0, particles).
+  StepEngine(const OptimizerConfig& config, int32_t d, int64_t particles,
+             std::vector<BlockRange> blocks, TransportSolver solver);
+
+  int32_t dim() const { return d_; }
+  int64_t particle_count() const { return particles_; }
+  int64_t vertex_count() const { return vertices_; }
+  int32_t probes() const { return probes_; }
+  int64_t candidates_per_step() const { return particles_ * vertices_ * probes_; }
+  int64_t step_index() const { return step_; }
+  const Matrix<double>& polytope() const { return template_; }
+  bool next_is_scored() const { return step_ % amortize_ == 0; }
+  bool needs_incumbent() const { return radius_->needs_incumbent(); }
+  const RadiusModel& radius_model() const { return *radius_; }
+
+  // Phase 1 of a scored step: draws rotations and fills displacements() in candidate order
+  // c = (i V + v) K + (k - 1). `objective_key` changes whenever the objective does.
+  void plan(uint64_t objective_key);
+  std::span<const double> displacements() const { return displacements_; }  // [P V K d]
+  // Particles whose losses adaptive_probes reuses this step (their candidates need no score).
+  const std::vector<char>& reused() const { return reused_; }
+  double planned_probe_radius() const { return probe_r_; }
+
+  // Optional phase 1b (multifidelity_screen): the losses of the outer probe of every vertex
+  // on the screen batch, [P V]. Returns the (i, v) pairs to score on the full batch, [P V].
+  const std::vector<char>& screen(std::span<const double> screen_losses);
+
+  // Phase 2: `losses` [P V K] (entries of reused particles and unscreened vertices are
+  // ignored); `incumbents` holds f(X) (one shared value) or f(X_i) (one per particle) when
+  // needs_incumbent(), else nothing. Writes the particle moves into `moves` [P d].
+  StepInfo finish(std::span<const double> losses, std::span<const double> incumbents,
+                  std::span<double> moves);
+
+  // A momentum-only step (amortize_steps): moves = amortize_ema * velocity, no evaluation.
+  StepInfo coast(std::span<double> moves);
+
+  // After external changes of the incumbent: drop velocity, cache and deferred comparisons.
+  void forget_history();
+
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
+
+ private:
+  void solve_block(const BlockRange& block, double temperature, StepInfo& info);
+  StepInfo begin_info() const;
+  double momentum_coefficient() const;
+
+  OptimizerConfig config_;
+  int32_t d_;
+  int64_t particles_;
+  int64_t vertices_;
+  int32_t probes_;
+  int32_t amortize_;
+  std::vector<BlockRange> blocks_;
+  TransportSolver solver_;
+  Matrix<double> template_;
+  EpsilonSchedule schedule_;
+  std::unique_ptr<RadiusModel> radius_;
+  std::mt19937_64 rng_;
+
+  // Persistent state (checkpointed).
+  int64_t step_ = 0;
+  std::vector<SinkhornDuals> duals_;  // per block
+  std::vector<double> velocity_;      // [P d]
+  std::vector<double> last_move_;     // [P d]
+  std::vector<double> cache_costs_;   // [P V]
+  std::vector<double> cache_rotations_;  // [P d d]
+  std::vector<char> cache_valid_;     // [P]
+  uint64_t cache_key_ = 0;
+  double cache_step_r_ = 0, cache_probe_r_ = 0;
+  uint64_t prediction_key_ = 0;
+  bool prediction_valid_ = false;
+
+  // The step in flight (rebuilt by plan()).
+  bool planned_ = false;
+  std::mt19937_64 rng_before_plan_;
+  uint64_t key_ = 0;
+  double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
+  std::vector<double> rotations_;     // [P d d]
+  std::vector<double> directions_;    // [P V d]: R_i t_v
+  std::vector<double> displacements_; // [P V K d]
+  std::vector<char> reused_;          // [P]
+  bool screened_ = false;
+  std::vector<double> screen_losses_;  // [P V]
+  std::vector<char> keep_;            // [P V]
+  Matrix<double> cost_, weights_;     // [P V]
+};
+
+}  // namespace polyprobe::detail

@@ -1,0 +1,211 @@
+// Transport solvers.
+#include <polyprobe/error.hpp>
+#include <polyprobe/transport.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <string>
+
+namespace polyprobe {
+
+TransportSolver parse_transport_solver(std::string_view name) {
+  if (name == "auto" || name == "automatic") return TransportSolver::automatic;
+  if (name == "sinkhorn") return TransportSolver::sinkhorn;
+  if (name == "softmax") return TransportSolver::softmax;
+  if (name == "greedy" || name == "min_cost_greedy") return TransportSolver::greedy;
+  if (name == "top_k" || name == "top_k_mean") return TransportSolver::top_k;
+  throw Error("unknown transport solver '" + std::string(name) +
+              "' (use auto, sinkhorn, softmax, greedy or top_k)");
+}
+
+std::string_view to_string(TransportSolver solver) {
+  switch (solver) {
+    case TransportSolver::automatic: return "auto";
+    case TransportSolver::sinkhorn: return "sinkhorn";
+    case TransportSolver::softmax: return "softmax";
+    case TransportSolver::greedy: return "greedy";
+    case TransportSolver::top_k: return "top_k";
+  }
+  return "?";
+}
+
+CostScaling parse_cost_scaling(std::string_view name) {
+  if (name == "none") return CostScaling::none;
+  if (name == "mean") return CostScaling::mean;
+  if (name == "max_cost") return CostScaling::max_cost;
+  if (name == "min_max") return CostScaling::min_max;
+  throw Error("unknown cost scaling '" + std::string(name) + "' (use none, mean, max_cost or min_max)");
+}
+
+std::string_view to_string(CostScaling scaling) {
+  switch (scaling) {
+    case CostScaling::none: return "none";
+    case CostScaling::mean: return "mean";
+    case CostScaling::max_cost: return "max_cost";
+    case CostScaling::min_max: return "min_max";
+  }
+  return "?";
+}
+
+void scale_cost(CostScaling scaling, MatrixRef<double> cost) {
+  if (cost.size() == 0) return;
+  switch (scaling) {
+    case CostScaling::none: return;
+    case CostScaling::mean: {
+      const double m = cost.cwiseAbs().mean();
+      if (m > 0) cost /= m;
+      return;
+    }
+    case CostScaling::max_cost: {
+      const double m = cost.cwiseAbs().maxCoeff();
+      if (m > 0) cost /= m;
+      return;
+    }
+    case CostScaling::min_max: {
+      const double lo = cost.minCoeff();
+      const double range = cost.maxCoeff() - lo;
+      cost.array() -= lo;
+      if (range > 0) cost /= range;
+      return;
+    }
+  }
+}
+
+namespace {
+
+// g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
+void update_column_duals(ConstMatrixRef<double> cost, double eps, const std::vector<double>& f,
+                         std::vector<double>& g, std::vector<double>& column_max) {
+  const auto rows = cost.rows();
+  const auto cols = cost.cols();
+  std::fill(column_max.begin(), column_max.end(), -std::numeric_limits<double>::infinity());
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index v = 0; v < cols; ++v)
+      column_max[static_cast<std::size_t>(v)] =
+          std::max(column_max[static_cast<std::size_t>(v)], f[static_cast<std::size_t>(i)] - cost(i, v));
+  std::vector<double> sums(static_cast<std::size_t>(cols), 0.0);
+  for (Eigen::Index i = 0; i < rows; ++i)
+    for (Eigen::Index v = 0; v < cols; ++v)
+      sums[static_cast<std::size_t>(v)] +=
+          std::exp((f[static_cast<std::size_t>(i)] - cost(i, v) - column_max[static_cast<std::size_t>(v)]) / eps);
+  const double log_rows = std::log(static_cast<double>(rows));
+  for (Eigen::Index v = 0; v < cols; ++v)
+    g[static_cast<std::size_t>(v)] =
+        -(column_max[static_cast<std::size_t>(v)] + eps * (std::log(sums[static_cast<std::size_t>(v)]) - log_rows));
+}
+
+// f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P.
+void update_row_duals(ConstMatrixRef<double> cost, double eps, const std::vector<double>& g,
+                      std::vector<double>& f) {
+  const auto cols = cost.cols();
+  const double log_cols = std::log(static_cast<double>(cols));
+  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (Eigen::Index v = 0; v < cols; ++v) m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
+    double s = 0;
+    for (Eigen::Index v = 0; v < cols; ++v) s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
+    f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
+  }
+}
+
+void check_sizes(ConstMatrixRef<double> cost, MatrixRef<double> weights) {
+  if (weights.rows() != cost.rows() || weights.cols() != cost.cols())
+    throw Error("transport: weights are " + std::to_string(weights.rows()) + " x " +
+                std::to_string(weights.cols()) + " but the cost is " + std::to_string(cost.rows()) +
+                " x " + std::to_string(cost.cols()));
+}
+
+}  // namespace
+
+TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
+                               const SinkhornSettings& settings, SinkhornDuals& duals,
+                               MatrixRef<double> weights) {
+  check_sizes(cost, weights);
+  const auto rows = static_cast<std::size_t>(cost.rows());
+  const auto cols = static_cast<std::size_t>(cost.cols());
+  if (!(epsilon > 0)) throw Error("sinkhorn: epsilon must be positive, got " + std::to_string(epsilon));
+  if (duals.f.size() != rows || duals.g.size() != cols) {
+    duals.f.assign(rows, 0.0);
+    duals.g.assign(cols, 0.0);
+    update_row_duals(cost, epsilon, duals.g, duals.f);
+  }
+  TransportResult result;
+  result.converged = false;
+  std::vector<double> next_g(cols), column_max(cols);
+  for (int32_t it = 0; it < settings.max_iterations; ++it) {
+    // With rows exact, the column sums times V are exp((g_v - g_v') / eps), where g' is the
+    // update: the error check costs nothing extra.
+    update_column_duals(cost, epsilon, duals.f, next_g, column_max);
+    double error = 0;
+    for (std::size_t v = 0; v < cols; ++v)
+      error = std::max(error, std::abs(std::expm1((duals.g[v] - next_g[v]) / epsilon)));
+    result.marginal_error = error;
+    result.iterations = it;
+    if (error <= settings.tolerance) {
+      result.converged = true;
+      break;
+    }
+    duals.g = next_g;
+    update_row_duals(cost, epsilon, duals.g, duals.f);
+    result.iterations = it + 1;
+  }
+  // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
+  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (Eigen::Index v = 0; v < cost.cols(); ++v) m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
+    double s = 0;
+    for (Eigen::Index v = 0; v < cost.cols(); ++v) {
+      weights(i, v) = std::exp((duals.g[static_cast<std::size_t>(v)] - cost(i, v) - m) / epsilon);
+      s += weights(i, v);
+    }
+    weights.row(i) /= s;
+  }
+  return result;
+}
+
+Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon, const SinkhornDuals& duals) {
+  Matrix<double> plan(cost.rows(), cost.cols());
+  const double mass = 1.0 / static_cast<double>(cost.rows() * cost.cols());
+  for (Eigen::Index i = 0; i < cost.rows(); ++i)
+    for (Eigen::Index v = 0; v < cost.cols(); ++v)
+      plan(i, v) = mass * std::exp((duals.f[static_cast<std::size_t>(i)] +
+                                    duals.g[static_cast<std::size_t>(v)] - cost(i, v)) / epsilon);
+  return plan;
+}
+
+void solve_softmax(ConstMatrixRef<double> cost, double epsilon, MatrixRef<double> weights) {
+  check_sizes(cost, weights);
+  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
+    const double m = cost.row(i).minCoeff();
+    double s = 0;
+    for (Eigen::Index v = 0; v < cost.cols(); ++v) {
+      weights(i, v) = std::exp(-(cost(i, v) - m) / epsilon);
+      s += weights(i, v);
+    }
+    weights.row(i) /= s;
+  }
+}
+
+void solve_greedy(ConstMatrixRef<double> cost, MatrixRef<double> weights) {
+  solve_top_k(cost, 1, weights);
+}
+
+void solve_top_k(ConstMatrixRef<double> cost, int32_t k, MatrixRef<double> weights) {
+  check_sizes(cost, weights);
+  const auto cols = static_cast<std::size_t>(cost.cols());
+  if (k < 1 || static_cast<std::size_t>(k) > cols)
+    throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) + "]");
+  std::vector<int64_t> order(cols);
+  weights.setZero();
+  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
+    std::iota(order.begin(), order.end(), 0);
+    // Stable: ties go to the earlier vertex, so the rule is deterministic.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return cost(i, a) < cost(i, b); });
+    for (int32_t j = 0; j < k; ++j) weights(i, order[static_cast<std::size_t>(j)]) = 1.0 / k;
+  }
+}
+
+}  // namespace polyprobe

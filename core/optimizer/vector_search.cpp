@@ -1,0 +1,133 @@
+// One flat vector, particles, an evaluator: the step loop of PolytopeOptimizer and minimize().
+#include "vector_search.hpp"
+
+#include "state_io.hpp"
+
+#include <polyprobe/error.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace polyprobe::detail {
+
+TransportSolver resolve_solver(TransportSolver requested, bool subspace) {
+  if (requested != TransportSolver::automatic) return requested;
+  return subspace ? TransportSolver::softmax : TransportSolver::sinkhorn;
+}
+
+VectorSearch::VectorSearch(const OptimizerConfig& config, ParticleMap particles,
+                           std::vector<BlockRange> blocks, const Subspace* subspace)
+    : config_(config),
+      particles_(std::move(particles)),
+      subspace_(subspace),
+      engine_(config, particles_.d, particles_.count(), std::move(blocks),
+              resolve_solver(config.solver, subspace != nullptr)) {}
+
+int64_t VectorSearch::next_step_cost() const {
+  if (!engine_.next_is_scored()) return 0;
+  return engine_.candidates_per_step() + (engine_.needs_incumbent() ? 1 : 0);
+}
+
+void VectorSearch::apply(std::span<double> params, std::span<const double> moves) const {
+  if (subspace_ != nullptr) {
+    subspace_->apply(particles_.coords, moves, params);
+    return;
+  }
+  for (std::size_t c = 0; c < particles_.coords.size(); ++c) {
+    const int64_t coord = particles_.coords[c];
+    if (coord >= 0) params[static_cast<std::size_t>(coord)] += moves[c];
+  }
+}
+
+StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Evaluator* screen,
+                            uint64_t objective_key) {
+  const int32_t d = particles_.d;
+  const int64_t P = engine_.particle_count(), V = engine_.vertex_count();
+  const int32_t K = engine_.probes();
+  moves_.resize(static_cast<std::size_t>(P * d));
+  if (!engine_.next_is_scored()) {
+    StepInfo info = engine_.coast(moves_);
+    apply(params, moves_);
+    return info;
+  }
+  engine_.plan(objective_key);
+  const auto displacement = engine_.displacements();
+  const auto& reused = engine_.reused();
+
+  // Gathers candidates (i, v, k) accepted by `take` into one described set and scores it.
+  auto score = [&](Evaluator& eval, auto take, std::span<double> out, int64_t& counter) {
+    candidate_particle_.clear();
+    candidate_index_.clear();
+    candidate_displacement_.clear();
+    for (int64_t i = 0; i < P; ++i) {
+      if (reused[static_cast<std::size_t>(i)]) continue;
+      for (int64_t v = 0; v < V; ++v)
+        for (int32_t k = 0; k < K; ++k) {
+          if (!take(i, v, k)) continue;
+          const int64_t c = (i * V + v) * K + k;
+          candidate_particle_.push_back(i);
+          candidate_index_.push_back(c);
+          const auto first = displacement.begin() + static_cast<std::ptrdiff_t>(c * d);
+          candidate_displacement_.insert(candidate_displacement_.end(), first, first + d);
+        }
+    }
+    candidate_losses_.resize(candidate_particle_.size());
+    if (!candidate_particle_.empty()) {
+      CandidateSet set{&particles_, candidate_particle_, candidate_displacement_};
+      eval.evaluate(params, set, candidate_losses_);
+    }
+    counter += static_cast<int64_t>(candidate_particle_.size());
+    for (std::size_t j = 0; j < candidate_index_.size(); ++j)
+      out[static_cast<std::size_t>(candidate_index_[j])] = candidate_losses_[j];
+  };
+
+  losses_.assign(static_cast<std::size_t>(P * V * K), 0.0);
+  int64_t screened = 0;
+  if (config_.multifidelity_screen) {
+    if (screen == nullptr)
+      throw Error("multifidelity_screen needs a screen evaluator: call "
+                  "PolytopeOptimizer::set_screen_evaluator() before register_evaluator()");
+    // The screen scores the outer probe of every vertex on the cheap batch.
+    std::vector<double> outer(static_cast<std::size_t>(P * V * K), 0.0);
+    score(*screen, [&](int64_t, int64_t, int32_t k) { return k == K - 1; }, outer,
+          screen_evaluations_);
+    std::vector<double> screen_losses(static_cast<std::size_t>(P * V));
+    for (int64_t c = 0; c < P * V; ++c)
+      screen_losses[static_cast<std::size_t>(c)] = outer[static_cast<std::size_t>(c * K + K - 1)];
+    const auto& keep = engine_.screen(screen_losses);
+    screened = static_cast<int64_t>(candidate_particle_.size());
+    score(evaluator, [&](int64_t i, int64_t v, int32_t) { return keep[static_cast<std::size_t>(i * V + v)] != 0; },
+          losses_, evaluations_);
+  } else {
+    score(evaluator, [](int64_t, int64_t, int32_t) { return true; }, losses_, evaluations_);
+  }
+  const int64_t scored = static_cast<int64_t>(candidate_particle_.size());
+
+  double incumbent = 0;
+  const bool with_incumbent = engine_.needs_incumbent();
+  if (with_incumbent) {
+    incumbent = evaluator.evaluate_base(params);
+    ++evaluations_;
+  }
+  StepInfo info = engine_.finish(losses_, with_incumbent ? std::span<const double>(&incumbent, 1)
+                                                         : std::span<const double>(),
+                                 moves_);
+  info.candidates = scored + (with_incumbent ? 1 : 0);
+  info.screened = screened;
+  if (!info.reverted) apply(params, moves_);
+  return info;
+}
+
+void VectorSearch::save(std::ostream& out) const {
+  state_io::put(out, "search.evaluations", evaluations_);
+  state_io::put(out, "search.screen_evaluations", screen_evaluations_);
+  engine_.save(out);
+}
+
+void VectorSearch::load(std::istream& in) {
+  state_io::get(in, "search.evaluations", evaluations_);
+  state_io::get(in, "search.screen_evaluations", screen_evaluations_);
+  engine_.load(in);
+}
+
+}  // namespace polyprobe::detail

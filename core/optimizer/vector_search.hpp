@@ -1,0 +1,58 @@
+// The optimizer over one flat search vector whose candidates an Evaluator scores (internal).
+//
+// VectorSearch drives a StepEngine for "one vector cut into particles" problems: a model's
+// parameters (PolytopeOptimizer) or a plain function's argument (minimize). Candidate i,v,k
+// is the base vector with particle i moved, described to the evaluator as a CandidateSet;
+// moves are applied to the raw coordinates or, with a subspace, through it (incumbent at
+// theta = 0). It counts evaluations exactly as polystep does: one candidate on one batch.
+#pragma once
+
+#include "step_engine.hpp"
+
+#include <polyprobe/candidates.hpp>
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/subspace.hpp>
+
+#include <iosfwd>
+#include <span>
+#include <vector>
+
+namespace polyprobe::detail {
+
+class VectorSearch {
+ public:
+  VectorSearch(const OptimizerConfig& config, ParticleMap particles, std::vector<BlockRange> blocks,
+               const Subspace* subspace);
+
+  // One step on `params`: scores through `evaluator` (and `screen` for multifidelity_screen)
+  // and applies the move.
+  StepInfo step(std::span<double> params, Evaluator& evaluator, Evaluator* screen,
+                uint64_t objective_key);
+  int64_t next_step_cost() const;
+  const ParticleMap& particles() const { return particles_; }
+  StepEngine& engine() { return engine_; }
+  const StepEngine& engine() const { return engine_; }
+  int64_t evaluations() const { return evaluations_; }
+  int64_t screen_evaluations() const { return screen_evaluations_; }
+
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
+
+ private:
+  void apply(std::span<double> params, std::span<const double> moves) const;
+
+  OptimizerConfig config_;
+  ParticleMap particles_;
+  const Subspace* subspace_;
+  StepEngine engine_;
+  int64_t evaluations_ = 0;
+  int64_t screen_evaluations_ = 0;
+  // Buffers reused between steps.
+  std::vector<int64_t> candidate_particle_, candidate_index_;
+  std::vector<double> candidate_displacement_, candidate_losses_, losses_, moves_;
+};
+
+// The solver polystep picks when none is named: Sinkhorn in full space, softmax in a subspace.
+TransportSolver resolve_solver(TransportSolver requested, bool subspace);
+
+}  // namespace polyprobe::detail
