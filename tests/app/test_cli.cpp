@@ -1,0 +1,108 @@
+// The host app as users meet it: exit codes, one-line errors, help, config files and the
+// plugin listing.
+#include "app/run_process.hpp"
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace {
+
+const std::string exe = POLYPROBE_EXE;
+
+ProcessResult polyprobe(const std::string& args, const std::string& env = "POLYPROBE_PLUGIN_PATH=") {
+  return run_process(env + " " + exe + " " + args);
+}
+
+std::string write_file(const std::string& name, const std::string& text) {
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  const std::string path = std::string(POLYPROBE_TEST_TMP) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+int lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
+
+}  // namespace
+
+TEST_CASE("no arguments prints the overview and fails; --help succeeds") {
+  const auto bare = polyprobe("");
+  CHECK(bare.exit_code == 2);
+  CHECK_THAT(bare.out, Catch::Contains("commands:") && Catch::Contains("plugins"));
+  const auto help = polyprobe("--help");
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.out, Catch::Contains("usage: polyprobe COMMAND"));
+}
+
+TEST_CASE("every command has --help that names its options") {
+  for (const char* command : {"plugins", "version", "bench"}) {
+    INFO(command);
+    const auto r = polyprobe(std::string(command) + " --help");
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("usage: polyprobe " + std::string(command)) && Catch::Contains("--config"));
+  }
+}
+
+TEST_CASE("an unknown command or option is a one-line usage error, exit 2") {
+  const auto unknown = polyprobe("frobnicate");
+  CHECK(unknown.exit_code == 2);
+  CHECK_THAT(unknown.err, Catch::Contains("unknown command 'frobnicate'"));
+  CHECK(lines(unknown.err) == 1);
+  const auto option = polyprobe("plugins --colour");
+  CHECK(option.exit_code == 2);
+  CHECK_THAT(option.err, Catch::Contains("unrecognised option '--colour'"));
+  CHECK(lines(option.err) == 1);
+}
+
+TEST_CASE("config files: missing, unknown keys and valid ones") {
+  const auto missing = polyprobe("plugins --config /nonexistent/polyprobe.cfg");
+  CHECK(missing.exit_code == 2);
+  CHECK_THAT(missing.err, Catch::Contains("config file '/nonexistent/polyprobe.cfg' cannot be read"));
+  const auto bad = polyprobe("plugins --config " + write_file("bad.cfg", "colour = blue\n"));
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("colour"));
+  const auto good = polyprobe("plugins --config " + write_file("good.cfg", "json = true\n"));
+  CHECK(good.exit_code == 0);
+  CHECK(nlohmann::json::parse(good.out)["plugins"].is_array());
+}
+
+TEST_CASE("a --plugin-dir that does not exist is an error") {
+  const auto r = polyprobe("plugins --plugin-dir /nonexistent/plugins");
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("'/nonexistent/plugins' is not a directory"));
+}
+
+TEST_CASE("plugins --json describes every plugin, broken ones with their reason") {
+  const auto r = polyprobe("plugins --json --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out);
+  CHECK(j["plugin_api"] == 1);
+  bool cpu_available = false, wrong_abi_reason = false, not_library_reason = false;
+  for (const auto& p : j["plugins"]) {
+    for (const char* key : {"name", "version", "abi", "path", "available", "reason", "capabilities"})
+      CHECK(p.contains(key));
+    if (p["name"] == "cpu_tbb") cpu_available = p["available"].get<bool>();
+    if (p["name"] == "fixture_wrong_abi")
+      wrong_abi_reason = p["reason"].get<std::string>().find("plugin API 99") != std::string::npos;
+    if (p["path"].get<std::string>().ends_with("libpolyprobe_not_a_library.so"))
+      not_library_reason = p["reason"].get<std::string>().find("cannot load") != std::string::npos;
+  }
+  CHECK(cpu_available);
+  CHECK(wrong_abi_reason);
+  CHECK(not_library_reason);
+}
+
+TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
+  const auto r = polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("fixture_no_device") && Catch::Contains("no CUDA device") &&
+                        Catch::Contains("cpu_tbb") && Catch::Contains("available"));
+}
+
+TEST_CASE("version names the plugin API") {
+  const auto r = polyprobe("version");
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 1"));
+}
