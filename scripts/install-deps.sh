@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what polyprobe needs to build and test on Debian 12, as root. Asks apt only
+# when something is missing, so a machine that already has everything is not touched.
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build git pkg-config
+  libboost-dev libboost-program-options-dev libboost-filesystem-dev
+  libeigen3-dev libtbb-dev nlohmann-json3-dev zlib1g-dev libnlopt-cxx-dev catch2
+  clang clang-format clang-tidy libclang-rt-14-dev
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
