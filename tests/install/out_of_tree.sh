@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# usage: out_of_tree.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+generator=()
+command -v ninja >/dev/null && generator=(-G Ninja)
+
+echo "== install to $work/prefix"
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+
+echo "== build examples/layer_plugin against the installed package"
+cmake -S "$src/examples/layer_plugin" -B "$work/example" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/example" >/dev/null
+ls "$work/example"/libpolyprobe_example_layers.so
+
+host="$work/prefix/bin/polyprobe"
+export POLYPROBE_PLUGIN_PATH="$work/example"
+echo "== the installed host finds both its own plugin and the new one"
+"$host" plugins | tee "$work/plugins.txt"
+grep -E '^example_layers +1\.0\.0 +1 +available' "$work/plugins.txt"
+grep -E '^cpu_tbb +[^ ]+ +1 +available' "$work/plugins.txt"
+grep -E 'layer triangle_wave' "$work/plugins.txt"
+grep -E 'layer feature_scale' "$work/plugins.txt"
+
+echo "== train a model that uses both new layers"
+"$host" train --model "$src/examples/layer_plugin/model.json" --quiet --seed 1 \
+  --save "$work/weights.safetensors" | tee "$work/train.txt"
+tail -n 1 "$work/train.txt" | grep -E 'test accuracy: [0-9.]+%'
+test -s "$work/weights.safetensors"
+
+echo "== without the plugin, the same model file is a clear error"
+unset POLYPROBE_PLUGIN_PATH
+if "$host" train --model "$src/examples/layer_plugin/model.json" --quiet 2>"$work/err.txt"; then
+  echo "expected a failure without the plugin"; exit 1
+fi
+grep -E "unknown layer kind 'triangle_wave'" "$work/err.txt"
+echo "out-of-tree plugin: OK"
