@@ -1,0 +1,32 @@
+// File helpers shared by the readers and writers of core/io and core/train: bounded whole-file
+// reads (gzip-aware), and atomic writes (a temporary file renamed over the target, so an
+// interrupted writer never leaves a partial file behind).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+namespace polyprobe::io {
+
+// The bytes of `path`; throws polyprobe::Error naming the file when it cannot be read or is
+// larger than `max_bytes`.
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path, uint64_t max_bytes);
+
+// The bytes of `path`, gunzipped when they start with the gzip magic; throws when the file or
+// its decompressed content exceeds `max_bytes` or the gzip stream is corrupt or truncated.
+std::vector<uint8_t> read_maybe_gzip(const std::filesystem::path& path, uint64_t max_bytes);
+// The same for bytes already in memory; `source` names them in errors.
+std::vector<uint8_t> gunzip_if_needed(std::vector<uint8_t> bytes, const std::string& source,
+                                      uint64_t max_bytes);
+
+// Writes `path` through `write`, atomically: into a temporary file in the same folder, then
+// renamed over `path`. On any failure (an exception from `write`, a full disk) the temporary
+// file is removed, `path` is untouched, and a polyprobe::Error is thrown.
+void write_file_atomically(const std::filesystem::path& path,
+                           const std::function<void(std::ostream&)>& write);
+
+}  // namespace polyprobe::io
