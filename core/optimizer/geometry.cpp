@@ -4,6 +4,7 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/geometry.hpp>
 
+#include <Eigen/LU>
 #include <Eigen/QR>
 
 #include <cmath>

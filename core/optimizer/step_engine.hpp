@@ -50,6 +50,10 @@ class StepEngine {
   // Particles whose losses adaptive_probes reuses this step (their candidates need no score).
   const std::vector<char>& reused() const { return reused_; }
   double planned_probe_radius() const { return probe_r_; }
+  // The rotations of the step in flight or just finished [P d d], and the transport weights
+  // of the last finished step [P V] (for tests and diagnostics).
+  std::span<const double> rotations() const { return rotations_; }
+  const Matrix<double>& weights() const { return weights_; }
 
   // Optional phase 1b (multifidelity_screen): the losses of the outer probe of every vertex
   // on the screen batch, [P V]. Returns the (i, v) pairs to score on the full batch, [P V].

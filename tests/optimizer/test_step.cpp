@@ -1,0 +1,254 @@
+// PolytopeOptimizer and minimize(): descent, determinism, exact resume, budgets, blocks.
+#include <catch2/catch.hpp>
+
+#include "optimizer_fixtures.hpp"
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/minimize.hpp>
+#include <polyprobe/optimizer.hpp>
+#include <polyprobe/registry.hpp>
+
+#include <cmath>
+#include <sstream>
+#include <vector>
+
+using namespace polyprobe;
+using polyprobe::testing::random_batch;
+using polyprobe::testing::small_mlp;
+
+namespace {
+
+std::vector<double> params_of(const Model& m) {
+  return {m.parameters().begin(), m.parameters().end()};
+}
+
+std::vector<OptimizerConfig> varied_configs() {
+  std::vector<OptimizerConfig> configs(4);
+  configs[0].radius.kind = RadiusModelKind::trust_region;
+  configs[0].biased_rotation = true;
+  configs[1].momentum = true;
+  configs[1].radius.kind = RadiusModelKind::adaptive;
+  configs[1].schedule = ScheduleKind::cosine;
+  configs[1].total_steps = 10;
+  configs[1].amortize_steps = 2;
+  configs[2].adaptive_probes = true;
+  configs[2].adaptive_probes_threshold = 1e9;  // every particle reuses when it may
+  configs[2].blocks = BlockStrategy::per_layer;
+  configs[2].schedule = ScheduleKind::progressive;
+  configs[3].polytope = PolytopeKind::orthoplex;
+  configs[3].num_probe = 2;
+  configs[3].solver = TransportSolver::softmax;
+  configs[3].rotation = RotationMethod::householder;
+  configs[3].radius.kind = RadiusModelKind::quadratic;
+  for (std::size_t i = 0; i < configs.size(); ++i) configs[i].seed = 100 + i;
+  return configs;
+}
+
+// `steps` steps from a fresh model; batches alternate between two so the objective changes.
+std::vector<double> run(const OptimizerConfig& config, int steps, Evaluator* shared = nullptr,
+                        Model* model_out = nullptr) {
+  Model model = small_mlp(1);
+  auto loss = make_loss("cross_entropy");
+  auto own = make_reference_evaluator(model, *loss);
+  Evaluator& evaluator = shared != nullptr ? *shared : *own;
+  PolytopeOptimizer opt(model, config);
+  const Batch batch = random_batch(2);
+  opt.register_evaluator(evaluator, batch);
+  for (int s = 0; s < steps; ++s) opt.step();
+  if (model_out != nullptr) *model_out = model;
+  return params_of(model);
+}
+
+}  // namespace
+
+TEST_CASE("a small MLP's loss decreases under step()", "[optimizer][step]") {
+  Model model = small_mlp(3);
+  auto loss = make_loss("cross_entropy");
+  auto evaluator = make_reference_evaluator(model, *loss);
+  const Batch batch = random_batch(4);
+  const double before = objective(model, *loss, batch, model.parameters());
+  OptimizerConfig config;
+  config.seed = 9;
+  PolytopeOptimizer opt(model, config);
+  opt.register_evaluator(*evaluator, batch);
+  StepInfo info;
+  for (int s = 0; s < 25; ++s) info = opt.step();
+  const double after = objective(model, *loss, batch, model.parameters());
+  REQUIRE(after < 0.8 * before);
+  // Budget accounting: P V K candidates per step, nothing else with the fixed radius model.
+  const int64_t per_step = opt.particles().count() * 3;
+  REQUIRE(opt.evaluations() == 25 * per_step);
+  REQUIRE(info.candidates == per_step);
+  REQUIRE(opt.next_step_cost() == per_step);
+  REQUIRE_FALSE(opt.uses_trust_region());
+}
+
+TEST_CASE("the same seed gives the same trajectory", "[optimizer][step]") {
+  for (const OptimizerConfig& config : varied_configs()) {
+    REQUIRE(run(config, 5) == run(config, 5));
+    OptimizerConfig other = config;
+    other.seed += 1;
+    REQUIRE(run(config, 5) != run(other, 5));
+  }
+}
+
+TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[optimizer][step]") {
+  for (const OptimizerConfig& config : varied_configs()) {
+    const std::vector<double> straight = run(config, 8);
+
+    auto loss = make_loss("cross_entropy");
+    const Batch batch = random_batch(2);
+    Model first = small_mlp(1);
+    auto eval_first = make_reference_evaluator(first, *loss);
+    PolytopeOptimizer opt_first(first, config);
+    opt_first.register_evaluator(*eval_first, batch);
+    for (int s = 0; s < 3; ++s) opt_first.step();
+    std::stringstream state;
+    opt_first.save_state(state);
+
+    Model second = small_mlp(77);  // different weights: the checkpoint restores them below
+    std::copy(first.parameters().begin(), first.parameters().end(), second.parameters().begin());
+    auto eval_second = make_reference_evaluator(second, *loss);
+    PolytopeOptimizer opt_second(second, config);
+    opt_second.load_state(state);
+    opt_second.register_evaluator(*eval_second, batch);
+    REQUIRE(opt_second.evaluations() == opt_first.evaluations());
+    for (int s = 3; s < 8; ++s) opt_second.step();
+    REQUIRE(params_of(second) == straight);
+  }
+}
+
+TEST_CASE("a checkpoint from another configuration is refused", "[optimizer][step]") {
+  Model model = small_mlp(1);
+  PolytopeOptimizer a(model, OptimizerConfig{});
+  std::stringstream state;
+  a.save_state(state);
+  OptimizerConfig other;
+  other.particle_dim = 3;
+  PolytopeOptimizer b(model, other);
+  REQUIRE_THROWS_WITH(b.load_state(state), Catch::Contains("same configuration"));
+}
+
+TEST_CASE("trajectories do not depend on the evaluator's thread count", "[optimizer][step]") {
+  OptimizerConfig config = varied_configs()[0];
+  Model model = small_mlp(1);
+  auto loss = make_loss("cross_entropy");
+  const std::vector<double> reference = run(config, 4);
+  PluginRegistry registry;
+  registry.load_directories({POLYPROBE_TEST_PLUGIN_DIR});
+  const PluginInfo* tbb = registry.find("cpu_tbb");
+  if (tbb == nullptr || !tbb->available) {
+    WARN("cpu_tbb plugin not found in " POLYPROBE_TEST_PLUGIN_DIR
+         " (build target polyprobe_cpu_tbb to run this check); compared the reference only");
+    REQUIRE(run(config, 4) == reference);
+    return;
+  }
+  std::vector<std::vector<double>> results;
+  for (int threads : {1, 2}) {
+    EvaluatorRequest request;
+    request.backend = "cpu_tbb";
+    request.options.dtype = DType::f64;
+    request.options.threads = threads;
+    auto evaluator = registry.make_evaluator(model, *loss, request);
+    results.push_back(run(config, 4, evaluator.get()));
+  }
+  REQUIRE(results[0] == results[1]);
+  for (std::size_t i = 0; i < reference.size(); ++i)
+    REQUIRE(results[0][i] == Approx(reference[i]).margin(1e-9));
+}
+
+TEST_CASE("per-layer and grouped blocks keep particles inside their block", "[optimizer][step]") {
+  Model model = small_mlp(1);  // entries: 0.weight 0.bias 2.weight 2.bias
+  for (auto [strategy, group] : {std::pair{BlockStrategy::per_layer, 1}, std::pair{BlockStrategy::grouped, 1},
+                                 std::pair{BlockStrategy::grouped, 3}}) {
+    OptimizerConfig config;
+    config.particle_dim = 3;
+    config.blocks = strategy;
+    config.block_group_size = group;
+    PolytopeOptimizer opt(model, config);
+    const ParticleMap& map = opt.particles();
+    REQUIRE_NOTHROW(map.validate(model.num_parameters()));
+    const auto& entries = model.parameter_entries();
+    auto entry_of = [&](int64_t coord) {
+      for (std::size_t e = 0; e < entries.size(); ++e)
+        if (coord < entries[e].offset + entries[e].size) return e;
+      return entries.size();
+    };
+    for (int64_t p = 0; p < map.count(); ++p) {
+      const auto coords = map.particle(p);
+      std::size_t first_block = SIZE_MAX;
+      for (int64_t c : coords) {
+        if (c < 0) continue;
+        const std::size_t e = entry_of(c);
+        const std::size_t block = strategy == BlockStrategy::per_layer ? entries[e].layer : e / static_cast<std::size_t>(group);
+        if (first_block == SIZE_MAX) first_block = block;
+        REQUIRE(block == first_block);
+      }
+    }
+  }
+}
+
+TEST_CASE("multifidelity screen scores every vertex cheaply and the kept ones fully", "[optimizer][step]") {
+  Model model = small_mlp(1);
+  auto loss = make_loss("cross_entropy");
+  auto evaluator = make_reference_evaluator(model, *loss);
+  auto screen = make_reference_evaluator(model, *loss);
+  OptimizerConfig config;
+  config.polytope = PolytopeKind::orthoplex;
+  config.multifidelity_screen = true;
+  config.screen_fidelity = 0.25;
+  config.screen_keep_ratio = 0.5;
+  PolytopeOptimizer opt(model, config);
+  REQUIRE_THROWS_WITH((opt.register_evaluator(*evaluator, random_batch(2)), opt.step()),
+                      Catch::Contains("set_screen_evaluator"));
+  opt.set_screen_evaluator(*screen);
+  opt.register_evaluator(*evaluator, random_batch(2));
+  const StepInfo info = opt.step();
+  const int64_t P = opt.particles().count();
+  REQUIRE(info.screened == P * 4);    // V = 2d = 4
+  REQUIRE(info.candidates == P * 2);  // one antithetic pair of two kept per particle
+  REQUIRE(opt.screen_evaluations() == P * 4);
+}
+
+TEST_CASE("a non-finite step is reverted", "[optimizer][step]") {
+  Model model = small_mlp(1);
+  const std::vector<double> before = params_of(model);
+  auto loss = make_loss("cross_entropy");
+  auto evaluator = make_reference_evaluator(model, *loss);
+  OptimizerConfig config;
+  config.momentum = true;
+  config.step_radius = 1e300;
+  config.velocity_lr = 1e300;
+  PolytopeOptimizer opt(model, config);
+  opt.register_evaluator(*evaluator, random_batch(2));
+  const StepInfo info = opt.step();
+  REQUIRE(info.reverted);
+  REQUIRE(params_of(model) == before);
+}
+
+TEST_CASE("minimize descends and never exceeds its budget", "[optimizer][minimize]") {
+  const int n = 10;
+  int64_t calls = 0;
+  const Objective f = [&](std::span<const double> x) {
+    ++calls;
+    double s = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) s += static_cast<double>(i + 1) * (x[i] - 1) * (x[i] - 1);
+    return s;
+  };
+  const std::vector<double> x0(n, 0.0);
+  for (RadiusModelKind kind : {RadiusModelKind::fixed, RadiusModelKind::trust_region}) {
+    OptimizerConfig config;
+    config.radius.kind = kind;
+    for (int64_t budget : {1, 7, 100, 2000}) {
+      calls = 0;
+      const MinimizeResult r = minimize(f, x0, budget, config);
+      REQUIRE(calls <= budget);
+      REQUIRE(r.evaluations == calls);
+      REQUIRE(r.f == Approx(f(r.x)));
+      --calls;
+      if (budget == 2000) REQUIRE(r.f < 0.05 * f(x0));
+    }
+  }
+  REQUIRE_THROWS_AS(minimize(f, x0, 0), Error);
+}
