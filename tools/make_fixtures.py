@@ -289,8 +289,10 @@ def make_case(name, shape, layers, modules, loss, seed):
         with torch.no_grad():
             theta = sum((p.double() ** 2).sum() for p in model64.parameters())
             value = torch_loss(loss, out64, labels, targets.double()) + l2 * theta
-        tensors["labels"] = labels.float()
-        tensors["targets"] = targets
+        if loss == "mse":
+            tensors["targets"] = targets
+        else:
+            tensors["labels"] = labels.float()
         tensors["objective"] = value.reshape(1)
         doc["loss"], doc["l2"] = loss, l2
     write_safetensors(os.path.join(OUT, name + ".safetensors"), tensors)
