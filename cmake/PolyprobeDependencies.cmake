@@ -5,6 +5,7 @@ find_package(TBB REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
+find_package(NLopt 2.7 REQUIRED)  # libnlopt-cxx-dev: the baselines of `polyprobe bench dfo`
 if(POLYPROBE_BUILD_TESTS)
   find_package(Catch2 2.13 REQUIRED)
 endif()

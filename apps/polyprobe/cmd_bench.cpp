@@ -13,10 +13,11 @@
 namespace polyprobe::app {
 
 // Suites live in bench_*.cpp files; add each one to the table below.
-// (none yet)
+BenchSuite dfo_bench_suite();      // bench_dfo.cpp
+BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {};
+  static const std::vector<BenchSuite> suites = {dfo_bench_suite(), asktell_bench_suite()};
   return suites;
 }
 

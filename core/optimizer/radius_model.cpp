@@ -137,7 +137,9 @@ class TrustRegion final : public QuadraticRadius {
  public:
   explicit TrustRegion(const RadiusModelSettings& s) : QuadraticRadius(s) {}
   RadiusModelKind kind() const override { return RadiusModelKind::trust_region; }
-  RadiusMultipliers multipliers() const override { return {multiplier_, 1.0}; }
+  RadiusMultipliers multipliers() const override {
+    return {multiplier_, s_.trust_scales_probe ? multiplier_ : 1.0};
+  }
   void observe_incumbent(double loss, bool comparable) override {
     last_ratio_ = std::numeric_limits<double>::quiet_NaN();
     if (pending_ && comparable && pending_prediction_ < 0 && std::isfinite(loss)) {

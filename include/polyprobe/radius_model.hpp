@@ -41,6 +41,10 @@ struct RadiusModelSettings {
   double trust_grow = 2.0;
   double trust_min = 1e-4;  // step-radius multiplier bounds
   double trust_max = 4.0;
+  // Whether the probe radius follows the trust radius too. polystep adapts step_radius only
+  // (false); shrinking both lets finite differences resolve the small scales that accurate
+  // convergence on smooth problems needs (docs/optimizer.md).
+  bool trust_scales_probe = false;
 };
 
 // The quadratic model of one block along its transport move m: the predicted change of the
