@@ -6,12 +6,16 @@ namespace polyprobe::app {
 Command version_command();
 Command plugins_command();
 Command bench_command();
+Command train_command();
+Command eval_command();
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
       version_command(),
       plugins_command(),
       bench_command(),
+      train_command(),
+      eval_command(),
   };
   return table;
 }

@@ -5,7 +5,10 @@
 #include "io/embedded_data.hpp"
 #include "io/file_util.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -153,6 +156,39 @@ void Standardizer::apply(Dataset& data) const {
                 " features, the standardiser was fitted on " + std::to_string(mean.size()));
   data.features = ((data.features.rowwise() - mean.transpose()).array().rowwise() /
                    scale.transpose().array()).matrix();
+}
+
+std::string Standardizer::to_text() const {
+  return nlohmann::json{{"mean", std::vector<double>(mean.begin(), mean.end())},
+                        {"scale", std::vector<double>(scale.begin(), scale.end())}}
+      .dump();
+}
+
+Standardizer Standardizer::from_text(const std::string& text, const std::string& source) {
+  Standardizer s;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(text);
+    const auto mean = j.at("mean").get<std::vector<double>>();
+    const auto scale = j.at("scale").get<std::vector<double>>();
+    if (mean.size() != scale.size()) throw Error("mean and scale differ in length");
+    for (std::size_t i = 0; i < mean.size(); ++i)
+      if (!std::isfinite(mean[i]) || !(scale[i] > 0) || !std::isfinite(scale[i]))
+        throw Error("entry " + std::to_string(i) + " is not finite or its scale is not positive");
+    s.mean = Eigen::Map<const Vector<double>>(mean.data(), static_cast<Eigen::Index>(mean.size()));
+    s.scale = Eigen::Map<const Vector<double>>(scale.data(), static_cast<Eigen::Index>(scale.size()));
+  } catch (const std::exception& e) {
+    throw Error("'" + source + "': invalid standardisation statistics: " + e.what());
+  }
+  return s;
+}
+
+PreparedData prepare_data(const std::string& name_or_path, const SplitOptions& options,
+                          const Standardizer* fixed) {
+  PreparedData prepared{split_data(load_data(name_or_path), options), {}};
+  prepared.standardizer = fixed != nullptr ? *fixed : Standardizer::fit(prepared.splits.train);
+  for (Dataset* split : {&prepared.splits.train, &prepared.splits.validation, &prepared.splits.test})
+    if (split->size() > 0) prepared.standardizer.apply(*split);
+  return prepared;
 }
 
 Batch to_batch(const Dataset& data) {

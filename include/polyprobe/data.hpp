@@ -82,7 +82,20 @@ struct Standardizer {
   Vector<double> mean, scale;
   static Standardizer fit(const Dataset& train);
   void apply(Dataset& data) const;
+  // As text ({"mean": [...], "scale": [...]}), e.g. for a weight file's metadata, and back;
+  // from_text throws an Error naming `source` when the text is not a valid standardiser.
+  std::string to_text() const;
+  static Standardizer from_text(const std::string& text, const std::string& source);
 };
+
+// Loads `name_or_path`, splits it, and standardises every split with statistics from the
+// training split (or with `fixed`, e.g. the ones saved with trained weights).
+struct PreparedData {
+  DataSplits splits;
+  Standardizer standardizer;
+};
+PreparedData prepare_data(const std::string& name_or_path, const SplitOptions& options,
+                          const Standardizer* fixed = nullptr);
 
 // The whole data set as one batch.
 Batch to_batch(const Dataset& data);

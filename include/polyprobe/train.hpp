@@ -1,0 +1,86 @@
+// The training loop: epochs of minibatches through the polytope optimizer, validation, the
+// best state, early stopping, metrics, checkpoints.
+//
+// train() runs PolytopeOptimizer::step once per minibatch (registering the evaluator on each
+// new batch), measures the validation split after every epoch, keeps the parameters with the
+// best validation accuracy (ties: lower validation loss) and restores them at the end, so the
+// model it leaves behind is the best one seen, not the last. It stops after `epochs`, after
+// `patience` epochs without improvement, at the time limit, or when `stop` becomes true (e.g.
+// on Ctrl-C), always between two steps. Checkpoints hold everything needed to continue exactly
+// (parameters, best state, optimizer state, data position) and are written atomically
+// (temporary file, then rename), so an interrupted run keeps its last complete checkpoint.
+// train() refuses an optimizer whose radius model is trust_region: its deferred comparisons
+// assume a stationary objective, which a minibatch stream is not (use the manual step API).
+#pragma once
+
+#include <polyprobe/data.hpp>
+
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+
+namespace polyprobe {
+
+class Evaluator;
+class Loss;
+class Model;
+class PolytopeOptimizer;
+
+// What a progress display needs after each step.
+struct TrainProgress {
+  int64_t step = 0;         // steps done (1-based after the first)
+  int64_t epoch = 0;        // 0-based epoch of this step
+  int64_t steps_per_epoch = 0;
+  int64_t epochs = 0;
+  double loss = 0;          // objective of the updated parameters on this minibatch
+  double accuracy = 0;      // their accuracy on this minibatch
+  int64_t candidates = 0;   // candidates scored so far
+  double seconds = 0;       // since the start (of this run and the ones it resumes)
+  std::optional<double> validation_accuracy;  // set when this step ended an epoch
+};
+
+struct TrainOptions {
+  int64_t epochs = 10;
+  int64_t batch_size = 64;
+  uint64_t seed = 0;           // minibatch order
+  int64_t patience = 0;        // epochs without validation improvement before stopping; 0 = off
+  double time_limit_s = 0;     // stop (between steps) after this long; 0 = no limit
+  DType dtype = DType::f32;    // precision of validation forwards
+  std::filesystem::path metrics_path;     // JSON lines; empty = none
+  std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
+  bool resume = false;         // continue from checkpoint_path
+  const std::atomic<bool>* stop = nullptr;
+  std::function<void(const TrainProgress&)> on_progress;
+};
+
+struct TrainResult {
+  int64_t steps = 0;
+  int64_t epochs_completed = 0;
+  int64_t evaluations = 0;        // candidates scored
+  double seconds = 0;
+  double best_validation_accuracy = 0;
+  double best_validation_loss = 0;
+  int64_t best_epoch = -1;        // -1: no validation happened; the final state is kept
+  bool stopped_early = false;     // patience ran out
+  bool reached_time_limit = false;
+  bool interrupted = false;       // `stop` was set; the checkpoint (if any) holds the state
+};
+
+struct EvaluationResult {
+  double loss = 0;      // mean per-sample loss (without the l2 term)
+  double accuracy = 0;  // fraction of samples whose first maximal output is the label
+  int64_t samples = 0;
+};
+
+// Loss and accuracy of the model's current parameters on `data`, in `dtype`.
+EvaluationResult evaluate_model(const Model& model, const Loss& loss, const Dataset& data,
+                                DType dtype = DType::f32);
+
+// Trains `model` in place (see the header comment). `evaluator` must have been made for this
+// model and loss; `optimizer` for this model.
+TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
+                  Evaluator& evaluator, const DataSplits& data, const TrainOptions& options);
+
+}  // namespace polyprobe
