@@ -232,7 +232,7 @@ Command train_command() {
         ("loss", po::value<std::string>(),
          "cross_entropy, mse, hinge or zero_one (default: the model file's, else cross_entropy)")
         ("l2", po::value<double>(), "weight of l2 * |theta|^2 in the objective")
-        ("epochs", po::value<int64_t>()->default_value(12), "passes over the training split")
+        ("epochs", po::value<int64_t>()->default_value(20), "passes over the training split")
         ("batch", po::value<int64_t>()->default_value(128), "minibatch size")
         ("seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")
         ("patience", po::value<int64_t>()->default_value(0),
@@ -250,13 +250,13 @@ Command train_command() {
         ("checkpoint", po::value<std::string>()->value_name("FILE"),
          "checkpoint file (default: the --save file + .ckpt), written after every epoch")
         ("resume", po::bool_switch(), "continue from the checkpoint")
-        ("step-radius", po::value<double>()->default_value(1.0), "optimizer step radius")
-        ("probe-radius", po::value<double>()->default_value(1.0), "optimizer probe radius")
-        ("epsilon", po::value<double>()->default_value(0.05), "radius scale (and OT temperature)")
-        ("epsilon-final", po::value<double>()->default_value(0.01), "final epsilon (linear, cosine)")
+        ("step-radius", po::value<double>()->default_value(2.0), "optimizer step radius")
+        ("probe-radius", po::value<double>()->default_value(2.0), "optimizer probe radius")
+        ("epsilon", po::value<double>()->default_value(0.3), "radius scale (and OT temperature)")
+        ("epsilon-final", po::value<double>()->default_value(0.02), "final epsilon (linear, cosine)")
         ("schedule", po::value<std::string>()->default_value("cosine"),
          "epsilon schedule: constant, linear, cosine, progressive, power")
-        ("radius-model", po::value<std::string>()->default_value("fixed"),
+        ("radius-model", po::value<std::string>()->default_value("quadratic"),
          "fixed, adaptive or quadratic (trust_region needs the manual step API)")
         ("polytope", po::value<std::string>()->default_value("simplex"), "simplex, orthoplex or cube")
         ("particle-dim", po::value<int>()->default_value(2), "coordinates per particle");

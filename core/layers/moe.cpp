@@ -47,26 +47,40 @@ class HardMixture final : public LayerBase<HardMixture> {
 
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {
+    // Every position of every sample is one row of [rows, in]; route all rows with one
+    // product, then run each expert once on the rows it won (gather, multiply, scatter).
+    const Eigen::Index rows = x.rows() * (input_.numel() / in_);
+    const Matrix<S> inputs = Eigen::Map<const Matrix<S>, 0, Eigen::OuterStride<>>(
+        x.data(), x.rows(), x.cols(), Eigen::OuterStride<>(x.outerStride()));
+    Eigen::Map<const Matrix<S>> all(inputs.data(), rows, in_);
     Eigen::Map<const Matrix<S>> router(params.data(), experts_, in_);
     Eigen::Map<const Vector<S>> router_bias(params.data() + experts_ * in_, experts_);
-    const S* expert_params = params.data() + experts_ * (in_ + 1);
-    const int64_t expert_size = out_ * (in_ + 1);
-    const int64_t positions = input_.numel() / in_;
-    Vector<S> scores(experts_);
-    for (Eigen::Index b = 0; b < x.rows(); ++b) {
-      for (int64_t p = 0; p < positions; ++p) {
-        Eigen::Map<const Vector<S>> v(layers::sample_in(x, b) + p * in_, in_);
-        scores.noalias() = router * v + router_bias;
-        Eigen::Index best = 0;
-        for (Eigen::Index e = 1; e < scores.size(); ++e)
-          if (scores(e) > scores(best)) best = e;
-        const S* chosen = expert_params + best * expert_size;
-        Eigen::Map<const Matrix<S>> weight(chosen, out_, in_);
-        Eigen::Map<const Vector<S>> bias(chosen + out_ * in_, out_);
-        Eigen::Map<Vector<S>>(layers::sample_out(y, b) + p * out_, out_).noalias() =
-            weight * v + bias;
-      }
+    Matrix<S> scores = all * router.transpose();
+    scores.rowwise() += router_bias.transpose();
+    std::vector<std::vector<Eigen::Index>> routed(static_cast<std::size_t>(experts_));
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      Eigen::Index best = 0;
+      for (Eigen::Index e = 1; e < experts_; ++e)
+        if (scores(r, e) > scores(r, best)) best = e;  // the first maximum, as torch.argmax
+      routed[static_cast<std::size_t>(best)].push_back(r);
     }
+    Matrix<S> outputs(rows, out_);
+    const S* expert_params = params.data() + experts_ * (in_ + 1);
+    for (int64_t e = 0; e < experts_; ++e) {
+      const auto& members = routed[static_cast<std::size_t>(e)];
+      if (members.empty()) continue;
+      const S* chosen = expert_params + e * out_ * (in_ + 1);
+      Eigen::Map<const Matrix<S>> weight(chosen, out_, in_);
+      Eigen::Map<const Vector<S>> bias(chosen + out_ * in_, out_);
+      Matrix<S> gathered(static_cast<Eigen::Index>(members.size()), in_);
+      for (std::size_t i = 0; i < members.size(); ++i)
+        gathered.row(static_cast<Eigen::Index>(i)) = all.row(members[i]);
+      Matrix<S> result = gathered * weight.transpose();
+      result.rowwise() += bias.transpose();
+      for (std::size_t i = 0; i < members.size(); ++i)
+        outputs.row(members[i]) = result.row(static_cast<Eigen::Index>(i));
+    }
+    y = Eigen::Map<const Matrix<S>>(outputs.data(), x.rows(), y.cols());
   }
 
  private:
