@@ -15,6 +15,10 @@
 #include <string>
 #include <vector>
 
+namespace polyprobe {
+class Accumulator;
+}
+
 namespace polyprobe::detail {
 
 std::string dtype_label(int32_t dtype);
@@ -75,6 +79,10 @@ std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const 
                                                  const Loss& loss, const EvaluatorOptions& options,
                                                  const Subspace* subspace = nullptr,
                                                  const std::string& path = {});
+
+// An Accumulator whose implementation lives in a plugin (created on first use per dtype).
+std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin, const std::string& strategy,
+                                                     int threads);
 
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,

@@ -1,5 +1,6 @@
 // Plugin discovery, loading and selection (see registry.hpp for the rules).
 #define BOOST_DLL_USE_STD_FS
+#include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/registry.hpp>
 
@@ -389,6 +390,48 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   sel.chosen = chosen->name;
   return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options,
                                        request.subspace, request.path);
+}
+
+std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string& backend,
+                                                              const std::string& strategy, int threads,
+                                                              Selection* selection) const {
+  Selection local;
+  Selection& sel = selection != nullptr ? *selection : local;
+  sel = Selection{"accumulator", "", {}};
+  if (backend == "reference") {
+    sel.chosen = "reference";
+    sel.reasons.push_back("reference: requested");
+    return make_reference_accumulator();
+  }
+  const bool automatic = backend.empty() || backend == "auto";
+  const pp_plugin* chosen = nullptr;
+  int best = -1;
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const PluginInfo& info = infos_[i];
+    if (!automatic && info.name != backend) continue;
+    const pp_plugin* desc = descriptors_[i];
+    bool declared = false;
+    if (info.available && desc != nullptr && desc->accumulator_create != nullptr)
+      for (int32_t c = 0; c < desc->n_caps; ++c)
+        declared = declared || (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
+                                desc->caps[c].device == PP_DEVICE_CPU && strategy == safe(desc->caps[c].name));
+    if (!declared) {
+      sel.reasons.push_back(info.name + ": declined: no cpu accumulator '" + strategy + "'" +
+                            (info.available ? "" : " (" + info.reason + ")"));
+      continue;
+    }
+    sel.reasons.push_back(info.name + ": can serve (score " + std::to_string(info.score) + ")");
+    if (info.score > best) best = info.score, chosen = desc;
+  }
+  if (chosen == nullptr) {
+    if (!automatic)
+      throw Error("backend '" + backend + "' has no accumulator '" + strategy + "'; `polyprobe plugins` lists them");
+    sel.chosen = "reference";
+    sel.reasons.push_back("reference: chosen: no plugin declares accumulator '" + strategy + "'");
+    return make_reference_accumulator();
+  }
+  sel.chosen = chosen->name;
+  return detail::make_plugin_accumulator(chosen, strategy, threads);
 }
 
 }  // namespace polyprobe

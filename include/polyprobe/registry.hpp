@@ -101,6 +101,13 @@ class PluginRegistry {
                                             const EvaluatorRequest& request,
                                             Selection* selection = nullptr) const;
 
+  // Chooses and creates an accumulator of `strategy` ("auto", "scatter", "segment", ... as
+  // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
+  // declares the strategy (else the core's reference), "reference" the reference, else the
+  // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
+  std::unique_ptr<Accumulator> make_accumulator(const std::string& backend, const std::string& strategy,
+                                                int threads = 0, Selection* selection = nullptr) const;
+
  private:
   struct Loaded;
   std::vector<PluginInfo> infos_;

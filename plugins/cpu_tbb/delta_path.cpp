@@ -174,7 +174,12 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       }
       // The incoming delta through this layer's weights.
       if (state == State::sparse) {
-        s.next.noalias() = weights_t_[l](s.units, Eigen::all).transpose() * s.sparse;
+        // A few columns of W times the sparse rows: outer products, no temporaries.
+        for (std::size_t k = 0; k < s.units.size(); ++k) {
+          const auto column = weights_t_[l].row(s.units[k]).transpose();
+          if (k == 0) s.next.noalias() = column * s.sparse.row(0);
+          else s.next.noalias() += column * s.sparse.row(static_cast<int64_t>(k));
+        }
       } else if (state == State::dense) {
         const Eigen::Map<const Mat<S>> w(eff_.data() + layer.offset, layer.out, layer.in);
         s.next.noalias() = w * delta;
@@ -189,7 +194,7 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       // This layer's own coordinates act on the candidate's input a + delta.
       int64_t te = ti;
       bool one_hot = true;
-      while (te < n_terms && terms[te].layer == layer_id) one_hot = one_hot && terms[te++].row >= 0;
+      for (; te < n_terms && terms[te].layer == layer_id; ++te) one_hot = one_hot && terms[te].row >= 0;
       const bool sparse_out = state == State::none && one_hot;
       std::vector<int64_t>& out_units = s.units;  // free: the incoming state is none
       if (sparse_out) {

@@ -456,7 +456,7 @@ const char* EvaluatorImpl<S>::explain() {
   for (std::size_t l = 0; l < plan_.layers.size(); ++l) {
     const LayerPlan& layer = plan_.layers[l];
     json paths = json::object(), declined = json::array();
-    for (int p = 0; p < kPathCount - 1; ++p)
+    for (int p = 0; p < kPathCount; ++p)
       if (layer_path_candidates_[l][static_cast<std::size_t>(p)] > 0)
         paths[path_name(static_cast<Path>(p), subspace_mode_)] = layer_path_candidates_[l][static_cast<std::size_t>(p)];
     for (int w = 1; w < static_cast<int>(Decline::count); ++w)
@@ -474,7 +474,7 @@ const char* EvaluatorImpl<S>::explain() {
     layers.push_back(entry);
   }
   json counts = json::object();
-  for (int p = 0; p < kPathCount - 1; ++p)
+  for (int p = 0; p < kPathCount; ++p)
     counts[path_name(static_cast<Path>(p), subspace_mode_)] = path_candidates_[static_cast<std::size_t>(p)];
   json j = {{"plugin", "cpu_tbb"},
             {"dtype", std::is_same_v<S, float> ? "float32" : "float64"},

@@ -1,0 +1,81 @@
+// An Accumulator backed by a plugin's accumulator API, and its selection.
+#include "plugin/plugin_impl.hpp"
+
+#include <polyprobe/accumulator.hpp>
+#include <polyprobe/registry.hpp>
+
+#include <cstddef>
+
+namespace polyprobe::detail {
+namespace {
+
+class PluginAccumulator final : public Accumulator {
+ public:
+  PluginAccumulator(const pp_plugin* plugin, std::string strategy, int threads)
+      : plugin_(plugin), strategy_(std::move(strategy)), threads_(threads) {}
+  ~PluginAccumulator() override {
+    for (auto& [self, api] : by_dtype_)
+      if (self != nullptr) api->destroy(self);
+  }
+  PluginAccumulator(const PluginAccumulator&) = delete;
+  PluginAccumulator& operator=(const PluginAccumulator&) = delete;
+
+  std::string name() const override { return std::string(plugin_->name) + "/" + strategy_; }
+  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values, MatrixRef<double> out) override {
+    run(keys, values, out);
+  }
+  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<float> values, MatrixRef<float> out) override {
+    run(keys, values, out);
+  }
+
+ private:
+  template <class S>
+  void run(std::span<const int64_t> keys, ConstMatrixRef<S> values, MatrixRef<S> out) {
+    if (values.rows() != static_cast<Eigen::Index>(keys.size()) || values.cols() != out.cols())
+      throw Error("accumulate: " + std::to_string(keys.size()) + " keys, values " +
+                  std::to_string(values.rows()) + " x " + std::to_string(values.cols()) + ", out " +
+                  std::to_string(out.rows()) + " x " + std::to_string(out.cols()));
+    // The ABI takes contiguous row-major tensors; copy strided views.
+    const bool contiguous = values.outerStride() == values.cols() && out.outerStride() == out.cols();
+    Matrix<S> values_copy, out_copy;
+    const S* v = values.data();
+    S* o = out.data();
+    if (!contiguous) {
+      values_copy = values;
+      out_copy = out;
+      v = values_copy.data();
+      o = out_copy.data();
+    }
+    const int32_t dtype = std::is_same_v<S, float> ? PP_DTYPE_F32 : PP_DTYPE_F64;
+    auto& [self, api] = by_dtype_[dtype == PP_DTYPE_F32 ? 0 : 1];
+    pp_error err{};
+    if (self == nullptr) {
+      if (plugin_->accumulator_create(strategy_.c_str(), dtype, &self, &api, &err) != PP_OK || self == nullptr)
+        throw Error("plugin " + std::string(plugin_->name) + ": cannot create accumulator '" + strategy_ +
+                    "': " + error_text(err));
+      if (api->struct_size >= offsetof(pp_accumulator_api, set_threads) + sizeof(void*) &&
+          api->set_threads != nullptr && api->set_threads(self, threads_, &err) != PP_OK)
+        throw Error("plugin " + std::string(plugin_->name) + ": " + error_text(err));
+    }
+    const int64_t v_shape[2] = {values.rows(), values.cols()}, o_shape[2] = {out.rows(), out.cols()};
+    pp_tensor tv{const_cast<S*>(v), dtype, PP_DEVICE_CPU, 0, 2, v_shape, nullptr};
+    pp_tensor to{o, dtype, PP_DEVICE_CPU, 0, 2, o_shape, nullptr};
+    if (api->accumulate(self, static_cast<int64_t>(keys.size()), keys.data(), &tv, out.rows(), &to, &err) != PP_OK)
+      throw Error("plugin " + std::string(plugin_->name) + " failed to accumulate: " + error_text(err));
+    if (!contiguous) out = out_copy;
+  }
+
+  const pp_plugin* plugin_;
+  std::string strategy_;
+  int threads_;
+  std::pair<void*, const pp_accumulator_api*> by_dtype_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+};
+
+}  // namespace
+
+std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin, const std::string& strategy,
+                                                     int threads) {
+  return std::make_unique<PluginAccumulator>(plugin, strategy, threads);
+}
+
+}  // namespace polyprobe::detail

@@ -1,0 +1,54 @@
+// The cpu_tbb accumulators against the core's reference.
+#include "cpu_tbb/cpu_tbb_fixture.hpp"
+
+#include <polyprobe/accumulator.hpp>
+
+namespace polyprobe::test {
+namespace {
+
+template <class S>
+void check_strategy(const std::string& strategy, int64_t width) {
+  std::mt19937_64 rng(7);
+  const int64_t n = 20000, n_keys = 997;
+  std::vector<int64_t> keys(static_cast<std::size_t>(n));
+  for (auto& k : keys) k = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
+  const Matrix<S> values = Matrix<S>::Random(n, width);
+  Matrix<S> expect = Matrix<S>::Zero(n_keys, width);
+  make_reference_accumulator()->accumulate(keys, values, expect);
+  for (const int threads : {1, 2}) {
+    auto acc = cpu_registry().make_accumulator("cpu_tbb", strategy, threads);
+    Matrix<S> got = Matrix<S>::Ones(n_keys, width);
+    acc->accumulate(keys, values, got);
+    got.array() -= S(1);
+    const double tol = std::is_same_v<S, float> ? 1e-4 : 1e-12;
+    CHECK((got - expect).cwiseAbs().maxCoeff() <= tol * (1.0 + expect.cwiseAbs().maxCoeff()));
+  }
+}
+
+TEST_CASE("cpu_tbb accumulators agree with the reference", "[cpu_tbb][accumulator]") {
+  for (const std::string strategy : {"scatter", "segment", "auto"})
+    for (const int64_t width : {1, 3, 64}) {
+      INFO(strategy << ", width " << width);
+      check_strategy<double>(strategy, width);
+      check_strategy<float>(strategy, width);
+    }
+}
+
+TEST_CASE("cpu_tbb segment accumulation is identical for any thread count", "[cpu_tbb][accumulator]") {
+  std::mt19937_64 rng(9);
+  const int64_t n = 50000, n_keys = 101;
+  std::vector<int64_t> keys(static_cast<std::size_t>(n));
+  for (auto& k : keys) k = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
+  const Matrix<float> values = Matrix<float>::Random(n, 3);
+  Matrix<float> one = Matrix<float>::Zero(n_keys, 3), two = one;
+  cpu_registry().make_accumulator("cpu_tbb", "segment", 1)->accumulate(keys, values, one);
+  cpu_registry().make_accumulator("cpu_tbb", "segment", 2)->accumulate(keys, values, two);
+  CHECK(one == two);
+}
+
+TEST_CASE("an unknown accumulator strategy is an error", "[cpu_tbb][accumulator]") {
+  CHECK_THROWS_WITH(cpu_registry().make_accumulator("cpu_tbb", "telepathy"), Catch::Contains("telepathy"));
+}
+
+}  // namespace
+}  // namespace polyprobe::test
