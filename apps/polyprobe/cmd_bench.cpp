@@ -13,11 +13,15 @@
 namespace polyprobe::app {
 
 // Suites live in bench_*.cpp files; add each one to the table below.
+BenchSuite step_suite();        // bench_step.cpp
+BenchSuite forward_suite();     // bench_forward.cpp
+BenchSuite accumulate_suite();  // bench_accumulate.cpp
 BenchSuite dfo_bench_suite();      // bench_dfo.cpp
 BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {dfo_bench_suite(), asktell_bench_suite()};
+  static const std::vector<BenchSuite> suites = {step_suite(), forward_suite(), accumulate_suite(),
+                                                       dfo_bench_suite(), asktell_bench_suite()};
   return suites;
 }
 

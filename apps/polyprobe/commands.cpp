@@ -8,6 +8,7 @@ Command plugins_command();
 Command bench_command();
 Command train_command();
 Command eval_command();
+Command explain_command();
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
@@ -16,6 +17,7 @@ const std::vector<Command>& commands() {
       bench_command(),
       train_command(),
       eval_command(),
+      explain_command(),
   };
   return table;
 }

@@ -107,32 +107,61 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
   const auto n_units = static_cast<int64_t>(s.units.size());
   const Mat<S>& z = acts_t_[l + 1];
   const Mat<S>& relu_z = acts_t_[l + 2];
-  const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
   s.next.resize(out, n * batch);
   s.tmp_b.resize(batch);
-  Eigen::Matrix<S, Eigen::Dynamic, 1> dz(mid), da(mid);
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& dz = s.column;
+  dz.resize(mid);
+  constexpr int lanes = kLanes<S>;
+  const int64_t stride = n * batch;
   for (int64_t i = 0; i < n; ++i) {
     auto block = s.next.middleCols(i * batch, batch);
-    s.tmp_b.setZero();
-    block.setZero();
-    for (int64_t k = 0; k < n_units; ++k) {
-      const int64_t u = s.units[static_cast<std::size_t>(k)];
-      const auto values = s.sparse.row(k).segment(i * batch, batch).array();
-      s.tmp_b += values.abs() * table.inv_room.row(u).array();
-      for (int64_t o = 0; o < out; ++o)
-        block.row(o).array() += table.response.row(u * out + o).array() * values;
+    // The linear response and the room bound, a packet of samples at a time.
+    for (int64_t b = 0; b < batch; b += lanes) {
+      const bool full = b + lanes <= batch;
+      Packet<S> room = Packet<S>::Zero();
+      Packet<S> acc[16];
+      const int64_t out_blocked = std::min<int64_t>(out, 16);
+      for (int64_t o = 0; o < out_blocked; ++o) acc[o].setZero();
+      if (full) {
+        for (int64_t o = out_blocked; o < out; ++o) PacketMap<S>(s.next.data() + o * stride + i * batch + b).setZero();
+        for (int64_t k = 0; k < n_units; ++k) {
+          const int64_t u = s.units[static_cast<std::size_t>(k)];
+          const Packet<S> v = ConstPacketMap<S>(s.sparse.data() + k * stride + i * batch + b);
+          room += v.abs() * ConstPacketMap<S>(table.inv_room.data() + u * batch + b);
+          const S* response = table.response.data() + u * out * batch + b;
+          for (int64_t o = 0; o < out_blocked; ++o) acc[o] += ConstPacketMap<S>(response + o * batch) * v;
+          for (int64_t o = out_blocked; o < out; ++o)
+            PacketMap<S>(s.next.data() + o * stride + i * batch + b) += ConstPacketMap<S>(response + o * batch) * v;
+        }
+        for (int64_t o = 0; o < out_blocked; ++o) PacketMap<S>(s.next.data() + o * stride + i * batch + b) = acc[o];
+        PacketMap<S>(s.tmp_b.data() + b) = room;
+      } else {
+        for (int64_t r = b; r < batch; ++r) {
+          S rr = 0;
+          for (int64_t o = 0; o < out; ++o) block(o, r) = S(0);
+          for (int64_t k = 0; k < n_units; ++k) {
+            const int64_t u = s.units[static_cast<std::size_t>(k)];
+            const S v = s.sparse(k, i * batch + r);
+            rr += std::abs(v) * table.inv_room(u, r);
+            for (int64_t o = 0; o < out; ++o) block(o, r) += table.response(u * out + o, r) * v;
+          }
+          s.tmp_b(r) = rr;
+        }
+      }
     }
     for (int64_t b = 0; b < batch; ++b) {
       if (s.tmp_b(b) < S(0.5)) continue;
-      // A ReLU unit may cross its kink for this sample: the exact suffix.
+      // A ReLU unit may cross its kink for this sample: correct exactly the units that do.
       dz.setZero();
       for (int64_t k = 0; k < n_units; ++k)
         dz += weights_t_[l].row(s.units[static_cast<std::size_t>(k)]).transpose() * s.sparse(k, i * batch + b);
       for (int64_t j = 0; j < mid; ++j) {
         const S v = z(j, b) + dz(j);
-        da(j) = (v > S(0) ? v : S(0)) - relu_z(j, b);
+        if ((v > S(0)) == (z(j, b) > S(0))) continue;
+        const S exact = (v > S(0) ? v : S(0)) - relu_z(j, b);
+        const S linear = z(j, b) > S(0) ? dz(j) : S(0);
+        block.col(b) += weights_t_[l + 2].row(j).transpose() * (exact - linear);
       }
-      block.col(b).noalias() = w_second * da;
     }
   }
   s.delta.swap(s.next);
@@ -208,6 +237,11 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       }
       Mat<S>& target = sparse_out ? s.dense_in : s.next;
       s.src.resize(batch);
+      s.directions.clear();
+      for (int64_t t = ti; t < te; ++t)
+        if (terms[t].row < 0 && std::find(s.directions.begin(), s.directions.end(), terms[t].u_index) == s.directions.end())
+          s.directions.push_back(terms[t].u_index);
+      s.by_direction.setZero(static_cast<int64_t>(s.directions.size()), nb);
       for (int64_t t = ti; t < te; ++t) {
         const Term& term = terms[t];
         const int64_t out_row = sparse_out
@@ -226,23 +260,26 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
                 if (s.units[k] == term.col) s.src += s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
           } else {
             s.src = v_src_.row(term.v_index).array();
-            const double* v = dense_v_[static_cast<std::size_t>(term.v_index)];
-            if (state == State::dense)
-              s.src += (Eigen::Map<const Eigen::VectorXd>(v, layer.in).template cast<S>().transpose() *
-                        delta.middleCols(col0, batch)).array();
+            const auto& v = dense_v_s_[static_cast<std::size_t>(term.v_index)];
+            if (state == State::dense) s.src += (v * delta.middleCols(col0, batch)).array();
             if (state == State::sparse)
               for (std::size_t k = 0; k < s.units.size(); ++k)
-                s.src += static_cast<S>(v[s.units[k]]) * s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
+                s.src += v(s.units[k]) * s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
           }
           s.src *= s.theta[static_cast<std::size_t>(i * n_terms + t)];
           if (out_row >= 0) {
             target.row(out_row).segment(col0, batch).array() += s.src;
           } else {
-            const auto& u = dense_u_[static_cast<std::size_t>(term.u_index)];
-            target.middleCols(col0, batch).noalias() +=
-                Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) * s.src.matrix();
+            // Terms along one dense u add up first: one outer product per direction.
+            const int64_t dir = std::find(s.directions.begin(), s.directions.end(), term.u_index) - s.directions.begin();
+            s.by_direction.row(dir).segment(col0, batch).array() += s.src;
           }
         }
+      }
+      for (std::size_t k = 0; k < s.directions.size(); ++k) {
+        const auto& u = dense_u_[static_cast<std::size_t>(s.directions[k])];
+        target.noalias() += Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) *
+                            s.by_direction.row(static_cast<int64_t>(k));
       }
       ti = te;
       if (sparse_out) {

@@ -82,6 +82,7 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
         auto [it, added] = v_index.try_emplace(c.v, static_cast<int32_t>(dense_v_.size()));
         if (added) {
           dense_v_.push_back(c.v);
+          dense_v_s_.push_back(Eigen::Map<const Eigen::Matrix<double, 1, Eigen::Dynamic>>(c.v, c.cols).template cast<S>());
           dense_v_layer_.push_back(plan_.owners.empty() ? 0 : plan_.layer_of(c.offset));
         }
         coord_v_[static_cast<std::size_t>(k)] = it->second;
@@ -215,6 +216,21 @@ void EvaluatorImpl<S>::forward_prefix() {
     v_src_.row(static_cast<int64_t>(j)) = (a * v).transpose();
   }
   base_loss_ = rows_loss(acts_.back(), 0) + l2_ * base_sq_;
+  if (loss_ == kernels::LossKind::cross_entropy) {
+    const Mat<S>& z = acts_t_.back();
+    probs_t_.resize(z.rows(), batch_);
+    one_hot_t_.setZero(z.rows(), batch_);
+    sample_loss_.resize(batch_);
+    for (int64_t b = 0; b < batch_; ++b) {
+      const S m = z.col(b).maxCoeff();
+      probs_t_.col(b) = (z.col(b).array() - m).exp().matrix();
+      const S total = probs_t_.col(b).sum();
+      probs_t_.col(b) /= total;
+      const int64_t y = labels_[static_cast<std::size_t>(b)];
+      one_hot_t_(y, b) = S(1);
+      sample_loss_(b) = m + std::log(total) - z(y, b);
+    }
+  }
 }
 
 template <class S>

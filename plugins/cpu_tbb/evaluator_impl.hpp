@@ -25,6 +25,17 @@ using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 template <class S>
 using Arr = Eigen::Array<S, 1, Eigen::Dynamic>;  // one value per sample
 
+// A register's worth of samples (one AVX-512 vector): the hot loops run over the batch in
+// fixed-size packets, which Eigen compiles to straight-line vector code.
+template <class S>
+inline constexpr int kLanes = static_cast<int>(64 / sizeof(S));
+template <class S>
+using Packet = Eigen::Array<S, kLanes<S>, 1>;
+template <class S>
+using PacketMap = Eigen::Map<Packet<S>, Eigen::Unaligned>;
+template <class S>
+using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
+
 enum class Path : int { delta, dense, inplace, fallback, incumbent, count };
 inline constexpr int kPathCount = static_cast<int>(Path::count);
 // "sparse" or "subspace-delta" for the delta path, by search space.
@@ -84,6 +95,9 @@ class EvaluatorImpl final : public CandidateEvaluator {
     std::vector<int64_t> units;
     std::vector<S> theta;          // [candidates * terms]
     Arr<S> src, tmp_b, max_b, sum_b;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> column;
+    Mat<S> by_direction;           // [distinct dense u, candidates * batch]
+    std::vector<int32_t> directions;
     std::vector<S> buffer, buffer_out;  // host elementwise on padded flat buffers
     // materialised paths: sample-major
     std::vector<S> eff;         // effective parameters (transforms applied)
@@ -146,6 +160,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<int32_t> coord_u_, coord_v_;     // per subspace coordinate: dense u / v index
   std::vector<std::vector<S>> dense_u_;        // dense u vectors of subspace coordinates, in S
   std::vector<const double*> dense_v_;         // dense v vectors
+  std::vector<Eigen::Matrix<S, 1, Eigen::Dynamic>> dense_v_s_;  // the same, in S
   std::vector<int32_t> dense_v_layer_;
   std::vector<int32_t> first_host_from_;       // first host layer index >= l (n_layers if none)
   std::unique_ptr<tbb::task_arena> arena_;
@@ -170,6 +185,10 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<Mat<S>> weights_t_;  // affine layers: effective W^T [in, out]
   Mat<S> v_src_;                 // [dense_v_, batch]: v^T (input of its layer)
   double base_loss_ = 0.0;
+  // Cross-entropy from a logit delta: the incumbent's softmax and per-sample losses
+  // ([classes, batch] and [batch]) and the labels as one-hot rows.
+  Mat<S> probs_t_, one_hot_t_;
+  Arr<S> sample_loss_;
   std::vector<Group> groups_;
   std::vector<Term> terms_;
   std::vector<int64_t> first_layer_candidates_;  // per layer: delta candidates starting there

@@ -1,0 +1,82 @@
+// `polyprobe bench accumulate`: reduce-by-key with ~62 contributions per key (the seed
+// svgd-segmented-near-field-pr.md's repeat factor), rows of width 3 and 64, float32 and
+// float64, every cpu_tbb strategy and the core's reference, at each thread count. The
+// figures justify the plugin's `auto` choice (docs/benchmarks.md).
+#include "bench.hpp"
+
+#include <polyprobe/accumulator.hpp>
+
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace polyprobe::app {
+
+std::vector<int> bench_thread_counts(const Context& ctx);
+
+namespace {
+
+template <class S>
+void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width, std::vector<BenchRecord>& records) {
+  std::mt19937_64 rng(17);
+  std::vector<int64_t> keys(static_cast<std::size_t>(n));
+  for (auto& k : keys) k = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
+  Matrix<S> values(n, width);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t i = 0; i < values.size(); ++i) values.data()[i] = static_cast<S>(u(rng));
+  Matrix<double> expect = Matrix<double>::Zero(n_keys, width);
+  make_reference_accumulator()->accumulate(keys, values.template cast<double>(), expect);
+  const std::string dtype = std::is_same_v<S, float> ? "float32" : "float64";
+  Matrix<S> out(n_keys, width);
+  auto record = [&](Accumulator& acc, const std::string& path, int threads) {
+    BenchRecord r;
+    r.suite = "accumulate";
+    r.workload = "keys=" + std::to_string(n_keys) + ",rows=" + std::to_string(n) + ",width=" + std::to_string(width);
+    r.path = path;
+    r.dtype = dtype;
+    r.threads = threads;
+    r.candidates = n;
+    TimingOptions t;
+    t.repeats = std::min(ctx.vm["repeats"].as<int>(), 5);
+    t.min_warmup_seconds = 0.2;
+    r.timing = time_calls([&] { out.setZero(); acc.accumulate(keys, values, out); }, t);
+    const double scale = 1.0 + expect.cwiseAbs().maxCoeff();
+    r.max_rel_diff = (out.template cast<double>() - expect).cwiseAbs().maxCoeff() / scale;
+    r.extra["gbytes_per_s"] = static_cast<double>(values.size()) * sizeof(S) / (r.timing.median_ms * 1e6);
+    records.push_back(r);
+    if (!ctx.quiet) *ctx.err << r.workload << " " << dtype << " " << path << " " << threads << ": " << r.timing.median_ms << " ms\n";
+  };
+  auto reference = make_reference_accumulator();
+  record(*reference, "reference", 1);
+  for (const int threads : bench_thread_counts(ctx))
+    for (const std::string strategy : {"scatter", "segment", "auto"}) {
+      auto acc = ctx.registry.make_accumulator(ctx.vm["bench-backend"].as<std::string>(), strategy, threads);
+      record(*acc, strategy, threads);
+    }
+}
+
+std::vector<BenchRecord> run_accumulate(Context& ctx) {
+  std::vector<BenchRecord> records;
+  const int64_t n_keys = ctx.vm["accumulate-keys"].as<int64_t>();
+  const int64_t n = n_keys * 62;
+  for (const int64_t width : {int64_t{3}, int64_t{64}}) {
+    measure<float>(ctx, n_keys, n, width, records);
+    measure<double>(ctx, n_keys, n, width, records);
+  }
+  return records;
+}
+
+}  // namespace
+
+BenchSuite accumulate_suite() {
+  BenchSuite s;
+  s.name = "accumulate";
+  s.summary = "reduce-by-key, ~62 contributions per key, widths 3 and 64, float32/float64, every strategy";
+  s.options = [](po::options_description& o) {
+    o.add_options()("accumulate-keys", po::value<int64_t>()->default_value(100000), "accumulate: number of keys");
+  };
+  s.run = run_accumulate;
+  return s;
+}
+
+}  // namespace polyprobe::app

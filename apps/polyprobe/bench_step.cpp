@@ -1,0 +1,240 @@
+// `polyprobe bench step`: one optimizer step's candidate evaluation on the reference
+// workloads (bench_workloads.hpp), timed as the PyTorch reference times it (displacements,
+// incumbent forward and every candidate loss inside the call), with the float64 reference
+// evaluator's losses on a random sample of candidates as the parity check. `forward`
+// (bench_forward.cpp) shares the options registered here.
+#include "bench.hpp"
+#include "bench_workloads.hpp"
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <map>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <time.h>
+
+namespace polyprobe::app {
+namespace {
+
+double thread_cpu_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream in(text);
+  for (std::string part; std::getline(in, part, ',');)
+    if (!part.empty()) parts.push_back(part);
+  return parts;
+}
+
+// The numbers to beat (bench/README.md, same machine): the PyTorch reference's best method
+// at 1 thread and at 2 cores, and the seed implementation at 1 thread.
+struct Baseline {
+  double torch_1, torch_all, seed_1;
+};
+const std::map<std::string, Baseline>& baselines() {
+  static const std::map<std::string, Baseline> b = {
+      {"mlp64-full", {8.53, 5.98, 40.91}},     {"mlp256-full", {95.2, 60.2, 736.17}},
+      {"mlp256-sub512", {2.98, 2.05, 28.27}},  {"mnist128-sub256", {1.06, 0.943, 0}},
+      {"mnist64-full", {27.9, 15.9, 0}},
+  };
+  return b;
+}
+
+}  // namespace
+
+std::vector<int> bench_thread_counts(const Context& ctx) {
+  std::vector<int> counts;
+  for (const std::string& t : split(ctx.vm["bench-threads"].as<std::string>())) {
+    if (t == "all") counts.push_back(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    else counts.push_back(std::stoi(t));
+  }
+  return counts;
+}
+
+std::vector<std::string> bench_workload_names(const Context& ctx) {
+  const std::string list = ctx.vm["workloads"].as<std::string>();
+  std::vector<std::string> names;
+  if (list == "all")
+    for (const WorkloadSpec& s : reference_workloads()) names.push_back(s.name);
+  else
+    names = split(list);
+  for (const std::string& n : names) find_workload(n);  // throws for an unknown name
+  return names;
+}
+
+TimingOptions bench_timing(const Context& ctx) {
+  TimingOptions t;
+  t.repeats = ctx.vm["repeats"].as<int>();
+  return t;
+}
+
+// GFLOP/s of a float32 GEMM (1024 x 1024 weights on 2048 rows) run by the cpu_tbb plugin's
+// Eigen, on one thread: the single-core peak the step records are compared with.
+double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
+  const LayerFactory factory = LayerFactory::with_builtins();
+  Model model(Shape{{1024}});
+  model.add(factory.create("linear", {{"out_features", 1024}, {"bias", false}}, model.output_shape()));
+  model.initialize(0);
+  const auto loss = make_loss("mse");
+  Batch batch;
+  batch.inputs = Matrix<double>::Random(2048, 1024);
+  batch.targets.values = Matrix<double>::Zero(2048, 1024);
+  EvaluatorRequest request;
+  request.backend = "cpu_tbb";
+  request.options.dtype = DType::f32;
+  request.options.threads = 1;
+  auto evaluator = ctx.registry.make_evaluator(model, *loss, request);
+  evaluator->register_batch(batch);
+  const Timing t = time_calls([&] { evaluator->evaluate_base(model.parameters()); }, {5, 2, 0.5});
+  const double gflops = 2.0 * 2048 * 1024 * 1024 / (t.median_ms * 1e6);
+  BenchRecord r;
+  r.suite = "step";
+  r.workload = "peak-sgemm";
+  r.path = "eigen-gemm";
+  r.threads = 1;
+  r.batch = 2048;
+  r.timing = t;
+  r.extra = {{"gflops", gflops},
+             {"what", "1024x1024 float32 weights on 2048 rows through the cpu_tbb plugin's Eigen "
+                      "GEMM (evaluate_base: includes the loss and copies, so a lower bound)"}};
+  records.push_back(r);
+  return gflops;
+}
+
+namespace {
+
+std::vector<BenchRecord> run_step(Context& ctx) {
+  std::vector<BenchRecord> records;
+  const double peak = ctx.vm["no-peak"].as<bool>() ? 0.0 : measure_peak_gflops(ctx, records);
+  const auto paths = split(ctx.vm["paths"].as<std::string>());
+  const int64_t sample_size = ctx.vm["parity-sample"].as<int64_t>();
+  for (const std::string& name : bench_workload_names(ctx)) {
+    Workload w = build_workload(find_workload(name));
+    const int64_t count = w.candidates();
+    // The float64 reference on a random sample of candidates (all of them when few).
+    std::vector<int64_t> sample(static_cast<std::size_t>(count));
+    for (int64_t c = 0; c < count; ++c) sample[static_cast<std::size_t>(c)] = c;
+    std::mt19937_64 rng(11);
+    std::shuffle(sample.begin(), sample.end(), rng);
+    sample.resize(static_cast<std::size_t>(std::min(count, sample_size)));
+    std::sort(sample.begin(), sample.end());
+    std::vector<int64_t> sample_particle;
+    std::vector<double> sample_disp;
+    for (const int64_t c : sample) {
+      sample_particle.push_back(w.particle[static_cast<std::size_t>(c)]);
+      for (int32_t k = 0; k < w.spec.d; ++k) sample_disp.push_back(w.displacement[static_cast<std::size_t>(c * w.spec.d + k)]);
+    }
+    EvaluatorOptions ref_options;
+    ref_options.dtype = DType::f64;
+    auto reference = make_reference_evaluator(*w.model, *w.loss, w.subspace.get(), ref_options);
+    reference->register_batch(w.batch);
+    std::vector<double> expect(sample.size());
+    reference->evaluate(w.model->parameters(), {&w.particles, sample_particle, sample_disp}, expect);
+    const double expect_base = reference->evaluate_base(w.model->parameters());
+
+    for (const std::string& path : paths)
+      for (const int threads : bench_thread_counts(ctx)) {
+        EvaluatorRequest request;
+        request.backend = ctx.vm["bench-backend"].as<std::string>();
+        request.options.dtype = DType::f32;
+        request.options.threads = threads;
+        request.subspace = w.subspace.get();
+        request.path = path == "auto" ? "" : path;
+        auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss, request);
+        evaluator->register_batch(w.batch);
+        std::vector<double> losses(static_cast<std::size_t>(count));
+        double base = 0;
+        std::vector<double> cpu_ms;  // the calling thread's CPU time per call
+        const Timing t = time_calls(
+            [&] {
+              const double cpu0 = thread_cpu_ms();
+              w.compute_displacements();
+              base = evaluator->evaluate_base(w.model->parameters());
+              evaluator->evaluate(w.model->parameters(), w.set(), losses);
+              cpu_ms.push_back(thread_cpu_ms() - cpu0);
+            },
+            bench_timing(ctx));
+        double worst = std::abs(base - expect_base) / std::abs(expect_base);
+        for (std::size_t i = 0; i < sample.size(); ++i)
+          worst = std::max(worst, std::abs(losses[static_cast<std::size_t>(sample[i])] - expect[i]) / std::abs(expect[i]));
+        const nlohmann::json explain = evaluator->explain();
+        BenchRecord r;
+        r.suite = "step";
+        r.workload = name;
+        r.threads = threads;
+        r.candidates = count;
+        r.batch = w.spec.batch;
+        r.timing = t;
+        r.max_rel_diff = worst;
+        std::string ran = path;
+        if (explain.contains("plugin")) {
+          const auto& counts = explain["plugin"]["last_call_candidates_per_path"];
+          int64_t most = -1;
+          for (const auto& [p, n] : counts.items())
+            if (n.get<int64_t>() > most) most = n.get<int64_t>(), ran = p;
+          r.extra["candidates_per_path"] = counts;
+          r.extra["chunk_size"] = explain["plugin"]["chunk_size"];
+          r.extra["memory_estimate_bytes"] = explain["plugin"]["memory_estimate_bytes"];
+        }
+        r.path = path == "auto" ? ran : path;
+        r.extra["evaluator"] = evaluator->name();
+        if (threads == 1) {
+          // With one thread the work runs on the calling thread: its CPU time is the call's
+          // cost without the time other processes took from it (the machine is shared).
+          std::vector<double> timed(cpu_ms.end() - t.reps, cpu_ms.end());
+          std::sort(timed.begin(), timed.end());
+          r.extra["thread_cpu_median_ms"] = timed[timed.size() / 2];
+        }
+        r.extra["parity_sample"] = sample.size();
+        r.extra["us_per_candidate"] = 1e3 * t.median_ms / static_cast<double>(count);
+        const double flops = path == "auto" ? w.delta_flops() : w.dense_flops();
+        r.extra["flops_estimate"] = flops;
+        r.extra["gflops"] = flops / (t.median_ms * 1e6);
+        r.extra["dense_path_flops"] = w.dense_flops();
+        if (peak > 0) r.extra["fraction_of_single_core_peak"] = flops / (t.median_ms * 1e6) / peak / threads;
+        if (const auto it = baselines().find(name); it != baselines().end()) {
+          const double torch = threads == 1 ? it->second.torch_1 : it->second.torch_all;
+          r.extra["torch_best_ms"] = torch;
+          r.extra["speedup_vs_torch_best"] = torch / t.median_ms;
+          if (threads == 1 && it->second.seed_1 > 0) r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
+        }
+        records.push_back(r);
+        if (!ctx.quiet)
+          *ctx.err << name << " " << r.path << " " << threads << " threads: " << t.median_ms << " ms\n";
+      }
+  }
+  return records;
+}
+
+}  // namespace
+
+BenchSuite step_suite() {
+  BenchSuite s;
+  s.name = "step";
+  s.summary = "one step's candidate evaluation on the PyTorch reference's workloads, with float64 parity";
+  s.options = [](po::options_description& o) {
+    o.add_options()("workloads", po::value<std::string>()->default_value("all"),
+                    "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full) or all")
+        ("bench-threads", po::value<std::string>()->default_value("1,all"), "thread counts, e.g. 1,2,all")
+        ("paths", po::value<std::string>()->default_value("auto"),
+         "step: evaluation paths to time (auto, sparse, subspace-delta, dense, inplace, fallback)")
+        ("bench-backend", po::value<std::string>()->default_value("cpu_tbb"), "step/forward: the evaluator backend")
+        ("parity-sample", po::value<int64_t>()->default_value(512),
+         "step: candidates checked against the float64 reference")
+        ("no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak");
+  };
+  s.run = run_step;
+  return s;
+}
+
+}  // namespace polyprobe::app

@@ -1,0 +1,187 @@
+#include "bench_workloads.hpp"
+
+#include <polyprobe/error.hpp>
+#include <polyprobe/layer.hpp>
+
+#include <Eigen/LU>
+#include <Eigen/QR>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <random>
+
+namespace polyprobe::app {
+
+const std::vector<WorkloadSpec>& reference_workloads() {
+  static const std::vector<WorkloadSpec> specs = {
+      {"mlp64-full", {64, 64, 64, 10}, 32, 0, 2},
+      {"mlp256-full", {64, 256, 256, 10}, 32, 0, 2},
+      {"mlp256-sub512", {64, 256, 256, 10}, 32, 512, 8},
+      {"mnist128-sub256", {784, 128, 10}, 64, 256, 8},
+      {"mnist64-full", {784, 64, 10}, 64, 0, 2},
+  };
+  return specs;
+}
+
+const WorkloadSpec& find_workload(const std::string& name) {
+  for (const WorkloadSpec& s : reference_workloads())
+    if (s.name == name) return s;
+  std::string known;
+  for (const WorkloadSpec& s : reference_workloads()) known += (known.empty() ? "" : ", ") + s.name;
+  throw Error("unknown workload '" + name + "' (workloads: " + known + ")");
+}
+
+Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
+  Workload w;
+  w.spec = spec;
+  const LayerFactory factory = LayerFactory::with_builtins();
+  w.model = std::make_unique<Model>(Shape{{spec.sizes[0]}}, DType::f32);
+  for (std::size_t i = 1; i < spec.sizes.size(); ++i) {
+    if (i > 1) w.model->add(factory.create("relu", nlohmann::json::object(), w.model->output_shape()));
+    w.model->add(factory.create("linear", {{"out_features", spec.sizes[i]}}, w.model->output_shape()));
+  }
+  w.model->initialize(seed);
+  // The network's float32 weights, as the reference workloads hold them.
+  for (double& p : w.model->parameters()) p = static_cast<double>(static_cast<float>(p));
+  w.loss = make_loss("cross_entropy");
+  std::mt19937_64 rng(seed + 1);
+  std::normal_distribution<double> gauss;
+  w.batch.inputs.resize(spec.batch, spec.sizes[0]);
+  for (int64_t i = 0; i < w.batch.inputs.size(); ++i) w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
+  for (int64_t r = 0; r < spec.batch; ++r)
+    w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(spec.sizes.back())));
+
+  const int32_t d = spec.d;
+  int64_t dimension = w.model->num_parameters();
+  if (spec.subspace_dim > 0) {
+    HybridSubspace::Options options;
+    options.rank = 8;
+    options.max_subspace_dim = spec.subspace_dim;
+    options.seed = seed + 3;
+    w.subspace = HybridSubspace::from_layout(w.model->parameter_entries(), w.model->num_parameters(), options);
+    dimension = w.subspace->dimension();
+  }
+  w.particles = ParticleMap::contiguous(dimension, d);
+
+  // polystep's regular simplex, centred and normalised.
+  w.vertices = d + 1;
+  w.simplex.assign(static_cast<std::size_t>(w.vertices * d), 0.0);
+  const double dd = d;
+  for (int32_t v = 0; v < d; ++v)
+    for (int32_t k = 0; k < d; ++k)
+      w.simplex[static_cast<std::size_t>(v * d + k)] =
+          (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) - (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
+  for (int32_t k = 0; k < d; ++k) w.simplex[static_cast<std::size_t>(d * d + k)] = 1.0 / std::sqrt(dd);
+  for (int32_t k = 0; k < d; ++k) {
+    double mean = 0;
+    for (int32_t v = 0; v < w.vertices; ++v) mean += w.simplex[static_cast<std::size_t>(v * d + k)];
+    for (int32_t v = 0; v < w.vertices; ++v) w.simplex[static_cast<std::size_t>(v * d + k)] -= mean / w.vertices;
+  }
+  for (int32_t v = 0; v < w.vertices; ++v) {
+    double norm = 0;
+    for (int32_t k = 0; k < d; ++k) norm += std::pow(w.simplex[static_cast<std::size_t>(v * d + k)], 2);
+    for (int32_t k = 0; k < d; ++k) w.simplex[static_cast<std::size_t>(v * d + k)] /= std::sqrt(norm);
+  }
+
+  // Haar rotations: QR of a Gaussian matrix with the sign fix, det +1.
+  const int64_t n_particles = w.particles.count();
+  w.rotations.resize(static_cast<std::size_t>(n_particles * d * d));
+  Eigen::MatrixXd g(d, d);
+  for (int64_t p = 0; p < n_particles; ++p) {
+    for (int32_t i = 0; i < d; ++i)
+      for (int32_t j = 0; j < d; ++j) g(i, j) = gauss(rng);
+    Eigen::HouseholderQR<Eigen::MatrixXd> qr(g);
+    Eigen::MatrixXd q = qr.householderQ();
+    for (int32_t j = 0; j < d; ++j)
+      if (qr.matrixQR()(j, j) < 0) q.col(j) *= -1.0;
+    if (q.determinant() < 0) q.col(0) *= -1.0;
+    for (int32_t i = 0; i < d; ++i)
+      for (int32_t j = 0; j < d; ++j)
+        w.rotations[static_cast<std::size_t>((p * d + i) * d + j)] = static_cast<double>(static_cast<float>(q(i, j)));
+  }
+  w.particle.resize(static_cast<std::size_t>(n_particles * w.vertices));
+  for (int64_t c = 0; c < static_cast<int64_t>(w.particle.size()); ++c) w.particle[static_cast<std::size_t>(c)] = c / w.vertices;
+  w.displacement.resize(w.particle.size() * static_cast<std::size_t>(d));
+  w.compute_displacements();
+  return w;
+}
+
+void Workload::compute_displacements() {
+  const int32_t d = spec.d;
+  const double scale = 0.5 * 1e-2;
+  for (std::size_t c = 0; c < particle.size(); ++c) {
+    const double* r = rotations.data() + particle[c] * d * d;
+    const double* t = simplex.data() + static_cast<int64_t>(c % static_cast<std::size_t>(vertices)) * d;
+    double* out = displacement.data() + static_cast<int64_t>(c) * d;
+    for (int32_t i = 0; i < d; ++i) {
+      double sum = 0;
+      for (int32_t k = 0; k < d; ++k) sum += r[i * d + k] * t[k];
+      out[i] = scale * sum;
+    }
+  }
+}
+
+namespace {
+
+// The widths of the affine layers: in_l, out_l for l = 0 .. L-1.
+struct Dims {
+  std::vector<double> in, out;
+};
+Dims dims(const WorkloadSpec& s) {
+  Dims d;
+  for (std::size_t i = 1; i < s.sizes.size(); ++i) {
+    d.in.push_back(static_cast<double>(s.sizes[i - 1]));
+    d.out.push_back(static_cast<double>(s.sizes[i]));
+  }
+  return d;
+}
+
+}  // namespace
+
+double Workload::dense_flops() const {
+  // Every candidate: the GEMMs of its first changed layer and all later ones.
+  const Dims dm = dims(spec);
+  const double b = static_cast<double>(spec.batch), v = vertices;
+  double total = 0;
+  const auto& entries = model->parameter_entries();
+  for (std::size_t l = 0; l < dm.in.size(); ++l) {
+    double suffix = 0;
+    for (std::size_t m = l; m < dm.in.size(); ++m) suffix += 2 * b * dm.in[m] * dm.out[m];
+    const double params = static_cast<double>(entries[2 * l].size + entries[2 * l + 1].size);
+    const double share = subspace ? 0.0 : params / spec.d;  // particles starting in layer l
+    total += share * v * suffix;
+  }
+  if (subspace) {  // a subspace particle touches whole rows or columns: dense from its layer
+    double suffix = 0;
+    for (std::size_t m = 0; m < dm.in.size(); ++m) suffix += 2 * b * dm.in[m] * dm.out[m];
+    total = static_cast<double>(candidates()) * suffix;
+  }
+  return total;
+}
+
+double Workload::delta_flops() const {
+  // Per candidate of a particle in layer l (one or two units change): its own terms
+  // (2 d B), the ReLU delta (3 B), then to the logits: a column outer product (2 B out) when
+  // the next affine layer is the last, the kink tables (2 B out + 2 B) when it is not, and
+  // the cross-entropy (about 6 B C, an exp counted as one). Subspace: dense from the layer.
+  const Dims dm = dims(spec);
+  const double b = static_cast<double>(spec.batch), v = vertices, classes = dm.out.back();
+  const double loss_flops = 6 * b * classes;
+  if (subspace) {
+    double total = 0;
+    for (std::size_t m = 0; m < dm.in.size(); ++m) total += 2 * b * dm.in[m] * dm.out[m];
+    return static_cast<double>(candidates()) * (total / 2 + loss_flops);  // about half the suffix
+  }
+  double total = 0;
+  const auto& entries = model->parameter_entries();
+  const std::size_t last = dm.in.size() - 1;
+  for (std::size_t l = 0; l <= last; ++l) {
+    const double params = static_cast<double>(entries[2 * l].size + entries[2 * l + 1].size);
+    double per = 2 * spec.d * b + loss_flops;
+    if (l < last) per += 3 * b + 2 * b * classes + (l + 1 < last ? 2 * b : 0);
+    total += params / spec.d * v * per;
+  }
+  return total;
+}
+
+}  // namespace polyprobe::app

@@ -1,0 +1,56 @@
+// The reference workloads of /work/shared/bench/README.md for the C++ benchmarks and
+// `polyprobe explain`: the same layer sizes, batch, search space, particle dimension,
+// simplex template, Haar rotations and probe displacement (0.5 r R_i t_v, r = 1e-2), with
+// seeded random data (PyTorch's random streams are not reproduced).
+#pragma once
+
+#include <polyprobe/candidates.hpp>
+#include <polyprobe/loss.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/subspaces.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace polyprobe::app {
+
+struct WorkloadSpec {
+  std::string name;
+  std::vector<int64_t> sizes;  // layer widths, input first
+  int64_t batch;
+  int64_t subspace_dim;        // 0 = full space
+  int32_t d;
+};
+
+// mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full.
+const std::vector<WorkloadSpec>& reference_workloads();
+const WorkloadSpec& find_workload(const std::string& name);
+
+// A built workload. One step's candidates are every particle at every simplex vertex.
+struct Workload {
+  WorkloadSpec spec;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Loss> loss;
+  Batch batch;
+  std::unique_ptr<HybridSubspace> subspace;  // null in full space
+  ParticleMap particles;
+  int32_t vertices = 0;                       // V = d + 1
+  std::vector<double> simplex;                // [V * d]
+  std::vector<double> rotations;              // [P * d * d], float32 values
+  std::vector<int64_t> particle;              // [C]
+  std::vector<double> displacement;           // [C * d]
+
+  int64_t candidates() const { return static_cast<int64_t>(particle.size()); }
+  CandidateSet set() const { return {&particles, particle, displacement}; }
+  // displacement = 0.5 r R_i t_v for every candidate: part of every timed step.
+  void compute_displacements();
+  // FLOPs of one step on the cpu_tbb delta paths (an estimate of the work they do) and on
+  // a dense path (every candidate's suffix of GEMMs from its first changed layer).
+  double delta_flops() const;
+  double dense_flops() const;
+};
+
+Workload build_workload(const WorkloadSpec& spec, uint64_t seed = 0);
+
+}  // namespace polyprobe::app
