@@ -15,6 +15,30 @@ namespace {
 
 constexpr uint64_t kMaxModelFileBytes = 16 << 20;
 constexpr int kFormatVersion = 1;
+// Bounds that keep every size product far from int64 overflow and allocations sane: no
+// attribute integer above 2^24, no activation above 2^30 values per sample, no model above
+// 2^28 parameters (2 GiB of float64).
+constexpr int64_t kMaxAttributeInteger = int64_t{1} << 24;
+constexpr int64_t kMaxSampleValues = int64_t{1} << 30;
+constexpr int64_t kMaxParameters = int64_t{1} << 28;
+
+// Refuses integers too large for any layer attribute, anywhere in `value`.
+void check_attribute_magnitudes(const nlohmann::json& value, const std::string& where) {
+  if (value.is_number_integer() && std::abs(value.get<double>()) > static_cast<double>(kMaxAttributeInteger))
+    throw Error(where + ": attribute value " + value.dump() + " is larger than 2^24");
+  if (value.is_structured())
+    for (const auto& item : value) check_attribute_magnitudes(item, where);
+}
+
+// Product of `dims`, or -1 when it exceeds `limit` (or a dim is negative).
+int64_t bounded_product(const std::vector<int64_t>& dims, int64_t limit) {
+  int64_t n = 1;
+  for (int64_t d : dims) {
+    if (d < 0 || (d != 0 && n > limit / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
 
 // "line L, column C" of byte offset `position` (1-based, as editors count).
 std::string text_position(std::string_view text, std::size_t position) {
@@ -93,8 +117,18 @@ ModelFile parse_model_file(std::string_view text, const std::string& source,
     const std::string kind = spec["kind"].get<std::string>();
     nlohmann::json attrs = spec;
     attrs.erase("kind");
+    check_attribute_magnitudes(attrs, where + " (" + kind + ")");
     try {
-      result.model.add(factory.create(kind, attrs, result.model.output_shape()));
+      const auto layer = factory.create(kind, attrs, result.model.output_shape());
+      if (bounded_product(layer->output_shape().dims, kMaxSampleValues) < 1)
+        throw Error("output shape " + layer->output_shape().str() + " is empty or has more than 2^30 values");
+      int64_t count = 0;
+      for (const ParamSpec& p : layer->parameters()) {
+        const int64_t n = bounded_product(p.shape, kMaxParameters);
+        if (n < 0 || (count += n) > kMaxParameters - result.model.num_parameters())
+          throw Error("the model would have more than 2^28 parameters");
+      }
+      result.model.add(layer);
     } catch (const Error& e) {
       throw Error(where + " (" + kind + "): " + e.what());
     } catch (const std::exception& e) {  // a plugin's layer may throw anything

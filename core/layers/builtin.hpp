@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <type_traits>
 
 namespace polyprobe {
 
@@ -28,12 +29,21 @@ void register_cheri_block(LayerFactory& factory);
 template <class T>
 T attr_or(const nlohmann::json& attrs, const char* kind, const char* name, T fallback) {
   if (!attrs.is_object() || !attrs.contains(name)) return fallback;
-  try {
-    return attrs.at(name).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(std::string("layer '") + kind + "': attribute '" + name + "' has the wrong type (" +
-                attrs.at(name).dump() + ")");
+  const nlohmann::json& value = attrs.at(name);
+  // nlohmann converts between number kinds silently (2.5 -> 2); an attribute must be exact.
+  bool fits = true;
+  if constexpr (std::is_same_v<T, bool>) fits = value.is_boolean();
+  else if constexpr (std::is_integral_v<T>) fits = value.is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>) fits = value.is_number();
+  else fits = value.is_string();
+  if (fits) {
+    try {
+      return value.get<T>();
+    } catch (const nlohmann::json::exception&) {
+    }
   }
+  throw Error(std::string("layer '") + kind + "': attribute '" + name + "' has the wrong type (" +
+              value.dump() + ")");
 }
 
 template <class T>

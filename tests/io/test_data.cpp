@@ -9,6 +9,7 @@
 
 #include <zlib.h>
 
+#include <cstdlib>
 #include <set>
 
 namespace polyprobe {
@@ -124,6 +125,22 @@ TEST_CASE("the embedded digits data set", "[io][data]") {
   const Dataset file = read_csv(std::filesystem::path(POLYPROBE_DATA_DIR) / "digits.csv.gz");
   CHECK(file.features == digits.features);
   CHECK(file.labels == digits.labels);
+}
+
+TEST_CASE("Fashion-MNIST from Debian's package, when installed", "[io][data][fashion]") {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") &&
+      std::getenv("POLYPROBE_FASHION_MNIST_DIR") == nullptr) {
+    WARN("dataset-fashion-mnist is not installed; skipped");
+    return;
+  }
+  // The 10,000-image test split keeps this quick; load_data reads the train split the same way.
+  const char* env = std::getenv("POLYPROBE_FASHION_MNIST_DIR");
+  const std::filesystem::path dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
+  const Dataset test = read_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz");
+  CHECK(test.size() == 10000);
+  CHECK(test.sample_shape == Shape{{1, 28, 28}});
+  CHECK(test.num_classes == 10);
+  CHECK(test.features.maxCoeff() == 255.0);
 }
 
 TEST_CASE("unknown data names say what is known", "[io][data][errors]") {

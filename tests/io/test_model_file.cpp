@@ -52,6 +52,12 @@ TEST_CASE("bad model files are errors naming the file and the place", "[io][mode
   fails(R"({"input_shape": [4], "layers": [{"kind": "relu"}], "l2": -1})", "l2");
   fails(R"({"input_shape": [4], "layers": [{"kind": "relu"}], "dtype": "int8"})", "m.json");
   fails(R"({"input_shape": [4], "layerz": []})", "unknown key 'layerz'");
+  fails(R"({"input_shape": [4], "layers": [{"kind": "linear", "out_features": 1000000000}]})",
+        "larger than 2^24");
+  fails(R"({"input_shape": [16384, 16384], "layers": [{"kind": "linear", "out_features": 16384}]})",
+        "2^28 parameters");
+  fails(R"({"input_shape": [4], "layers": [{"kind": "linear", "out_features": 2.5}]})",
+        "wrong type");
   fails(R"({"input_shape": [4], "layers": [{"kind": "relu"}], "polyprobe_model": 2})", "version");
 }
 
