@@ -22,7 +22,8 @@ void check_attribute_names(const nlohmann::json& attrs, const char* kind,
   if (!attrs.is_object())
     throw Error(std::string("layer '") + kind + "': attributes must be a JSON object, got " +
                 attrs.dump());
-  for (const auto& [key, value] : attrs.items()) {
+  for (const auto& item : attrs.items()) {
+    const std::string& key = item.key();
     const bool known = std::any_of(allowed.begin(), allowed.end(),
                                    [&](const char* name) { return key == name; });
     if (!known) {
