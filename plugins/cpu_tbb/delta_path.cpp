@@ -72,6 +72,8 @@ void EvaluatorImpl<S>::build_kink_tables() {
     const int64_t in = first.in, mid = first.out, out = second.out, batch = batch_;
     table.response.resize(in * out, batch);
     table.inv_room.resize(in, batch);
+    table.room_up.resize(in, batch);
+    table.room_down.resize(in, batch);
     const Mat<S>& z = acts_t_[l + 1];  // [mid, batch], the ReLU's input
     const Eigen::Map<const Mat<S>> w_first(eff_.data() + first.offset, mid, in);
     const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
@@ -79,23 +81,32 @@ void EvaluatorImpl<S>::build_kink_tables() {
     arena_->execute([&] {
       tbb::parallel_for(tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
         Mat<S> masked(out, mid), response(out, in);
-        Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid);
+        Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
         for (int64_t b = r.begin(); b != r.end(); ++b) {
           for (int64_t j = 0; j < mid; ++j) {
             const S zj = z(j, b);
             if (zj > S(0)) masked.col(j) = w_second.col(j);
             else masked.col(j).setZero();
             inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
+            signed_inv_z(j) = zj < S(0) ? -inv_z(j) : inv_z(j);
           }
+          // A unit exactly at its kink crosses for any move: that sample is always exact.
+          const bool at_kink = (z.col(b).array() == S(0)).any();
           response.noalias() = masked * w_first;
           for (int64_t u = 0; u < in; ++u) {
             table.response.col(b).segment(u * out, out) = response.col(u);
             table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
+            ratio = weights_t_[l].row(u).array() * signed_inv_z;
+            table.room_up(u, b) = at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
+            table.room_down(u, b) = at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
           }
         }
       });
     });
     table.built = true;
+    table.cumulants.built = false;
+    if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && l + 3 == n_layers)
+      build_cumulants(table.cumulants, in, [&](int64_t u, int64_t k, int64_t b) { return table.response(u * out + k, b); });
   }
 }
 
@@ -186,6 +197,12 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
     }
   if (l2_ != 0.0 && subspace_mode_) collect_touched(c, g.particle, s);
 
+  // The losses from per-candidate means, with the regularisation.
+  auto finish = [&](const double* means) {
+    for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = means[i] + l2_term(c, g, g.begin + i, s);
+  };
+  s.row_losses.resize(static_cast<std::size_t>(n));
+
   enum class State { none, sparse, dense } state = State::none;
   Mat<S>& delta = s.delta;
   int64_t ti = 0;
@@ -195,6 +212,18 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
     if (layer.op == LayerOp::affine) {
       const auto layer_id = static_cast<int32_t>(l);
       const bool has_terms = ti < n_terms && terms[ti].layer == layer_id;
+      // One unit left to change: the logits move along one direction per sample.
+      const bool one_unit = state == State::sparse && s.units.size() == 1 && ti == n_terms;
+      if (one_unit && l + 1 == n_layers && last_layer_cumulants_.built) {
+        rank_one_losses(last_layer_cumulants_, s.units[0], s.sparse, n, -1, s.row_losses.data());
+        finish(s.row_losses.data());
+        return;
+      }
+      if (one_unit && l + 3 == n_layers && kink_[l].built && kink_[l].cumulants.built) {
+        rank_one_losses(kink_[l].cumulants, s.units[0], s.sparse, n, static_cast<int64_t>(l), s.row_losses.data());
+        finish(s.row_losses.data());
+        return;
+      }
       if (state == State::sparse && kink_[l].built && (ti == n_terms || terms[ti].layer > layer_id + 2)) {
         apply_kink(l, n, s);
         state = State::dense;
@@ -345,10 +374,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
     for (std::size_t k = 0; k < s.units.size(); ++k) s.next.row(s.units[k]) = s.sparse.row(static_cast<int64_t>(k));
     delta.swap(s.next);
   }
-  s.row_losses.resize(static_cast<std::size_t>(n));
   delta_losses(delta, n, s.row_losses.data(), s);
-  for (int64_t i = 0; i < n; ++i)
-    losses[g.begin + i] = s.row_losses[static_cast<std::size_t>(i)] + l2_term(c, g, g.begin + i, s);
+  finish(s.row_losses.data());
 }
 
 #define POLYPROBE_INSTANTIATE(S)                                                                   \

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,7 +91,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
   // hot path allocates nothing per candidate.
   struct Scratch {
     // delta path: deltas are feature-major, [features, candidates * batch]
-    Mat<S> delta, next, dense_in;
+    Mat<S> delta, next, dense_in, room;
     Mat<S> sparse;                 // [units, candidates * batch]
     std::vector<int64_t> units;
     std::vector<S> theta;          // [candidates * terms]
@@ -192,11 +193,33 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<Group> groups_;
   std::vector<Term> terms_;
   std::vector<int64_t> first_layer_candidates_;  // per layer: delta candidates starting there
+  // Cross-entropy of a rank-one logit change dl = s_b g_{u,b} (loss_kernels.cpp): per
+  // direction u and sample b, the first four cumulants of g under the incumbent's softmax,
+  // pre-divided by n!, and the spread bound M = max_k |g_k - mean|. Float32 only.
+  struct Cumulants {
+    bool built = false;
+    Mat<S> c1, c2, c3, c4, spread;  // [directions, batch]
+  };
+  void build_cumulants(Cumulants& table, int64_t directions,
+                       const std::function<S(int64_t u, int64_t k, int64_t b)>& g) const;
+  // The mean losses of n candidates whose logits change by s[i, b] g_{u,b}: g is column u
+  // of the last layer's W (kink_layer < 0) or the kink response of layer kink_layer. Samples
+  // outside the certified range, or whose ReLU units may cross a kink, are computed exactly.
+  void rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values, int64_t n,
+                       int64_t kink_layer, double* mean_losses) const;
+  // One sample's exact loss for the same change (b, s = the sample's scalar).
+  S rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const;
+  Cumulants last_layer_cumulants_;  // g = columns of the last affine layer's W
+
   // Kink tables of affine layer l (see delta_path.cpp), when built this call.
   struct KinkTable {
     bool built = false;
     Mat<S> response;   // [in_l * out_{l+2}, batch]
     Mat<S> inv_room;   // [in_l, batch]
+    // One unit u moving by s > 0 makes a ReLU unit cross iff s * room_up(u, b) >= 1 (s < 0:
+    // -s * room_down(u, b) >= 1): max_j of -W[j, u] / z_jb and of W[j, u] / z_jb.
+    Mat<S> room_up, room_down;
+    Cumulants cumulants;  // when layer l+2 is the last: g = response columns
   };
   std::vector<KinkTable> kink_;
   std::array<int64_t, kPathCount> path_candidates_{};

@@ -3,6 +3,8 @@
 // whole sample-major outputs. Sums are in double, in sample order.
 #include "evaluator_impl.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace polyprobe::cpu_tbb {
@@ -93,9 +95,134 @@ double EvaluatorImpl<S>::rows_loss(const Mat<S>& out, int64_t first_row) const {
   return sum / static_cast<double>(batch_);
 }
 
+
+// Rank-one logit changes. With dl_k = s g_k and p the incumbent's softmax of one sample,
+// the loss change is K(s) - s g_y, where K(s) = log sum_k p_k exp(s g_k) is the cumulant
+// generating function of g under p: K(s) = sum_n kappa_n s^n / n!. With M = max_k
+// |g_k - kappa_1|, K(s) - kappa_1 s is analytic for |s| < pi / (2M) and bounded by
+// A = 1 - log cos 1 + pi/2 < 3.2 on |s| = 1/M, so by Cauchy's estimate the terms past the
+// fourth sum to at most A q^5 / (1 - q) with q = |s| M. For q <= kMaxSpread = 1/80 that is
+// below 1.1e-9 per sample, far under float32's rounding of the loss (~1e-7): the series
+// is exact at float32 precision. Samples beyond it make the caller take the exact route.
+namespace {
+constexpr double kMaxSpread = 1.0 / 80.0;
+}
+
+template <class S>
+void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions,
+                                       const std::function<S(int64_t, int64_t, int64_t)>& g) const {
+  const int64_t classes = plan_.out_features, batch = batch_;
+  for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread}) m->resize(directions, batch);
+  std::vector<double> values(static_cast<std::size_t>(classes));
+  for (int64_t u = 0; u < directions; ++u)
+    for (int64_t b = 0; b < batch; ++b) {
+      double mean = 0;
+      for (int64_t k = 0; k < classes; ++k) {
+        values[static_cast<std::size_t>(k)] = static_cast<double>(g(u, k, b));
+        mean += static_cast<double>(probs_t_(k, b)) * values[static_cast<std::size_t>(k)];
+      }
+      double m2 = 0, m3 = 0, m4 = 0, spread = 0;
+      for (int64_t k = 0; k < classes; ++k) {
+        const double c = values[static_cast<std::size_t>(k)] - mean, p = static_cast<double>(probs_t_(k, b));
+        m2 += p * c * c;
+        m3 += p * c * c * c;
+        m4 += p * c * c * c * c;
+        spread = std::max(spread, std::abs(c));
+      }
+      // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
+      table.c1(u, b) = static_cast<S>(mean - values[static_cast<std::size_t>(labels_[static_cast<std::size_t>(b)])]);
+      table.c2(u, b) = static_cast<S>(m2 / 2);
+      table.c3(u, b) = static_cast<S>(m3 / 6);
+      table.c4(u, b) = static_cast<S>((m4 - 3 * m2 * m2) / 24);
+      table.spread(u, b) = static_cast<S>(spread);
+    }
+  table.built = true;
+}
+
+template <class S>
+S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const {
+  const int64_t classes = plan_.out_features;
+  S logits[64];
+  S* x = classes <= 64 ? logits : nullptr;
+  std::vector<S> heap;
+  if (x == nullptr) {
+    heap.resize(static_cast<std::size_t>(classes));
+    x = heap.data();
+  }
+  const Mat<S>& z = acts_t_.back();
+  if (kink_layer < 0) {
+    const LayerPlan& last = plan_.layers.back();
+    for (int64_t k = 0; k < classes; ++k) x[k] = z(k, b) + s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+  } else {
+    const auto l = static_cast<std::size_t>(kink_layer);
+    const KinkTable& table = kink_[l];
+    for (int64_t k = 0; k < classes; ++k) x[k] = z(k, b) + s * table.response(u * classes + k, b);
+    // ReLU units that cross their kink: exact minus linear response (as in apply_kink).
+    const Mat<S>& pre = acts_t_[l + 1];
+    const Mat<S>& post = acts_t_[l + 2];
+    const auto w_col = weights_t_[l].row(u);
+    for (int64_t j = 0; j < pre.rows(); ++j) {
+      const S dz = w_col(j) * s, v = pre(j, b) + dz;
+      if ((v > S(0)) == (pre(j, b) > S(0))) continue;
+      const S correction = (v > S(0) ? v : S(0)) - post(j, b) - (pre(j, b) > S(0) ? dz : S(0));
+      for (int64_t k = 0; k < classes; ++k) x[k] += weights_t_[l + 2](j, k) * correction;
+    }
+  }
+  return kernels::cross_entropy_row<S>(x, classes, labels_[static_cast<std::size_t>(b)]);
+}
+
+template <class S>
+void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values, int64_t n,
+                                       int64_t kink_layer, double* mean_losses) const {
+  constexpr int lanes = kLanes<S>;
+  const int64_t batch = batch_;
+  const S limit = static_cast<S>(kMaxSpread);
+  const S* c1 = table.c1.data() + u * batch;
+  const S* c2 = table.c2.data() + u * batch;
+  const S* c3 = table.c3.data() + u * batch;
+  const S* c4 = table.c4.data() + u * batch;
+  const S* spread = table.spread.data() + u * batch;
+  const KinkTable* kink = kink_layer >= 0 ? &kink_[static_cast<std::size_t>(kink_layer)] : nullptr;
+  const S* room_up = kink != nullptr ? kink->room_up.data() + u * batch : nullptr;
+  const S* room_down = kink != nullptr ? kink->room_down.data() + u * batch : nullptr;
+  // Closer than this to a kink counts as crossing (the exact route), against rounding.
+  const S kink_margin = S(0.999);
+  for (int64_t i = 0; i < n; ++i) {
+    const S* s_row = s_values.data() + i * batch;
+    Eigen::Array<double, lanes, 1> partial = Eigen::Array<double, lanes, 1>::Zero();
+    double tail = 0.0;
+    for (int64_t b = 0; b < batch; b += lanes) {
+      if (b + lanes > batch) {  // a partial packet: sample by sample, exactly
+        for (int64_t r = b; r < batch; ++r) tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
+        break;
+      }
+      const Packet<S> s = ConstPacketMap<S>(s_row + b);
+      auto outside = (s.abs() * ConstPacketMap<S>(spread + b)) > limit;
+      // K(s) - s g_y = s (kappa_1 - g_y) + kappa_2 s^2/2 + kappa_3 s^3/6 + kappa_4 s^4/24
+      // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
+      Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) +
+                       s * (ConstPacketMap<S>(c1 + b) +
+                            s * (ConstPacketMap<S>(c2 + b) + s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
+      Eigen::Array<bool, lanes, 1> exact = outside;
+      if (kink != nullptr)
+        exact = exact || (s > S(0)).select(s * ConstPacketMap<S>(room_up + b), -s * ConstPacketMap<S>(room_down + b)) >= kink_margin;
+      if (exact.any())
+        for (int lane = 0; lane < lanes; ++lane)
+          if (exact(lane)) loss(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
+      partial += loss.template cast<double>();
+    }
+    mean_losses[i] = (partial.sum() + tail) / static_cast<double>(batch);
+  }
+}
+
 #define POLYPROBE_INSTANTIATE(S)                                                                 \
   template void EvaluatorImpl<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const; \
-  template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;
+  template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;                    \
+  template void EvaluatorImpl<S>::build_cumulants(                                               \
+      Cumulants&, int64_t, const std::function<S(int64_t, int64_t, int64_t)>&) const;            \
+  template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,      \
+                                                  int64_t, int64_t, double*) const;              \
+  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE
