@@ -158,13 +158,15 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
     const KinkTable& table = kink_[l];
     for (int64_t k = 0; k < classes; ++k) x[k] = z(k, b) + s * table.response(u * classes + k, b);
     // ReLU units that cross their kink: exact minus linear response (as in apply_kink).
-    const Mat<S>& pre = acts_t_[l + 1];
-    const Mat<S>& post = acts_t_[l + 2];
-    const auto w_col = weights_t_[l].row(u);
-    for (int64_t j = 0; j < pre.rows(); ++j) {
-      const S dz = w_col(j) * s, v = pre(j, b) + dz;
-      if ((v > S(0)) == (pre(j, b) > S(0))) continue;
-      const S correction = (v > S(0) ? v : S(0)) - post(j, b) - (pre(j, b) > S(0) ? dz : S(0));
+    // Sample-major rows: contiguous over the hidden units.
+    const S* pre = acts_[l + 1].row(b).data();
+    const S* post = acts_[l + 2].row(b).data();
+    const S* w_col = weights_t_[l].row(u).data();
+    const int64_t mid = acts_[l + 1].cols();
+    for (int64_t j = 0; j < mid; ++j) {
+      const S dz = w_col[j] * s, v = pre[j] + dz;
+      if ((v > S(0)) == (pre[j] > S(0))) continue;
+      const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
       for (int64_t k = 0; k < classes; ++k) x[k] += weights_t_[l + 2](j, k) * correction;
     }
   }
