@@ -59,6 +59,16 @@ void EvaluatorImpl<S>::apply_elementwise(const LayerPlan& layer, const S* in, S*
 template <class S>
 void EvaluatorImpl<S>::build_kink_tables() {
   const std::size_t n_layers = plan_.layers.size();
+  // Cumulants of the last layer's columns, when enough candidates will change one unit
+  // feeding it (rank-one logit changes; float32 cross-entropy only).
+  last_layer_cumulants_.built = false;
+  if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && n_layers > 0 &&
+      plan_.layers.back().op == LayerOp::affine) {
+    const LayerPlan& last = plan_.layers.back();
+    int64_t users = 0;
+    for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k < n_layers; ++k) users += first_layer_candidates_[k];
+    if (users > last.in) build_cumulants(last_layer_cumulants_, last.in, eff_.data() + last.offset, 1, last.in, 0);
+  }
   for (std::size_t l = 0; l + 2 < n_layers; ++l) {
     KinkTable& table = kink_[l];
     table.built = false;
@@ -106,7 +116,7 @@ void EvaluatorImpl<S>::build_kink_tables() {
     table.built = true;
     table.cumulants.built = false;
     if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && l + 3 == n_layers)
-      build_cumulants(table.cumulants, in, [&](int64_t u, int64_t k, int64_t b) { return table.response(u * out + k, b); });
+      build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1);
   }
 }
 

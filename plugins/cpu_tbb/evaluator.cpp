@@ -231,13 +231,6 @@ void EvaluatorImpl<S>::forward_prefix() {
       sample_loss_(b) = m + std::log(total) - z(y, b);
     }
   }
-  last_layer_cumulants_.built = false;
-  const LayerPlan& last = plan_.layers.empty() ? LayerPlan{} : plan_.layers.back();
-  if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && last.op == LayerOp::affine) {
-    const S* w = eff_.data() + last.offset;
-    const int64_t in = last.in;
-    build_cumulants(last_layer_cumulants_, in, [&](int64_t u, int64_t k, int64_t) { return w[k * in + u]; });
-  }
 }
 
 template <class S>

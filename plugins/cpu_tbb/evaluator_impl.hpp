@@ -14,7 +14,6 @@
 
 #include <array>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -200,8 +199,9 @@ class EvaluatorImpl final : public CandidateEvaluator {
     bool built = false;
     Mat<S> c1, c2, c3, c4, spread;  // [directions, batch]
   };
-  void build_cumulants(Cumulants& table, int64_t directions,
-                       const std::function<S(int64_t u, int64_t k, int64_t b)>& g) const;
+  // g(u, k, b) = g[u * su + k * sk + b * sb].
+  void build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su, int64_t sk,
+                       int64_t sb) const;
   // The mean losses of n candidates whose logits change by s[i, b] g_{u,b}: g is column u
   // of the last layer's W (kink_layer < 0) or the kink response of layer kink_layer. Samples
   // outside the certified range, or whose ReLU units may cross a kink, are computed exactly.

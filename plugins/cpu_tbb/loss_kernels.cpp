@@ -109,8 +109,8 @@ constexpr double kMaxSpread = 1.0 / 80.0;
 }
 
 template <class S>
-void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions,
-                                       const std::function<S(int64_t, int64_t, int64_t)>& g) const {
+void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
+                                       int64_t sk, int64_t sb) const {
   const int64_t classes = plan_.out_features, batch = batch_;
   for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread}) m->resize(directions, batch);
   std::vector<double> values(static_cast<std::size_t>(classes));
@@ -118,7 +118,7 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions,
     for (int64_t b = 0; b < batch; ++b) {
       double mean = 0;
       for (int64_t k = 0; k < classes; ++k) {
-        values[static_cast<std::size_t>(k)] = static_cast<double>(g(u, k, b));
+        values[static_cast<std::size_t>(k)] = static_cast<double>(g[u * su + k * sk + b * sb]);
         mean += static_cast<double>(probs_t_(k, b)) * values[static_cast<std::size_t>(k)];
       }
       double m2 = 0, m3 = 0, m4 = 0, spread = 0;
@@ -220,8 +220,8 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
 #define POLYPROBE_INSTANTIATE(S)                                                                 \
   template void EvaluatorImpl<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const; \
   template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;                    \
-  template void EvaluatorImpl<S>::build_cumulants(                                               \
-      Cumulants&, int64_t, const std::function<S(int64_t, int64_t, int64_t)>&) const;            \
+  template void EvaluatorImpl<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t, \
+                                                  int64_t) const;                                \
   template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,      \
                                                   int64_t, int64_t, double*) const;              \
   template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;
