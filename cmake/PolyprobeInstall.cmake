@@ -1,6 +1,9 @@
 # `cmake --install` yields a package usable with find_package(polyprobe CONFIG): the core
 # library, the public headers, the plugin API target and the host app with its plugins.
 include(CMakePackageConfigHelpers)
+# Exported as polyprobe::core and polyprobe::plugin_api, the names used in-tree too.
+set_target_properties(polyprobe_core PROPERTIES EXPORT_NAME core)
+set_target_properties(polyprobe_plugin_api PROPERTIES EXPORT_NAME plugin_api)
 install(TARGETS polyprobe_core polyprobe_plugin_api EXPORT polyprobeTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
