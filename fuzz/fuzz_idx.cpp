@@ -11,8 +11,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const std::vector<uint8_t> bytes =
-        polyprobe::io::gunzip_if_needed(std::vector<uint8_t>(data, data + size), "fuzz.idx", 1 << 24);
+    const std::vector<uint8_t> bytes = polyprobe::io::gunzip_if_needed(
+        std::vector<uint8_t>(data, data + size), "fuzz.idx", 1 << 24);
     const polyprobe::IdxArray array = polyprobe::parse_idx(bytes, "fuzz.idx");
     size_t count = 1;
     for (int64_t d : array.dims) count *= static_cast<size_t>(d);

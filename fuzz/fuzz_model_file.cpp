@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (std::size_t i = 0; i < model.num_layers(); ++i)
       widest = std::max(widest, model.layer(i).output_shape().numel());
     if (widest <= 4096 && model.num_parameters() <= 200000 && model.num_layers() <= 16) {
-      const polyprobe::Matrix<float> x = polyprobe::Matrix<float>::Zero(2, model.input_shape().numel());
+      const polyprobe::Matrix<float> x =
+          polyprobe::Matrix<float>::Zero(2, model.input_shape().numel());
       const polyprobe::Matrix<float> y = model.forward<float>(x);
       if (y.cols() != model.output_shape().numel()) __builtin_trap();
     }

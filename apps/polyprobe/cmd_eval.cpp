@@ -48,17 +48,19 @@ int run(Context& ctx) {
   const std::string which = vm["split"].as<std::string>();
   if (which == "all") split.validation_fraction = split.test_fraction = 0.0;
   const PreparedData data = prepare_data(data_name, split, standardizer ? &*standardizer : nullptr);
-  const Dataset* chosen = which == "test"         ? &data.splits.test
-                          : which == "validation" ? &data.splits.validation
-                          : which == "train" || which == "all"
-                              ? &data.splits.train
-                              : nullptr;
+  const Dataset* chosen = which == "test"                      ? &data.splits.test
+                          : which == "validation"              ? &data.splits.validation
+                          : which == "train" || which == "all" ? &data.splits.train
+                                                               : nullptr;
   if (chosen == nullptr) throw UsageError("--split must be train, validation, test or all");
   const EvaluationResult r =
       evaluate_model(spec.model, *loss, *chosen, parse_dtype(vm["dtype"].as<std::string>()));
   if (ctx.json) {
-    *ctx.out << nlohmann::json{{"split", which}, {"samples", r.samples}, {"loss", r.loss},
-                               {"accuracy", r.accuracy}, {"loss_name", spec.loss}}
+    *ctx.out << nlohmann::json{{"split", which},
+                               {"samples", r.samples},
+                               {"loss", r.loss},
+                               {"accuracy", r.accuracy},
+                               {"loss_name", spec.loss}}
                     .dump()
              << "\n";
     return 0;
@@ -87,20 +89,19 @@ Command eval_command() {
       "  polyprobe eval --weights w.safetensors --model m.json --data my.csv --split all --json";
   c.uses_plugins = true;
   c.options = [](po::options_description& o, po::positional_options_description& p) {
-    o.add_options()
-        ("weights", po::value<std::string>()->value_name("FILE"), "weights (.safetensors)")
-        ("model", po::value<std::string>()->value_name("FILE"),
-         "model file (default: the weights file with .json)")
-        ("data", po::value<std::string>()->default_value(""),
-         "data set or file (default: the one the weights were trained on)")
-        ("split", po::value<std::string>()->default_value("test"),
-         "train, validation, test, or all (the whole data set)")
-        ("loss", po::value<std::string>(), "loss to report (default: the model file's)")
-        ("seed", po::value<int64_t>()->default_value(0), "seed of the split (as in training)")
-        ("validation-fraction", po::value<double>()->default_value(0.15), "as in training")
-        ("test-fraction", po::value<double>()->default_value(0.15), "as in training")
-        ("dtype", po::value<std::string>()->default_value("float32"), "float32 or float64")
-        ("json", po::bool_switch(), "machine-readable output");
+    o.add_options()("weights", po::value<std::string>()->value_name("FILE"),
+                    "weights (.safetensors)")("model", po::value<std::string>()->value_name("FILE"),
+                                              "model file (default: the weights file with .json)")(
+        "data", po::value<std::string>()->default_value(""),
+        "data set or file (default: the one the weights were trained on)")(
+        "split", po::value<std::string>()->default_value("test"),
+        "train, validation, test, or all (the whole data set)")(
+        "loss", po::value<std::string>(), "loss to report (default: the model file's)")(
+        "seed", po::value<int64_t>()->default_value(0), "seed of the split (as in training)")(
+        "validation-fraction", po::value<double>()->default_value(0.15), "as in training")(
+        "test-fraction", po::value<double>()->default_value(0.15), "as in training")(
+        "dtype", po::value<std::string>()->default_value("float32"), "float32 or float64")(
+        "json", po::bool_switch(), "machine-readable output");
     p.add("weights", 1);
   };
   c.run = run;

@@ -15,12 +15,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <csignal>
 #include <cstdio>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
-#include <unistd.h>
 
 namespace polyprobe::app {
 namespace {
@@ -34,14 +34,13 @@ extern "C" void request_stop(int) {
 
 // The default model: flatten, one hidden ReLU layer, one output per class.
 ModelFile default_model(const Dataset& data, const LayerFactory& factory, int64_t hidden) {
-  const nlohmann::json doc = {
-      {"polyprobe_model", 1},
-      {"input_shape", data.sample_shape.dims},
-      {"layers",
-       {{{"kind", "flatten"}},
-        {{"kind", "linear"}, {"out_features", hidden}},
-        {{"kind", "relu"}},
-        {{"kind", "linear"}, {"out_features", data.num_classes}}}}};
+  const nlohmann::json doc = {{"polyprobe_model", 1},
+                              {"input_shape", data.sample_shape.dims},
+                              {"layers",
+                               {{{"kind", "flatten"}},
+                                {{"kind", "linear"}, {"out_features", hidden}},
+                                {{"kind", "relu"}},
+                                {{"kind", "linear"}, {"out_features", data.num_classes}}}}};
   return parse_model_file(doc.dump(), "the default MLP", factory);
 }
 
@@ -70,7 +69,8 @@ OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_step
 // Progress on stderr: a redrawn bar on a terminal, a line per epoch otherwise.
 class ProgressDisplay {
  public:
-  ProgressDisplay(std::ostream& err, bool quiet) : err_(err), quiet_(quiet), tty_(isatty(STDERR_FILENO)) {}
+  ProgressDisplay(std::ostream& err, bool quiet)
+      : err_(err), quiet_(quiet), tty_(isatty(STDERR_FILENO)) {}
   void update(const TrainProgress& p) {
     if (quiet_) return;
     const int64_t total = std::max<int64_t>(p.epochs * p.steps_per_epoch, 1);
@@ -136,15 +136,18 @@ int run(Context& ctx) {
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
-  if (vm.count("checkpoint")) options.checkpoint_path = vm["checkpoint"].as<std::string>();
-  else if (!save.empty()) options.checkpoint_path = save.string() + ".ckpt";
+  if (vm.count("checkpoint"))
+    options.checkpoint_path = vm["checkpoint"].as<std::string>();
+  else if (!save.empty())
+    options.checkpoint_path = save.string() + ".ckpt";
   options.resume = vm["resume"].as<bool>();
   if (options.resume && options.checkpoint_path.empty())
     throw UsageError("--resume needs --save FILE (its FILE.ckpt) or --checkpoint FILE");
   const EvaluatorRequest request = evaluator_request(ctx);
   options.dtype = request.options.dtype;
 
-  const int64_t steps_per_epoch = (splits.train.size() + options.batch_size - 1) / options.batch_size;
+  const int64_t steps_per_epoch =
+      (splits.train.size() + options.batch_size - 1) / options.batch_size;
   PolytopeOptimizer optimizer(model, optimizer_config(vm, options.epochs * steps_per_epoch, seed));
   Selection selection;
   auto evaluator = ctx.registry.make_evaluator(model, *loss, request, &selection);
@@ -218,48 +221,53 @@ Command train_command() {
       "validation state is restored at the end. The last line is the test accuracy.\n\n"
       "examples:\n"
       "  polyprobe train\n"
-      "  polyprobe train --model examples/models/step_mlp.json --epochs 20 --save step.safetensors\n"
-      "  polyprobe train --data fashion-mnist --model examples/models/binary_mlp.json --metrics m.jsonl\n"
+      "  polyprobe train --model examples/models/step_mlp.json --epochs 20 --save "
+      "step.safetensors\n"
+      "  polyprobe train --data fashion-mnist --model examples/models/binary_mlp.json --metrics "
+      "m.jsonl\n"
       "  polyprobe train --save run.safetensors --resume   # continue after Ctrl-C\n"
       "  polyprobe eval --weights run.safetensors";
   c.options = [](po::options_description& o, po::positional_options_description&) {
-    o.add_options()
-        ("data", po::value<std::string>()->default_value("digits"),
-         "data set: digits (embedded), fashion-mnist, a .csv/.csv.gz file, or an IDX images file")
-        ("model", po::value<std::string>()->value_name("FILE"),
-         "JSON model file (docs/models.md); default: flatten, linear(--hidden), relu, linear")
-        ("hidden", po::value<int64_t>()->default_value(32), "hidden units of the default MLP")
-        ("loss", po::value<std::string>(),
-         "cross_entropy, mse, hinge or zero_one (default: the model file's, else cross_entropy)")
-        ("l2", po::value<double>(), "weight of l2 * |theta|^2 in the objective")
-        ("epochs", po::value<int64_t>()->default_value(20), "passes over the training split")
-        ("batch", po::value<int64_t>()->default_value(128), "minibatch size")
-        ("seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")
-        ("patience", po::value<int64_t>()->default_value(0),
-         "stop after this many epochs without validation gain (0: never)")
-        ("time-limit", po::value<double>()->default_value(0), "stop after this many seconds (0: none)")
-        ("validation-fraction", po::value<double>()->default_value(0.15),
-         "share of the training data held out for validation")
-        ("test-fraction", po::value<double>()->default_value(0.15),
-         "share held out for testing (data sets without their own test split)")
-        ("metrics", po::value<std::string>()->value_name("FILE"),
-         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")
-        ("save", po::value<std::string>()->value_name("FILE"),
-         "write the trained weights to FILE (safetensors) and the model file beside it "
-         "(FILE with .json); checkpoints go to FILE.ckpt")
-        ("checkpoint", po::value<std::string>()->value_name("FILE"),
-         "checkpoint file (default: the --save file + .ckpt), written after every epoch")
-        ("resume", po::bool_switch(), "continue from the checkpoint")
-        ("step-radius", po::value<double>()->default_value(2.0), "optimizer step radius")
-        ("probe-radius", po::value<double>()->default_value(2.0), "optimizer probe radius")
-        ("epsilon", po::value<double>()->default_value(0.3), "radius scale (and OT temperature)")
-        ("epsilon-final", po::value<double>()->default_value(0.02), "final epsilon (linear, cosine)")
-        ("schedule", po::value<std::string>()->default_value("cosine"),
-         "epsilon schedule: constant, linear, cosine, progressive, power")
-        ("radius-model", po::value<std::string>()->default_value("quadratic"),
-         "fixed, adaptive or quadratic (trust_region needs the manual step API)")
-        ("polytope", po::value<std::string>()->default_value("simplex"), "simplex, orthoplex or cube")
-        ("particle-dim", po::value<int>()->default_value(2), "coordinates per particle");
+    o.add_options()(
+        "data", po::value<std::string>()->default_value("digits"),
+        "data set: digits (embedded), fashion-mnist, a .csv/.csv.gz file, or an IDX images file")(
+        "model", po::value<std::string>()->value_name("FILE"),
+        "JSON model file (docs/models.md); default: flatten, linear(--hidden), relu, linear")(
+        "hidden", po::value<int64_t>()->default_value(32), "hidden units of the default MLP")(
+        "loss", po::value<std::string>(),
+        "cross_entropy, mse, hinge or zero_one (default: the model file's, else cross_entropy)")(
+        "l2", po::value<double>(), "weight of l2 * |theta|^2 in the objective")(
+        "epochs", po::value<int64_t>()->default_value(20), "passes over the training split")(
+        "batch", po::value<int64_t>()->default_value(128), "minibatch size")(
+        "seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")(
+        "patience", po::value<int64_t>()->default_value(0),
+        "stop after this many epochs without validation gain (0: never)")(
+        "time-limit", po::value<double>()->default_value(0),
+        "stop after this many seconds (0: none)")(
+        "validation-fraction", po::value<double>()->default_value(0.15),
+        "share of the training data held out for validation")(
+        "test-fraction", po::value<double>()->default_value(0.15),
+        "share held out for testing (data sets without their own test split)")(
+        "metrics", po::value<std::string>()->value_name("FILE"),
+        "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")(
+        "save", po::value<std::string>()->value_name("FILE"),
+        "write the trained weights to FILE (safetensors) and the model file beside it "
+        "(FILE with .json); checkpoints go to FILE.ckpt")(
+        "checkpoint", po::value<std::string>()->value_name("FILE"),
+        "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
+        "resume", po::bool_switch(), "continue from the checkpoint")(
+        "step-radius", po::value<double>()->default_value(2.0), "optimizer step radius")(
+        "probe-radius", po::value<double>()->default_value(2.0), "optimizer probe radius")(
+        "epsilon", po::value<double>()->default_value(0.3), "radius scale (and OT temperature)")(
+        "epsilon-final", po::value<double>()->default_value(0.02),
+        "final epsilon (linear, cosine)")(
+        "schedule", po::value<std::string>()->default_value("cosine"),
+        "epsilon schedule: constant, linear, cosine, progressive, power")(
+        "radius-model", po::value<std::string>()->default_value("quadratic"),
+        "fixed, adaptive or quadratic (trust_region needs the manual step API)")(
+        "polytope", po::value<std::string>()->default_value("simplex"),
+        "simplex, orthoplex or cube")("particle-dim", po::value<int>()->default_value(2),
+                                      "coordinates per particle");
     add_backend_options(o);
   };
   c.run = run;

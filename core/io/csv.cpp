@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <charconv>
-#include <optional>
 #include <cmath>
+#include <optional>
 
 namespace polyprobe {
 namespace {
@@ -21,8 +21,10 @@ std::vector<std::string_view> split_fields(std::string_view line) {
   std::size_t start = 0;
   while (true) {
     const std::size_t comma = line.find(',', start);
-    std::string_view field = line.substr(start, comma == std::string_view::npos ? line.npos : comma - start);
-    while (!field.empty() && (field.front() == ' ' || field.front() == '\t')) field.remove_prefix(1);
+    std::string_view field =
+        line.substr(start, comma == std::string_view::npos ? line.npos : comma - start);
+    while (!field.empty() && (field.front() == ' ' || field.front() == '\t'))
+      field.remove_prefix(1);
     while (!field.empty() && (field.back() == ' ' || field.back() == '\t')) field.remove_suffix(1);
     fields.push_back(field);
     if (comma == std::string_view::npos) break;
@@ -78,7 +80,8 @@ Dataset parse_csv(std::string_view text, const std::string& source) {
       // A header. scikit-learn's form: n_samples, n_features, then the class names.
       const auto samples = parse_number(fields[0]);
       const auto features = fields.size() > 1 ? parse_number(fields[1]) : std::nullopt;
-      if (samples && features && *samples >= 0 && *features >= 1 && *samples < 1e12 && *features < 1e9) {
+      if (samples && features && *samples >= 0 && *features >= 1 && *samples < 1e12 &&
+          *features < 1e9) {
         declared_samples = static_cast<int64_t>(*samples);
         columns = static_cast<int64_t>(*features) + 1;
         declared_classes = static_cast<int64_t>(fields.size()) - 2;
@@ -122,8 +125,8 @@ Dataset parse_csv(std::string_view text, const std::string& source) {
 
 Dataset read_csv(const std::filesystem::path& path) {
   const std::vector<uint8_t> bytes = io::read_maybe_gzip(path, kMaxCsvBytes);
-  Dataset data = parse_csv(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                           path.string());
+  Dataset data = parse_csv(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string());
   data.name = path.filename().string();
   return data;
 }

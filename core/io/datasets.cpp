@@ -36,7 +36,8 @@ fs::path labels_beside(const fs::path& images) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
@@ -75,8 +76,8 @@ Dataset embedded_digits() {
   const std::span<const uint8_t> gz = io::embedded_digits_csv_gz();
   const std::vector<uint8_t> text =
       io::gunzip_if_needed(std::vector<uint8_t>(gz.begin(), gz.end()), "embedded digits", 1 << 24);
-  Dataset data = parse_csv(std::string_view(reinterpret_cast<const char*>(text.data()), text.size()),
-                           "embedded digits");
+  Dataset data = parse_csv(
+      std::string_view(reinterpret_cast<const char*>(text.data()), text.size()), "embedded digits");
   data.name = "digits";
   data.sample_shape = Shape{{1, 8, 8}};
   return data;
@@ -92,17 +93,20 @@ LoadedData load_data(const std::string& name_or_path) {
       throw Error("Fashion-MNIST is not installed in " + dir.string() +
                   ": install Debian's package dataset-fashion-mnist (apt-get install "
                   "dataset-fashion-mnist) or set POLYPROBE_FASHION_MNIST_DIR");
-    LoadedData data{read_idx(dir / "train-images-idx3-ubyte.gz", dir / "train-labels-idx1-ubyte.gz"),
-                    read_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz")};
+    LoadedData data{
+        read_idx(dir / "train-images-idx3-ubyte.gz", dir / "train-labels-idx1-ubyte.gz"),
+        read_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz")};
     data.train.name = "fashion-mnist";
     data.test->name = "fashion-mnist/test";
-    data.test->num_classes = data.train.num_classes = std::max(data.train.num_classes, data.test->num_classes);
+    data.test->num_classes = data.train.num_classes =
+        std::max(data.train.num_classes, data.test->num_classes);
     return data;
   }
   const fs::path path(name_or_path);
   const std::string file = path.filename().string();
   if (ends_with(file, ".csv") || ends_with(file, ".csv.gz")) return {read_csv(path), std::nullopt};
-  if (file.find("idx3") != std::string::npos) return {read_idx(path, labels_beside(path)), std::nullopt};
+  if (file.find("idx3") != std::string::npos)
+    return {read_idx(path, labels_beside(path)), std::nullopt};
   std::string known;
   for (const auto& k : known_datasets()) known += (known.empty() ? "" : ", ") + k;
   throw Error("unknown data '" + name_or_path + "': use a known name (" + known +
@@ -154,8 +158,9 @@ void Standardizer::apply(Dataset& data) const {
   if (data.features.cols() != mean.size())
     throw Error("data '" + data.name + "' has " + std::to_string(data.features.cols()) +
                 " features, the standardiser was fitted on " + std::to_string(mean.size()));
-  data.features = ((data.features.rowwise() - mean.transpose()).array().rowwise() /
-                   scale.transpose().array()).matrix();
+  data.features =
+      ((data.features.rowwise() - mean.transpose()).array().rowwise() / scale.transpose().array())
+          .matrix();
 }
 
 std::string Standardizer::to_text() const {
@@ -175,7 +180,8 @@ Standardizer Standardizer::from_text(const std::string& text, const std::string&
       if (!std::isfinite(mean[i]) || !(scale[i] > 0) || !std::isfinite(scale[i]))
         throw Error("entry " + std::to_string(i) + " is not finite or its scale is not positive");
     s.mean = Eigen::Map<const Vector<double>>(mean.data(), static_cast<Eigen::Index>(mean.size()));
-    s.scale = Eigen::Map<const Vector<double>>(scale.data(), static_cast<Eigen::Index>(scale.size()));
+    s.scale =
+        Eigen::Map<const Vector<double>>(scale.data(), static_cast<Eigen::Index>(scale.size()));
   } catch (const std::exception& e) {
     throw Error("'" + source + "': invalid standardisation statistics: " + e.what());
   }
@@ -186,7 +192,8 @@ PreparedData prepare_data(const std::string& name_or_path, const SplitOptions& o
                           const Standardizer* fixed) {
   PreparedData prepared{split_data(load_data(name_or_path), options), {}};
   prepared.standardizer = fixed != nullptr ? *fixed : Standardizer::fit(prepared.splits.train);
-  for (Dataset* split : {&prepared.splits.train, &prepared.splits.validation, &prepared.splits.test})
+  for (Dataset* split :
+       {&prepared.splits.train, &prepared.splits.validation, &prepared.splits.test})
     if (split->size() > 0) prepared.standardizer.apply(*split);
   return prepared;
 }
@@ -201,7 +208,8 @@ Batch to_batch(const Dataset& data) {
 MinibatchStream::MinibatchStream(const Dataset& data, int64_t batch_size, uint64_t seed)
     : data_(&data), batch_size_(batch_size), seed_(seed) {
   if (batch_size <= 0) throw Error("the batch size must be positive");
-  if (data.size() == 0) throw Error("cannot draw minibatches from the empty data '" + data.name + "'");
+  if (data.size() == 0)
+    throw Error("cannot draw minibatches from the empty data '" + data.name + "'");
   shuffle();
 }
 

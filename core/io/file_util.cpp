@@ -4,18 +4,17 @@
 
 #include <zlib.h>
 
+#include <unistd.h>
 #include <fstream>
 #include <limits>
 #include <system_error>
-#include <unistd.h>
 
 namespace polyprobe::io {
 namespace fs = std::filesystem;
 
 std::vector<uint8_t> read_file_bytes(const fs::path& path, uint64_t max_bytes) {
   std::error_code ec;
-  if (fs::is_directory(path, ec))
-    throw Error("'" + path.string() + "' is a directory, not a file");
+  if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error("cannot open '" + path.string() + "' (does it exist and is it readable?)");
   file.seekg(0, std::ios::end);
@@ -40,15 +39,16 @@ std::vector<uint8_t> gunzip_if_needed(std::vector<uint8_t> bytes, const std::str
   std::vector<uint8_t> out;
   std::vector<uint8_t> chunk(1 << 16);
   stream.next_in = bytes.data();
-  stream.avail_in = static_cast<uInt>(std::min<std::size_t>(bytes.size(), std::numeric_limits<uInt>::max()));
+  stream.avail_in =
+      static_cast<uInt>(std::min<std::size_t>(bytes.size(), std::numeric_limits<uInt>::max()));
   int status = Z_OK;
   while (status != Z_STREAM_END) {
     stream.next_out = chunk.data();
     stream.avail_out = static_cast<uInt>(chunk.size());
     status = inflate(&stream, Z_NO_FLUSH);
     if (status != Z_OK && status != Z_STREAM_END) {
-      const std::string why = status == Z_BUF_ERROR ? "it is truncated"
-                                                    : (stream.msg ? stream.msg : "corrupt data");
+      const std::string why =
+          status == Z_BUF_ERROR ? "it is truncated" : (stream.msg ? stream.msg : "corrupt data");
       inflateEnd(&stream);
       throw Error("'" + source + "' is not a valid gzip file: " + why + " (at compressed byte " +
                   std::to_string(stream.total_in) + ")");
@@ -87,8 +87,9 @@ void write_file_atomically(const fs::path& path, const std::function<void(std::o
       if (!file) throw Error("writing '" + temporary.string() + "' failed (disk full?)");
     }
     fs::rename(temporary, target, ec);
-    if (ec) throw Error("cannot rename '" + temporary.string() + "' to '" + target.string() + "': " +
-                        ec.message());
+    if (ec)
+      throw Error("cannot rename '" + temporary.string() + "' to '" + target.string() +
+                  "': " + ec.message());
   } catch (...) {
     fs::remove(temporary, ec);
     throw;

@@ -22,20 +22,31 @@ uint64_t big_endian(const uint8_t* p, std::size_t bytes) {
 // Size in bytes of one value of IDX type `code`, or 0 when the code is unknown.
 std::size_t type_size(uint8_t code) {
   switch (code) {
-    case 0x08: case 0x09: return 1;  // unsigned / signed byte
-    case 0x0B: return 2;             // int16
-    case 0x0C: case 0x0D: return 4;  // int32 / float32
-    case 0x0E: return 8;             // float64
-    default: return 0;
+    case 0x08:
+    case 0x09:
+      return 1;  // unsigned / signed byte
+    case 0x0B:
+      return 2;  // int16
+    case 0x0C:
+    case 0x0D:
+      return 4;  // int32 / float32
+    case 0x0E:
+      return 8;  // float64
+    default:
+      return 0;
   }
 }
 
 double decode(const uint8_t* p, uint8_t code) {
   switch (code) {
-    case 0x08: return p[0];
-    case 0x09: return static_cast<int8_t>(p[0]);
-    case 0x0B: return static_cast<int16_t>(big_endian(p, 2));
-    case 0x0C: return static_cast<int32_t>(big_endian(p, 4));
+    case 0x08:
+      return p[0];
+    case 0x09:
+      return static_cast<int8_t>(p[0]);
+    case 0x0B:
+      return static_cast<int16_t>(big_endian(p, 2));
+    case 0x0C:
+      return static_cast<int32_t>(big_endian(p, 4));
     case 0x0D: {
       const auto bits = static_cast<uint32_t>(big_endian(p, 4));
       float f;
@@ -55,12 +66,14 @@ double decode(const uint8_t* p, uint8_t code) {
 
 IdxArray parse_idx(std::span<const uint8_t> bytes, const std::string& source) {
   if (bytes.size() < 4 || bytes[0] != 0 || bytes[1] != 0)
-    throw Error("'" + source + "' is not an IDX file: it must start with two zero bytes, a type "
+    throw Error("'" + source +
+                "' is not an IDX file: it must start with two zero bytes, a type "
                 "and a rank (offset 0)");
   const uint8_t code = bytes[2];
   const std::size_t item = type_size(code);
   if (item == 0)
-    throw Error("'" + source + "': unknown IDX value type 0x" + std::to_string(code) + " at offset 2");
+    throw Error("'" + source + "': unknown IDX value type 0x" + std::to_string(code) +
+                " at offset 2");
   const std::size_t rank = bytes[3];
   if (rank == 0) throw Error("'" + source + "': IDX rank 0 at offset 3 (no dimensions)");
   const std::size_t header = 4 + 4 * rank;
@@ -94,9 +107,12 @@ IdxArray parse_idx(std::span<const uint8_t> bytes, const std::string& source) {
   return array;
 }
 
-Dataset read_idx(const std::filesystem::path& images_path, const std::filesystem::path& labels_path) {
-  const IdxArray images = parse_idx(io::read_maybe_gzip(images_path, kMaxIdxBytes), images_path.string());
-  const IdxArray labels = parse_idx(io::read_maybe_gzip(labels_path, kMaxIdxBytes), labels_path.string());
+Dataset read_idx(const std::filesystem::path& images_path,
+                 const std::filesystem::path& labels_path) {
+  const IdxArray images =
+      parse_idx(io::read_maybe_gzip(images_path, kMaxIdxBytes), images_path.string());
+  const IdxArray labels =
+      parse_idx(io::read_maybe_gzip(labels_path, kMaxIdxBytes), labels_path.string());
   if (labels.dims.size() != 1)
     throw Error("'" + labels_path.string() + "': labels must be a 1-D IDX array, got rank " +
                 std::to_string(labels.dims.size()));
@@ -109,7 +125,8 @@ Dataset read_idx(const std::filesystem::path& images_path, const std::filesystem
   data.name = images_path.filename().string();
   // Images [n, H, W] become [1, H, W] samples (one channel), ready for conv2d.
   data.sample_shape.dims.assign(images.dims.begin() + 1, images.dims.end());
-  if (data.sample_shape.dims.size() == 2) data.sample_shape.dims.insert(data.sample_shape.dims.begin(), 1);
+  if (data.sample_shape.dims.size() == 2)
+    data.sample_shape.dims.insert(data.sample_shape.dims.begin(), 1);
   if (data.sample_shape.dims.empty()) data.sample_shape.dims = {1};
   const int64_t features = static_cast<int64_t>(images.values.size()) / n;
   data.features = Eigen::Map<const Matrix<double>>(images.values.data(), n, features);

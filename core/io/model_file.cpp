@@ -24,7 +24,8 @@ constexpr int64_t kMaxParameters = int64_t{1} << 28;
 
 // Refuses integers too large for any layer attribute, anywhere in `value`.
 void check_attribute_magnitudes(const nlohmann::json& value, const std::string& where) {
-  if (value.is_number_integer() && std::abs(value.get<double>()) > static_cast<double>(kMaxAttributeInteger))
+  if (value.is_number_integer() &&
+      std::abs(value.get<double>()) > static_cast<double>(kMaxAttributeInteger))
     throw Error(where + ": attribute value " + value.dump() + " is larger than 2^24");
   if (value.is_structured())
     for (const auto& item : value) check_attribute_magnitudes(item, where);
@@ -43,9 +44,11 @@ int64_t bounded_product(const std::vector<int64_t>& dims, int64_t limit) {
 // "line L, column C" of byte offset `position` (1-based, as editors count).
 std::string text_position(std::string_view text, std::size_t position) {
   position = std::min(position, text.size());
-  const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(position), '\n');
+  const auto line =
+      1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(position), '\n');
   const std::size_t line_start = text.rfind('\n', position == 0 ? 0 : position - 1);
-  const std::size_t column = line_start == std::string_view::npos ? position : position - line_start - 1;
+  const std::size_t column =
+      line_start == std::string_view::npos ? position : position - line_start - 1;
   return "line " + std::to_string(line) + ", column " + std::to_string(column + 1);
 }
 
@@ -75,20 +78,21 @@ ModelFile parse_model_file(std::string_view text, const std::string& source,
   try {
     doc = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
-    throw Error("'" + source + "': JSON syntax error at " + text_position(text, e.byte == 0 ? 0 : e.byte - 1) +
-                ": " + e.what());
+    throw Error("'" + source + "': JSON syntax error at " +
+                text_position(text, e.byte == 0 ? 0 : e.byte - 1) + ": " + e.what());
   } catch (const nlohmann::json::exception& e) {
     throw Error("'" + source + "': invalid JSON: " + e.what());
   }
   if (!doc.is_object()) throw Error("'" + source + "': a model file is a JSON object");
   static const char* const kKeys[] = {"polyprobe_model", "input_shape", "dtype", "loss", "l2",
-                                      "layers", "description"};
+                                      "layers",          "description"};
   for (const auto& [key, value] : doc.items())
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys))
-      throw Error("'" + source + "': unknown key '" + key +
-                  "' (allowed: polyprobe_model, input_shape, dtype, loss, l2, layers, description)");
-  if (doc.contains("polyprobe_model") &&
-      (!doc["polyprobe_model"].is_number_integer() || doc["polyprobe_model"].get<int64_t>() != kFormatVersion))
+      throw Error(
+          "'" + source + "': unknown key '" + key +
+          "' (allowed: polyprobe_model, input_shape, dtype, loss, l2, layers, description)");
+  if (doc.contains("polyprobe_model") && (!doc["polyprobe_model"].is_number_integer() ||
+                                          doc["polyprobe_model"].get<int64_t>() != kFormatVersion))
     throw Error("'" + source + "': polyprobe_model must be 1 (the only format version)");
   if (!doc.contains("input_shape")) throw Error("'" + source + "': missing input_shape");
   const Shape input = parse_input_shape(doc["input_shape"], source);
@@ -121,7 +125,8 @@ ModelFile parse_model_file(std::string_view text, const std::string& source,
     try {
       const auto layer = factory.create(kind, attrs, result.model.output_shape());
       if (bounded_product(layer->output_shape().dims, kMaxSampleValues) < 1)
-        throw Error("output shape " + layer->output_shape().str() + " is empty or has more than 2^30 values");
+        throw Error("output shape " + layer->output_shape().str() +
+                    " is empty or has more than 2^30 values");
       int64_t count = 0;
       for (const ParamSpec& p : layer->parameters()) {
         const int64_t n = bounded_product(p.shape, kMaxParameters);
@@ -141,8 +146,9 @@ ModelFile parse_model_file(std::string_view text, const std::string& source,
 
 ModelFile read_model_file(const std::filesystem::path& path, const LayerFactory& factory) {
   const std::vector<uint8_t> bytes = io::read_file_bytes(path, kMaxModelFileBytes);
-  return parse_model_file(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                          path.string(), factory);
+  return parse_model_file(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path.string(),
+      factory);
 }
 
 nlohmann::ordered_json model_file_json(const Model& model, const std::string& loss, double l2) {

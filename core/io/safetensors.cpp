@@ -68,8 +68,7 @@ double decode(const uint8_t* p, const std::string& dtype) {
   return half_to_float(h);
 }
 
-int64_t checked_numel(const std::vector<int64_t>& shape, uint64_t limit,
-                      const std::string& where) {
+int64_t checked_numel(const std::vector<int64_t>& shape, uint64_t limit, const std::string& where) {
   uint64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) throw Error(where + ": negative dimension in shape");
@@ -172,13 +171,15 @@ TensorFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& 
       throw Error("'" + source + "': tensors '" + ranges[i - 1].name + "' and '" + ranges[i].name +
                   "' overlap (data offset " + std::to_string(ranges[i].begin) + ")");
   // Data order, as the file stores it (JSON objects do not keep an order).
-  std::sort(file.tensors.begin(), file.tensors.end(), [&](const NamedTensor& a, const NamedTensor& b) {
-    const auto pos = [&](const std::string& n) {
-      return std::find_if(ranges.begin(), ranges.end(), [&](const Range& r) { return r.name == n; })
-          ->begin;
-    };
-    return pos(a.name) < pos(b.name);
-  });
+  std::sort(file.tensors.begin(), file.tensors.end(),
+            [&](const NamedTensor& a, const NamedTensor& b) {
+              const auto pos = [&](const std::string& n) {
+                return std::find_if(ranges.begin(), ranges.end(),
+                                    [&](const Range& r) { return r.name == n; })
+                    ->begin;
+              };
+              return pos(a.name) < pos(b.name);
+            });
   return file;
 }
 
@@ -225,7 +226,8 @@ std::vector<uint8_t> serialize_safetensors(const TensorFile& file) {
 void write_safetensors(const std::filesystem::path& path, const TensorFile& file) {
   const std::vector<uint8_t> bytes = serialize_safetensors(file);
   io::write_file_atomically(path, [&](std::ostream& out) {
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
   });
 }
 

@@ -25,9 +25,12 @@ class SelfAttention final : public LayerBase<SelfAttention> {
     heads_ = attr_required<int64_t>(attrs, "self_attention", "num_heads");
     bias_ = attr_or<bool>(attrs, "self_attention", "bias", true);
     const auto weighting = attr_or<std::string>(attrs, "self_attention", "attention", "softmax");
-    if (weighting == "softmax") weighting_ = Weighting::softmax;
-    else if (weighting == "argmax") weighting_ = Weighting::argmax;
-    else throw Error("layer 'self_attention': attention must be \"softmax\" or \"argmax\"");
+    if (weighting == "softmax")
+      weighting_ = Weighting::softmax;
+    else if (weighting == "argmax")
+      weighting_ = Weighting::argmax;
+    else
+      throw Error("layer 'self_attention': attention must be \"softmax\" or \"argmax\"");
     if (heads_ <= 0 || embed_ % heads_ != 0)
       throw Error("layer 'self_attention': num_heads (" + std::to_string(heads_) +
                   ") must be positive and divide the embedding size " + std::to_string(embed_));
@@ -76,8 +79,9 @@ class SelfAttention final : public LayerBase<SelfAttention> {
       Eigen::Map<const Matrix<S>> tokens(layers::sample_in(x, b), length_, embed_);
       qkv.noalias() = tokens * in_weight.transpose();
       if (bias_)
-        qkv.rowwise() += Eigen::Map<const Vector<S>>(params.data() + 3 * embed_ * embed_,
-                                                     3 * embed_).transpose();
+        qkv.rowwise() +=
+            Eigen::Map<const Vector<S>>(params.data() + 3 * embed_ * embed_, 3 * embed_)
+                .transpose();
       for (int64_t h = 0; h < heads_; ++h) {
         const auto q = qkv.middleCols(h * head_dim, head_dim);
         const auto k = qkv.middleCols(embed_ + h * head_dim, head_dim);

@@ -24,8 +24,8 @@ void check_attribute_names(const nlohmann::json& attrs, const char* kind,
                 attrs.dump());
   for (const auto& item : attrs.items()) {
     const std::string& key = item.key();
-    const bool known = std::any_of(allowed.begin(), allowed.end(),
-                                   [&](const char* name) { return key == name; });
+    const bool known =
+        std::any_of(allowed.begin(), allowed.end(), [&](const char* name) { return key == name; });
     if (!known) {
       std::string names;
       for (const char* name : allowed) names += (names.empty() ? "" : ", ") + std::string(name);

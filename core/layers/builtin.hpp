@@ -32,10 +32,14 @@ T attr_or(const nlohmann::json& attrs, const char* kind, const char* name, T fal
   const nlohmann::json& value = attrs.at(name);
   // nlohmann converts between number kinds silently (2.5 -> 2); an attribute must be exact.
   bool fits = true;
-  if constexpr (std::is_same_v<T, bool>) fits = value.is_boolean();
-  else if constexpr (std::is_integral_v<T>) fits = value.is_number_integer();
-  else if constexpr (std::is_floating_point_v<T>) fits = value.is_number();
-  else fits = value.is_string();
+  if constexpr (std::is_same_v<T, bool>)
+    fits = value.is_boolean();
+  else if constexpr (std::is_integral_v<T>)
+    fits = value.is_number_integer();
+  else if constexpr (std::is_floating_point_v<T>)
+    fits = value.is_number();
+  else
+    fits = value.is_string();
   if (fits) {
     try {
       return value.get<T>();

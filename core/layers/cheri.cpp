@@ -62,8 +62,8 @@ class CheriBlock final : public LayerBase<CheriBlock> {
   void forward_impl(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {
     const S* taps = params.data();
     Eigen::Map<const Matrix<S>> fc1(params.data() + 3 * channels_, hidden_, channels_);
-    Eigen::Map<const Matrix<S>> fc2(params.data() + 3 * channels_ + hidden_ * channels_,
-                                    channels_, hidden_);
+    Eigen::Map<const Matrix<S>> fc2(params.data() + 3 * channels_ + hidden_ * channels_, channels_,
+                                    hidden_);
     Matrix<S> mixed(length_, channels_), hidden(length_, hidden_);
     for (Eigen::Index b = 0; b < x.rows(); ++b) {
       Eigen::Map<const Matrix<S>> in(layers::sample_in(x, b), length_, channels_);

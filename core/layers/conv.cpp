@@ -16,14 +16,16 @@ class Conv final : public LayerBase<Conv> {
  public:
   Conv(const char* kind, int dims, const nlohmann::json& attrs, const Shape& input)
       : kind_(kind), dims_(dims), input_(input) {
-    check_attribute_names(attrs, kind, {"out_channels", "kernel_size", "stride", "padding",
-                                        "dilation", "groups", "bias"});
+    check_attribute_names(
+        attrs, kind,
+        {"out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"});
     const layers::SpatialInput in = layers::spatial_input(input, kind, dims);
     in_channels_ = in.channels;
     out_channels_ = attr_required<int64_t>(attrs, kind, "out_channels");
     groups_ = attr_or<int64_t>(attrs, kind, "groups", 1);
     bias_ = attr_or<bool>(attrs, kind, "bias", true);
-    if (out_channels_ <= 0) throw Error(std::string("layer '") + kind + "': out_channels must be positive");
+    if (out_channels_ <= 0)
+      throw Error(std::string("layer '") + kind + "': out_channels must be positive");
     if (groups_ <= 0 || in_channels_ % groups_ != 0 || out_channels_ % groups_ != 0)
       throw Error(std::string("layer '") + kind + "': groups (" + std::to_string(groups_) +
                   ") must divide in_channels (" + std::to_string(in_channels_) +
@@ -38,9 +40,13 @@ class Conv final : public LayerBase<Conv> {
     const auto spatial = [&](const std::array<int64_t, 2>& v) {
       return dims_ == 1 ? nlohmann::json(v[1]) : nlohmann::json(v);
     };
-    return {{"out_channels", out_channels_}, {"kernel_size", spatial(window_.kernel)},
-            {"stride", spatial(window_.stride)}, {"padding", spatial(window_.padding)},
-            {"dilation", spatial(window_.dilation)}, {"groups", groups_}, {"bias", bias_}};
+    return {{"out_channels", out_channels_},
+            {"kernel_size", spatial(window_.kernel)},
+            {"stride", spatial(window_.stride)},
+            {"padding", spatial(window_.padding)},
+            {"dilation", spatial(window_.dilation)},
+            {"groups", groups_},
+            {"bias", bias_}};
   }
   const Shape& input_shape() const override { return input_; }
   const Shape& output_shape() const override { return output_; }
@@ -84,7 +90,9 @@ class Conv final : public LayerBase<Conv> {
   }
 
  private:
-  int64_t patch_size() const { return in_channels_ / groups_ * window_.kernel[0] * window_.kernel[1]; }
+  int64_t patch_size() const {
+    return in_channels_ / groups_ * window_.kernel[0] * window_.kernel[1];
+  }
 
   // columns[(c, ki, kj), (oi, oj)] = input[c, oi*s + ki*d - p, oj*s + kj*d - p] or 0 (padding).
   template <class S>

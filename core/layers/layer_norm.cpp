@@ -29,8 +29,10 @@ class LayerNorm final : public LayerBase<LayerNorm> {
 
   std::string kind() const override { return "layer_norm"; }
   nlohmann::json attributes() const override {
-    return {{"normalized_dims", normalized_dims_}, {"elementwise_affine", affine_},
-            {"bias", bias_}, {"eps", eps_}};
+    return {{"normalized_dims", normalized_dims_},
+            {"elementwise_affine", affine_},
+            {"bias", bias_},
+            {"eps", eps_}};
   }
   const Shape& input_shape() const override { return input_; }
   const Shape& output_shape() const override { return input_; }

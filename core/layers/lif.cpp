@@ -31,7 +31,9 @@ class LeakyIntegrateFire final : public LayerBase<LeakyIntegrateFire> {
 
   std::string kind() const override { return "lif"; }
   nlohmann::json attributes() const override {
-    return {{"steps", steps_}, {"beta", beta_}, {"threshold", threshold_},
+    return {{"steps", steps_},
+            {"beta", beta_},
+            {"threshold", threshold_},
             {"reset", reset_to_zero_ ? "zero" : "subtract"}};
   }
   const Shape& input_shape() const override { return shape_; }
@@ -77,13 +79,12 @@ class LeakyIntegrateFire final : public LayerBase<LeakyIntegrateFire> {
 }  // namespace
 
 void register_lif(LayerFactory& factory) {
-  factory.add("lif",
-              {[](const nlohmann::json& attrs, const Shape& input) {
-                 return std::make_shared<const LeakyIntegrateFire>(attrs, input);
-               },
-               "leaky integrate-and-fire neurons, constant current over T steps, output the "
-               "firing rate (not differentiable); attributes steps, beta, threshold, reset",
-               "core"});
+  factory.add("lif", {[](const nlohmann::json& attrs, const Shape& input) {
+                        return std::make_shared<const LeakyIntegrateFire>(attrs, input);
+                      },
+                      "leaky integrate-and-fire neurons, constant current over T steps, output the "
+                      "firing rate (not differentiable); attributes steps, beta, threshold, reset",
+                      "core"});
 }
 
 }  // namespace polyprobe

@@ -31,8 +31,10 @@ std::array<int64_t, 2> spatial_attribute(const nlohmann::json& attrs, const char
   for (int64_t g : given)
     if (g < minimum || g > (int64_t{1} << 24))
       throw fail("must be between " + std::to_string(minimum) + " and 2^24, got " + v.dump());
-  if (dims == 1) value = {1, given[0]};
-  else value = {given[0], given[1]};
+  if (dims == 1)
+    value = {1, given[0]};
+  else
+    value = {given[0], given[1]};
   return value;
 }
 
@@ -65,8 +67,10 @@ SpatialInput spatial_input(const Shape& input, const char* kind, int dims) {
                 (dims == 1 ? "[C, L]" : "[C, H, W]") + ", got " + input.str());
   SpatialInput s;
   s.channels = input.dims[0];
-  if (dims == 1) s.size = {1, input.dims[1]};
-  else s.size = {input.dims[1], input.dims[2]};
+  if (dims == 1)
+    s.size = {1, input.dims[1]};
+  else
+    s.size = {input.dims[1], input.dims[2]};
   return s;
 }
 

@@ -30,8 +30,8 @@ S* sample_out(MatrixRef<S>& y, Eigen::Index b) {
 // (biased variance, as nn.LayerNorm), then applies the optional affine gain and shift
 // (n values each). Statistics accumulate in double whatever S is.
 template <class S>
-void layer_norm_groups(const S* in, S* out, int64_t groups, int64_t n, double eps,
-                       const S* gain, const S* shift) {
+void layer_norm_groups(const S* in, S* out, int64_t groups, int64_t n, double eps, const S* gain,
+                       const S* shift) {
   for (int64_t g = 0; g < groups; ++g) {
     const S* x = in + g * n;
     S* y = out + g * n;

@@ -38,7 +38,8 @@ class Pool final : public LayerBase<Pool> {
     const auto spatial = [&](const std::array<int64_t, 2>& v) {
       return dims_ == 1 ? nlohmann::json(v[1]) : nlohmann::json(v);
     };
-    return {{"kernel_size", spatial(window_.kernel)}, {"stride", spatial(window_.stride)},
+    return {{"kernel_size", spatial(window_.kernel)},
+            {"stride", spatial(window_.stride)},
             {"padding", spatial(window_.padding)}};
   }
   const Shape& input_shape() const override { return input_; }
@@ -63,8 +64,10 @@ class Pool final : public LayerBase<Pool> {
                 if (j < 0 || j >= w.in[1]) continue;
                 const S v = in[(c * w.in[0] + i) * w.in[1] + j];
                 // NaN propagates through max pooling, as in PyTorch.
-                if (op_ == PoolOp::average) acc += v;
-                else if (v > acc || std::isnan(v)) acc = v;
+                if (op_ == PoolOp::average)
+                  acc += v;
+                else if (v > acc || std::isnan(v))
+                  acc = v;
               }
             }
             *out++ = op_ == PoolOp::average ? acc / window_size : acc;

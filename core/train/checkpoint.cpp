@@ -56,12 +56,17 @@ class BlockReader {
 }  // namespace
 
 void write_checkpoint(const std::filesystem::path& path, const Checkpoint& c) {
-  const nlohmann::json meta = {{"step", c.step}, {"epoch", c.epoch}, {"position", c.position},
+  const nlohmann::json meta = {{"step", c.step},
+                               {"epoch", c.epoch},
+                               {"position", c.position},
                                {"epochs_completed", c.epochs_completed},
                                {"epochs_without_improvement", c.epochs_without_improvement},
-                               {"best_epoch", c.best_epoch}, {"best_accuracy", c.best_accuracy},
-                               {"best_loss", c.best_loss}, {"seconds", c.seconds},
-                               {"evaluations", c.evaluations}, {"seed", c.seed},
+                               {"best_epoch", c.best_epoch},
+                               {"best_accuracy", c.best_accuracy},
+                               {"best_loss", c.best_loss},
+                               {"seconds", c.seconds},
+                               {"evaluations", c.evaluations},
+                               {"seed", c.seed},
                                {"batch_size", c.batch_size}};
   const std::string text = meta.dump();
   io::write_file_atomically(path, [&](std::ostream& out) {

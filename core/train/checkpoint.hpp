@@ -12,8 +12,8 @@ namespace polyprobe::train_detail {
 
 struct Checkpoint {
   int64_t step = 0;
-  int64_t epoch = 0;           // epoch of the next step
-  int64_t position = 0;        // rows of that epoch already served
+  int64_t epoch = 0;     // epoch of the next step
+  int64_t position = 0;  // rows of that epoch already served
   int64_t epochs_completed = 0;
   int64_t epochs_without_improvement = 0;
   int64_t best_epoch = -1;

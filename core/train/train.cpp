@@ -87,10 +87,11 @@ EvaluationResult evaluate_model(const Model& model, const Loss& loss, const Data
 TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                   Evaluator& evaluator, const DataSplits& data, const TrainOptions& options) {
   if (optimizer.uses_trust_region())
-    throw Error("train() cannot drive the trust_region radius model: its comparisons assume one "
-                "fixed objective, and minibatches change it every step. Use another radius "
-                "model (fixed, adaptive, quadratic) or the manual step API "
-                "(PolytopeOptimizer::register_evaluator and step with objective tokens)");
+    throw Error(
+        "train() cannot drive the trust_region radius model: its comparisons assume one "
+        "fixed objective, and minibatches change it every step. Use another radius "
+        "model (fixed, adaptive, quadratic) or the manual step API "
+        "(PolytopeOptimizer::register_evaluator and step with objective tokens)");
   if (options.epochs < 0) throw Error("epochs must be >= 0");
   if (options.patience < 0) throw Error("patience must be >= 0");
   if (options.resume && options.checkpoint_path.empty())
@@ -148,10 +149,14 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     state.evaluations += info.candidates;
     ++state.step;
     const EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype);
-    TrainProgress progress{state.step, stream.epoch(), steps_per_epoch, options.epochs,
-                           now.loss, now.accuracy, state.evaluations, elapsed(), std::nullopt};
-    metrics.write({{"step", progress.step}, {"epoch", progress.epoch}, {"loss", progress.loss},
-                   {"accuracy", progress.accuracy}, {"candidates", progress.candidates},
+    TrainProgress progress{state.step,        stream.epoch(), steps_per_epoch,
+                           options.epochs,    now.loss,       now.accuracy,
+                           state.evaluations, elapsed(),      std::nullopt};
+    metrics.write({{"step", progress.step},
+                   {"epoch", progress.epoch},
+                   {"loss", progress.loss},
+                   {"accuracy", progress.accuracy},
+                   {"candidates", progress.candidates},
                    {"seconds", progress.seconds}});
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) {
@@ -159,9 +164,13 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
       const EvaluationResult v = evaluate_model(model, loss, check, options.dtype);
       progress.validation_accuracy = v.accuracy;
-      metrics.write({{"step", state.step}, {"epoch", progress.epoch}, {"split", "validation"},
-                     {"loss", v.loss}, {"accuracy", v.accuracy},
-                     {"candidates", state.evaluations}, {"seconds", elapsed()}});
+      metrics.write({{"step", state.step},
+                     {"epoch", progress.epoch},
+                     {"split", "validation"},
+                     {"loss", v.loss},
+                     {"accuracy", v.accuracy},
+                     {"candidates", state.evaluations},
+                     {"seconds", elapsed()}});
       const bool better = state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
                           (v.accuracy == state.best_accuracy && v.loss < state.best_loss);
       if (better) {
@@ -195,7 +204,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   result.best_validation_accuracy = state.best_accuracy;
   result.best_validation_loss = state.best_loss;
   if (state.best_epoch >= 0 && !result.interrupted) {
-    std::copy(state.best_parameters.begin(), state.best_parameters.end(), model.parameters().begin());
+    std::copy(state.best_parameters.begin(), state.best_parameters.end(),
+              model.parameters().begin());
     optimizer.resync_from_model();
   }
   return result;

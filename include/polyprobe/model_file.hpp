@@ -34,8 +34,8 @@ ModelFile parse_model_file(std::string_view text, const std::string& source,
 ModelFile read_model_file(const std::filesystem::path& path, const LayerFactory& factory);
 
 // The model file describing `model` (with `loss` and `l2`), keys in reading order.
-nlohmann::ordered_json model_file_json(const Model& model, const std::string& loss = "cross_entropy",
-                               double l2 = 0.0);
+nlohmann::ordered_json model_file_json(const Model& model,
+                                       const std::string& loss = "cross_entropy", double l2 = 0.0);
 void write_model_file(const std::filesystem::path& path, const Model& model,
                       const std::string& loss = "cross_entropy", double l2 = 0.0);
 

@@ -30,27 +30,27 @@ class PolytopeOptimizer;
 
 // What a progress display needs after each step.
 struct TrainProgress {
-  int64_t step = 0;         // steps done (1-based after the first)
-  int64_t epoch = 0;        // 0-based epoch of this step
+  int64_t step = 0;   // steps done (1-based after the first)
+  int64_t epoch = 0;  // 0-based epoch of this step
   int64_t steps_per_epoch = 0;
   int64_t epochs = 0;
-  double loss = 0;          // objective of the updated parameters on this minibatch
-  double accuracy = 0;      // their accuracy on this minibatch
-  int64_t candidates = 0;   // candidates scored so far
-  double seconds = 0;       // since the start (of this run and the ones it resumes)
+  double loss = 0;         // objective of the updated parameters on this minibatch
+  double accuracy = 0;     // their accuracy on this minibatch
+  int64_t candidates = 0;  // candidates scored so far
+  double seconds = 0;      // since the start (of this run and the ones it resumes)
   std::optional<double> validation_accuracy;  // set when this step ended an epoch
 };
 
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 64;
-  uint64_t seed = 0;           // minibatch order
-  int64_t patience = 0;        // epochs without validation improvement before stopping; 0 = off
-  double time_limit_s = 0;     // stop (between steps) after this long; 0 = no limit
-  DType dtype = DType::f32;    // precision of validation forwards
+  uint64_t seed = 0;         // minibatch order
+  int64_t patience = 0;      // epochs without validation improvement before stopping; 0 = off
+  double time_limit_s = 0;   // stop (between steps) after this long; 0 = no limit
+  DType dtype = DType::f32;  // precision of validation forwards
   std::filesystem::path metrics_path;     // JSON lines; empty = none
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
-  bool resume = false;         // continue from checkpoint_path
+  bool resume = false;                    // continue from checkpoint_path
   const std::atomic<bool>* stop = nullptr;
   std::function<void(const TrainProgress&)> on_progress;
 };
@@ -58,14 +58,14 @@ struct TrainOptions {
 struct TrainResult {
   int64_t steps = 0;
   int64_t epochs_completed = 0;
-  int64_t evaluations = 0;        // candidates scored
+  int64_t evaluations = 0;  // candidates scored
   double seconds = 0;
   double best_validation_accuracy = 0;
   double best_validation_loss = 0;
-  int64_t best_epoch = -1;        // -1: no validation happened; the final state is kept
-  bool stopped_early = false;     // patience ran out
+  int64_t best_epoch = -1;     // -1: no validation happened; the final state is kept
+  bool stopped_early = false;  // patience ran out
   bool reached_time_limit = false;
-  bool interrupted = false;       // `stop` was set; the checkpoint (if any) holds the state
+  bool interrupted = false;  // `stop` was set; the checkpoint (if any) holds the state
 };
 
 struct EvaluationResult {

@@ -33,7 +33,8 @@ std::string gzip(const std::string& text) {
 std::string idx(uint8_t type, std::vector<uint32_t> dims, const std::string& data) {
   std::string bytes{'\0', '\0', static_cast<char>(type), static_cast<char>(dims.size())};
   for (uint32_t d : dims)
-    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((d >> shift) & 0xff));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      bytes.push_back(static_cast<char>((d >> shift) & 0xff));
   return bytes + data;
 }
 
@@ -69,7 +70,8 @@ TEST_CASE("gzip CSV files are read, truncated ones refused", "[io][data][csv]") 
 TEST_CASE("malformed CSV is an error naming the file and the line", "[io][data][csv][errors]") {
   const auto fails = [](const std::string& text, const std::string& needle) {
     INFO(text);
-    CHECK_THROWS_WITH(parse_csv(text, "bad.csv"), Catch::Contains("bad.csv") && Catch::Contains(needle));
+    CHECK_THROWS_WITH(parse_csv(text, "bad.csv"),
+                      Catch::Contains("bad.csv") && Catch::Contains(needle));
   };
   fails("1,2,0\n3,4\n", "line 2");
   fails("1,2,0\n3,x,1\n", "line 2, column 2");
@@ -104,7 +106,8 @@ TEST_CASE("IDX arrays, and bad headers refused with the offset", "[io][data][idx
 
 TEST_CASE("IDX images with labels; mismatched labels refused", "[io][data][idx][errors]") {
   testing::TempDir dir;
-  const auto images = dir.write("x-images-idx3-ubyte.gz", gzip(idx(0x08, {2, 2, 2}, std::string(8, '\x07'))));
+  const auto images =
+      dir.write("x-images-idx3-ubyte.gz", gzip(idx(0x08, {2, 2, 2}, std::string(8, '\x07'))));
   const auto labels = dir.write("x-labels-idx1-ubyte.gz", gzip(idx(0x08, {2}, "\x01\x03")));
   const Dataset d = read_idx(images, labels);
   CHECK(d.sample_shape == Shape{{1, 2, 2}});
@@ -136,7 +139,8 @@ TEST_CASE("Fashion-MNIST from Debian's package, when installed", "[io][data][fas
   // The 10,000-image test split keeps this quick; load_data reads the train split the same way.
   const char* env = std::getenv("POLYPROBE_FASHION_MNIST_DIR");
   const std::filesystem::path dir = env != nullptr ? env : "/usr/share/datasets/fashion-mnist";
-  const Dataset test = read_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz");
+  const Dataset test =
+      read_idx(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz");
   CHECK(test.size() == 10000);
   CHECK(test.sample_shape == Shape{{1, 28, 28}});
   CHECK(test.num_classes == 10);
@@ -144,7 +148,8 @@ TEST_CASE("Fashion-MNIST from Debian's package, when installed", "[io][data][fas
 }
 
 TEST_CASE("unknown data names say what is known", "[io][data][errors]") {
-  CHECK_THROWS_WITH(load_data("mnist-please"), Catch::Contains("digits") && Catch::Contains("fashion-mnist"));
+  CHECK_THROWS_WITH(load_data("mnist-please"),
+                    Catch::Contains("digits") && Catch::Contains("fashion-mnist"));
   CHECK_THROWS_WITH(load_data("/nonexistent.csv"), Catch::Contains("/nonexistent.csv"));
 }
 

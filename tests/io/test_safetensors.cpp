@@ -86,7 +86,8 @@ TEST_CASE("hostile safetensors files are errors naming the file and the place",
   fails(file_bytes("{not json", ""), "malformed");
   fails(file_bytes(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,160]}})", four_floats),
         "tensor 'w'");
-  fails(file_bytes(R"({"w":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})", four_floats + four_floats),
+  fails(file_bytes(R"({"w":{"dtype":"F32","shape":[5],"data_offsets":[0,16]}})",
+                   four_floats + four_floats),
         "expected 20");
   fails(file_bytes(R"({"w":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", four_floats),
         "unsupported dtype");
@@ -117,11 +118,13 @@ TEST_CASE("weights that do not fit the model are refused, and the model is uncha
   }
   SECTION("missing tensor") {
     file.tensors.erase(file.tensors.begin() + 1);
-    CHECK_THROWS_WITH(assign_model_tensors(model, file, "x.safetensors"), Catch::Contains("0.bias"));
+    CHECK_THROWS_WITH(assign_model_tensors(model, file, "x.safetensors"),
+                      Catch::Contains("0.bias"));
   }
   SECTION("extra tensor") {
     file.tensors.push_back({"9.weight", {1}, "F32", {1.0}});
-    CHECK_THROWS_WITH(assign_model_tensors(model, file, "x.safetensors"), Catch::Contains("9.weight"));
+    CHECK_THROWS_WITH(assign_model_tensors(model, file, "x.safetensors"),
+                      Catch::Contains("9.weight"));
   }
   SECTION("NaN weight") {
     file.tensors[2].values[1] = std::nan("");

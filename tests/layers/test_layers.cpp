@@ -44,8 +44,9 @@ Matrix<double> run(const Layer& layer, const Matrix<double>& x, const std::vecto
 
 TEST_CASE("elementwise declarations hold: y[i] == f(x[i])", "[layers][contract]") {
   const std::vector<std::pair<std::string, json>> kinds = {
-      {"relu", {}}, {"sign", {}}, {"staircase", {{"step", 0.5}}}, {"gelu", {}}, {"tanh", {}},
-      {"lif", {{"steps", 6}, {"threshold", 0.4}}}, {"flatten", {}}};
+      {"relu", {}},   {"sign", {}}, {"staircase", {{"step", 0.5}}},
+      {"gelu", {}},   {"tanh", {}}, {"lif", {{"steps", 6}, {"threshold", 0.4}}},
+      {"flatten", {}}};
   for (const auto& [kind, attrs] : kinds) {
     DYNAMIC_SECTION(kind) {
       const auto layer = make(kind, attrs, Shape{{3, 5}});
@@ -109,8 +110,8 @@ TEST_CASE("parameters carry PyTorch's names and shapes", "[layers][names]") {
   CHECK(names == std::vector<std::string>{"0.in_proj_weight", "0.in_proj_bias", "0.out_proj.weight",
                                           "0.out_proj.bias", "1.router.weight", "1.router.bias",
                                           "1.experts.0.weight", "1.experts.0.bias",
-                                          "1.experts.1.weight", "1.experts.1.bias",
-                                          "2.conv_weight", "2.fc1.weight", "2.fc2.weight"});
+                                          "1.experts.1.weight", "1.experts.1.bias", "2.conv_weight",
+                                          "2.fc1.weight", "2.fc2.weight"});
   CHECK(model.parameter_entries()[0].shape == std::vector<int64_t>{24, 8});
   model.initialize(7);
   for (double p : model.parameters()) CHECK(std::isfinite(p));
@@ -150,8 +151,8 @@ TEST_CASE("a model whose layer shapes do not chain is refused", "[layers][errors
   Model model(Shape{{1, 8, 8}});
   const LayerFactory factory = LayerFactory::with_builtins();
   model.add(factory.create("flatten", {}, model.output_shape()));
-  const auto conv = factory.create("conv2d", {{"out_channels", 2}, {"kernel_size", 3}},
-                                   Shape{{1, 8, 8}});
+  const auto conv =
+      factory.create("conv2d", {{"out_channels", 2}, {"kernel_size", 3}}, Shape{{1, 8, 8}});
   CHECK_THROWS_WITH(model.add(conv), Catch::Contains("expects input [1, 8, 8]"));
 }
 

@@ -30,9 +30,12 @@ Fixture load_fixture(const std::string& name) {
     const Eigen::Index n = static_cast<Eigen::Index>(t.values.size());
     if (t.name == "input" || t.name == "output" || t.name == "targets") {
       const Eigen::Map<const Matrix<double>> m(t.values.data(), rows(t), n / rows(t));
-      if (t.name == "input") fixture.batch.inputs = m;
-      else if (t.name == "output") fixture.expected = m;
-      else fixture.batch.targets.values = m;
+      if (t.name == "input")
+        fixture.batch.inputs = m;
+      else if (t.name == "output")
+        fixture.expected = m;
+      else
+        fixture.batch.targets.values = m;
     } else if (t.name == "labels") {
       for (double v : t.values) fixture.batch.targets.labels.push_back(static_cast<int64_t>(v));
     } else if (t.name == "objective") {
@@ -55,7 +58,8 @@ double worst_relative_error(const Matrix<S>& got, const Matrix<double>& expected
   double worst = 0.0;
   for (Eigen::Index i = 0; i < got.size(); ++i) {
     const double e = expected.data()[i];
-    worst = std::max(worst, std::abs(static_cast<double>(got.data()[i]) - e) / std::max(std::abs(e), 1.0));
+    worst = std::max(worst,
+                     std::abs(static_cast<double>(got.data()[i]) - e) / std::max(std::abs(e), 1.0));
   }
   return worst;
 }

@@ -34,7 +34,8 @@ DataSplits small_digits() {
 
 Model linear_model() {
   ModelFile f = parse_model_file(R"({"input_shape": [64], "layers": [
-      {"kind": "linear", "out_features": 10}]})", "test", LayerFactory::with_builtins());
+      {"kind": "linear", "out_features": 10}]})",
+                                 "test", LayerFactory::with_builtins());
   f.model.initialize(3);
   return f.model;
 }
@@ -64,7 +65,8 @@ TEST_CASE("training learns and restores the best validation state", "[train]") {
   options.batch_size = 100;
   std::vector<TrainProgress> progress;
   options.on_progress = [&](const TrainProgress& p) { progress.push_back(p); };
-  const TrainResult result = train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options);
+  const TrainResult result =
+      train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options);
   CHECK(result.steps == 12);
   CHECK(result.epochs_completed == 3);
   CHECK(progress.size() == 12);
@@ -94,7 +96,8 @@ TEST_CASE("data that does not fit the model is refused", "[train][errors]") {
   CHECK_THROWS_WITH(train(run.model, *run.loss, run.optimizer, *run.evaluator, data, {}),
                     Catch::Contains("out of range"));
   ModelFile wide = parse_model_file(R"({"input_shape": [65], "layers": [
-      {"kind": "linear", "out_features": 10}]})", "wide", LayerFactory::with_builtins());
+      {"kind": "linear", "out_features": 10}]})",
+                                    "wide", LayerFactory::with_builtins());
   PolytopeOptimizer optimizer(wide.model, quick_config());
   CHECK_THROWS_WITH(train(wide.model, *run.loss, optimizer, *run.evaluator, small_digits(), {}),
                     Catch::Contains("input_shape"));
@@ -110,8 +113,8 @@ TEST_CASE("metrics are JSON lines; a stop request leaves a checkpoint that resum
   options.seed = 7;
 
   Run straight;
-  const TrainResult full = train(straight.model, *straight.loss, straight.optimizer,
-                                 *straight.evaluator, data, options);
+  const TrainResult full =
+      train(straight.model, *straight.loss, straight.optimizer, *straight.evaluator, data, options);
 
   // The same run, stopped after 3 steps (mid-epoch) and resumed in a fresh process state.
   options.checkpoint_path = dir / "run.ckpt";
@@ -121,7 +124,8 @@ TEST_CASE("metrics are JSON lines; a stop request leaves a checkpoint that resum
   int steps = 0;
   options.on_progress = [&](const TrainProgress&) { stop = ++steps == 3; };
   Run first;
-  const TrainResult cut = train(first.model, *first.loss, first.optimizer, *first.evaluator, data, options);
+  const TrainResult cut =
+      train(first.model, *first.loss, first.optimizer, *first.evaluator, data, options);
   CHECK(cut.interrupted);
   CHECK(cut.steps == 3);
   CHECK(std::filesystem::exists(dir / "run.ckpt"));
