@@ -59,6 +59,10 @@ OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_step
   config.epsilon_final = vm["epsilon-final"].as<double>();
   config.schedule = parse_schedule(vm["schedule"].as<std::string>());
   config.radius.kind = parse_radius_model(vm["radius-model"].as<std::string>());
+  if (config.radius.kind == RadiusModelKind::trust_region)
+    throw UsageError(
+        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
+        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
   config.polytope = parse_polytope(vm["polytope"].as<std::string>());
   config.total_steps = total_steps;
   config.seed = seed;
