@@ -121,6 +121,78 @@ void EvaluatorImpl<S>::build_kink_tables() {
 }
 
 template <class S>
+void EvaluatorImpl<S>::build_direction_tables() {
+  direction_.resize(dense_u_.size());
+  const std::size_t n_layers = plan_.layers.size();
+  for (std::size_t k = 0; k < dense_u_.size(); ++k) {
+    DirectionTable& table = direction_[k];
+    table.built = false;
+    const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
+    if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine || plan_.layers[l + 1].op != LayerOp::elementwise ||
+        !plan_.layers[l + 1].is_relu || plan_.layers[l + 2].op != LayerOp::affine ||
+        static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
+      continue;
+    const LayerPlan& second = plan_.layers[l + 2];
+    const int64_t mid = plan_.layers[l].out, batch = batch_;
+    const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
+    const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
+    Mat<S> masked(mid, batch);
+    table.room_up.resize(batch);
+    table.room_down.resize(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      S up = std::numeric_limits<S>::lowest(), down = std::numeric_limits<S>::lowest();
+      for (int64_t j = 0; j < mid; ++j) {
+        const S zj = z(j, b);
+        masked(j, b) = zj > S(0) ? u(j) : S(0);
+        if (zj == S(0)) {  // at the kink: any move crosses
+          up = down = std::numeric_limits<S>::max();
+          continue;
+        }
+        const S ratio = u(j) / zj;
+        up = std::max(up, -ratio);
+        down = std::max(down, ratio);
+      }
+      table.room_up(b) = up;
+      table.room_down(b) = down;
+    }
+    const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
+    table.response.noalias() = w_second * masked;
+    table.layer = static_cast<int32_t>(l);
+    table.built = true;
+  }
+}
+
+template <class S>
+void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Scratch& s) const {
+  const DirectionTable& table = direction_[static_cast<std::size_t>(u_index)];
+  const LayerPlan& second = plan_.layers[l + 2];
+  const int64_t batch = batch_, out = second.out, mid = plan_.layers[l].out;
+  const auto& u = dense_u_[static_cast<std::size_t>(u_index)];
+  const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
+  s.next.resize(out, n * batch);
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.column;
+  da.resize(mid);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto step = s.step.row(i).array();
+    for (int64_t o = 0; o < out; ++o) s.next.row(o).segment(i * batch, batch).array() = table.response.row(o).array() * step;
+    for (int64_t b = 0; b < batch; ++b) {
+      const S v = step(b);
+      const S room = v > S(0) ? v * table.room_up(b) : -v * table.room_down(b);
+      if (room < S(0.999)) continue;
+      // A ReLU unit may cross its kink: this sample's suffix exactly.
+      const S* pre = acts_[l + 1].row(b).data();
+      const S* post = acts_[l + 2].row(b).data();
+      for (int64_t j = 0; j < mid; ++j) {
+        const S x = pre[j] + u[static_cast<std::size_t>(j)] * v;
+        da(j) = (x > S(0) ? x : S(0)) - post[j];
+      }
+      s.next.col(i * batch + b).noalias() = w_second * da;
+    }
+  }
+  s.delta.swap(s.next);
+}
+
+template <class S>
 void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
   const KinkTable& table = kink_[l];
   const LayerPlan &first = plan_.layers[l], &second = plan_.layers[l + 2];
@@ -261,8 +333,29 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       }
       // This layer's own coordinates act on the candidate's input a + delta.
       int64_t te = ti;
-      bool one_hot = true;
-      for (; te < n_terms && terms[te].layer == layer_id; ++te) one_hot = one_hot && terms[te].row >= 0;
+      bool one_hot = true, one_direction = true;
+      for (; te < n_terms && terms[te].layer == layer_id; ++te) {
+        one_hot = one_hot && terms[te].row >= 0;
+        one_direction = one_direction && terms[te].row < 0 && terms[te].u_index == terms[ti].u_index &&
+                        terms[te].col != kDenseV;
+      }
+      if (state == State::none && one_direction && (te == n_terms || terms[te].layer > layer_id + 2) &&
+          direction_[static_cast<std::size_t>(terms[ti].u_index)].built) {
+        // Every term moves the pre-activation along one u: a scalar per sample, then the
+        // direction table through the ReLU and the next affine layer.
+        s.step.setZero(n, batch);
+        for (int64_t t = ti; t < te; ++t)
+          for (int64_t i = 0; i < n; ++i) {
+            const S theta = s.theta[static_cast<std::size_t>(i * n_terms + t)];
+            if (terms[t].col == kBias) s.step.row(i).array() += theta;
+            else s.step.row(i) += theta * acts_t_[l].row(terms[t].col);
+          }
+        apply_direction(l, terms[ti].u_index, n, s);
+        state = State::dense;
+        ti = te;
+        l += 2;
+        continue;
+      }
       const bool sparse_out = state == State::none && one_hot;
       std::vector<int64_t>& out_units = s.units;  // free: the incoming state is none
       if (sparse_out) {
@@ -393,6 +486,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
                                                     Scratch&) const;                               \
   template void EvaluatorImpl<S>::build_kink_tables();                                            \
   template void EvaluatorImpl<S>::apply_kink(std::size_t, int64_t, Scratch&) const;               \
+  template void EvaluatorImpl<S>::build_direction_tables();                                       \
+  template void EvaluatorImpl<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const; \
   template void EvaluatorImpl<S>::evaluate_delta(const pp_candidates&, const Group&, Scratch&,    \
                                                  double*) const;
 POLYPROBE_INSTANTIATE(float)

@@ -75,7 +75,10 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
         throw std::invalid_argument("subspace coordinate " + std::to_string(k) + " lies outside the parameters");
       if (c.row < 0) {
         auto [it, added] = u_index.try_emplace(c.u, static_cast<int32_t>(dense_u_.size()));
-        if (added) dense_u_.emplace_back(c.u, c.u + c.rows);  // converted to S
+        if (added) {
+          dense_u_.emplace_back(c.u, c.u + c.rows);  // converted to S
+          dense_u_layer_.push_back(plan_.owners.empty() ? 0 : plan_.layer_of(c.offset));
+        }
         coord_u_[static_cast<std::size_t>(k)] = it->second;
       }
       if (c.col < 0) {
@@ -452,6 +455,7 @@ void EvaluatorImpl<S>::evaluate(const pp_candidates& c, double* losses) {
     try {
       plan_groups(c);
       build_kink_tables();
+      build_direction_tables();
       run_groups(c, losses);
       return;
     } catch (const std::bad_alloc&) {

@@ -97,6 +97,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     Arr<S> src, tmp_b, max_b, sum_b;
     Eigen::Matrix<S, Eigen::Dynamic, 1> column;
     Mat<S> by_direction;           // [distinct dense u, candidates * batch]
+    Mat<S> step;                   // [candidates, batch]: the scalar move along one direction
     std::vector<int32_t> directions;
     std::vector<S> buffer, buffer_out;  // host elementwise on padded flat buffers
     // materialised paths: sample-major
@@ -222,6 +223,20 @@ class EvaluatorImpl final : public CandidateEvaluator {
     Cumulants cumulants;  // when layer l+2 is the last: g = response columns
   };
   std::vector<KinkTable> kink_;
+  // Direction tables: a dense subspace direction u at the output of affine layer l, then
+  // ReLU l+1 and affine l+2: response[:, b] = W_{l+2} diag(mask_b) u and the exact crossing
+  // bounds for a move s u (as in KinkTable). Indexed by dense u; built when the pattern holds.
+  struct DirectionTable {
+    bool built = false;
+    int32_t layer = -1;
+    Mat<S> response;            // [out_{l+2}, batch]
+    Arr<S> room_up, room_down;  // [batch]
+  };
+  std::vector<DirectionTable> direction_;
+  std::vector<int32_t> dense_u_layer_;  // the layer of each dense u
+  void build_direction_tables();
+  // Terms along one dense u at layer l, through ReLU l+1 and affine l+2, into s.delta.
+  void apply_direction(std::size_t l, int32_t u_index, int64_t n, Scratch& s) const;
   std::array<int64_t, kPathCount> path_candidates_{};
   std::vector<std::array<int64_t, kPathCount>> layer_path_candidates_;
   std::vector<std::array<int64_t, static_cast<int>(Decline::count)>> layer_declines_;
