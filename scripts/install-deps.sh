@@ -7,6 +7,7 @@ packages=(
   libboost-dev libboost-program-options-dev libboost-filesystem-dev
   libeigen3-dev libtbb-dev nlohmann-json3-dev zlib1g-dev libnlopt-cxx-dev catch2
   clang clang-format clang-tidy libclang-rt-14-dev
+  dataset-fashion-mnist
 )
 missing=()
 for p in "${packages[@]}"; do
