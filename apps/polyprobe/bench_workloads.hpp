@@ -45,8 +45,9 @@ struct Workload {
   CandidateSet set() const { return {&particles, particle, displacement}; }
   // displacement = 0.5 r R_i t_v for every candidate: part of every timed step.
   void compute_displacements();
-  // FLOPs of one step on the cpu_tbb delta paths (an estimate of the work they do) and on
-  // a dense path (every candidate's suffix of GEMMs from its first changed layer).
+  // FLOPs of one step on the cpu_tbb delta paths (an estimate of the work they do; full
+  // space only, 0 in a subspace) and on a dense path (every candidate's suffix of GEMMs
+  // from its first changed layer).
   double delta_flops() const;
   double dense_flops() const;
 };
