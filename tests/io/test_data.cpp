@@ -57,7 +57,7 @@ TEST_CASE("CSV with and without scikit-learn's header", "[io][data][csv]") {
   CHECK(named.labels == std::vector<int64_t>{1});
 }
 
-TEST_CASE("gzip CSV files are read, truncated ones refused", "[io][data][csv]") {
+TEST_CASE("gzip CSV files are read and truncated ones refused", "[io][data][csv]") {
   testing::TempDir dir;
   const std::string text = "1,2,0\n3,4,1\n";
   CHECK(read_csv(dir.write("d.csv.gz", gzip(text))).size() == 2);
@@ -87,7 +87,7 @@ TEST_CASE("malformed CSV is an error naming the file and the line", "[io][data][
   fails("5\n", "line 1");
 }
 
-TEST_CASE("IDX arrays, and bad headers refused with the offset", "[io][data][idx][errors]") {
+TEST_CASE("IDX arrays and bad headers refused with the offset", "[io][data][idx][errors]") {
   const IdxArray a = parse_idx(as_bytes(idx(0x08, {2, 3}, "\x01\x02\x03\x04\x05\x06")), "a.idx");
   CHECK(a.dims == std::vector<int64_t>{2, 3});
   CHECK(a.values[5] == 6.0);
@@ -104,7 +104,7 @@ TEST_CASE("IDX arrays, and bad headers refused with the offset", "[io][data][idx
   fails(idx(0x0D, {1}, nan_float), "not finite");
 }
 
-TEST_CASE("IDX images with labels; mismatched labels refused", "[io][data][idx][errors]") {
+TEST_CASE("IDX images with labels and mismatched labels refused", "[io][data][idx][errors]") {
   testing::TempDir dir;
   const auto images =
       dir.write("x-images-idx3-ubyte.gz", gzip(idx(0x08, {2, 2, 2}, std::string(8, '\x07'))));
@@ -130,7 +130,7 @@ TEST_CASE("the embedded digits data set", "[io][data]") {
   CHECK(file.labels == digits.labels);
 }
 
-TEST_CASE("Fashion-MNIST from Debian's package, when installed", "[io][data][fashion]") {
+TEST_CASE("Fashion-MNIST from Debian's package when installed", "[io][data][fashion]") {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz") &&
       std::getenv("POLYPROBE_FASHION_MNIST_DIR") == nullptr) {
     WARN("dataset-fashion-mnist is not installed; skipped");
@@ -153,7 +153,7 @@ TEST_CASE("unknown data names say what is known", "[io][data][errors]") {
   CHECK_THROWS_WITH(load_data("/nonexistent.csv"), Catch::Contains("/nonexistent.csv"));
 }
 
-TEST_CASE("splits are disjoint, seeded, and standardised from train only", "[io][data]") {
+TEST_CASE("splits are disjoint and seeded and standardised from train only", "[io][data]") {
   SplitOptions options;
   options.seed = 5;
   const PreparedData a = prepare_data("digits", options);

@@ -105,7 +105,7 @@ TEST_CASE("hostile safetensors files are errors naming the file and the place",
   fails(file_bytes(R"({"w":{"dtype":"F32","shape":[4]}})", four_floats), "needs dtype");
 }
 
-TEST_CASE("weights that do not fit the model are refused, and the model is unchanged",
+TEST_CASE("weights that do not fit the model are refused and the model is unchanged",
           "[io][safetensors][errors]") {
   TempDir dir;
   Model model = small_model();

@@ -42,7 +42,7 @@ Matrix<double> run(const Layer& layer, const Matrix<double>& x, const std::vecto
 
 }  // namespace
 
-TEST_CASE("elementwise declarations hold: y[i] == f(x[i])", "[layers][contract]") {
+TEST_CASE("elementwise declarations hold: y(i) == f(x(i))", "[layers][contract]") {
   const std::vector<std::pair<std::string, json>> kinds = {
       {"relu", {}},   {"sign", {}}, {"staircase", {{"step", 0.5}}},
       {"gelu", {}},   {"tanh", {}}, {"lif", {{"steps", 6}, {"threshold", 0.4}}},

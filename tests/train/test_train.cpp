@@ -103,7 +103,7 @@ TEST_CASE("data that does not fit the model is refused", "[train][errors]") {
                     Catch::Contains("input_shape"));
 }
 
-TEST_CASE("metrics are JSON lines; a stop request leaves a checkpoint that resumes exactly",
+TEST_CASE("metrics are JSON lines and a stop request leaves a checkpoint that resumes exactly",
           "[train][checkpoint]") {
   const DataSplits data = small_digits();
   testing::TempDir dir;
@@ -158,7 +158,7 @@ TEST_CASE("metrics are JSON lines; a stop request leaves a checkpoint that resum
   CHECK(dir.files().size() == 2);
 }
 
-TEST_CASE("a damaged checkpoint is an error, not a crash", "[train][checkpoint][errors]") {
+TEST_CASE("a damaged checkpoint is an error and not a crash", "[train][checkpoint][errors]") {
   testing::TempDir dir;
   const DataSplits data = small_digits();
   Run run;
