@@ -17,7 +17,8 @@ std::vector<int> bench_thread_counts(const Context& ctx);
 namespace {
 
 template <class S>
-void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width, std::vector<BenchRecord>& records) {
+void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width,
+             std::vector<BenchRecord>& records) {
   std::mt19937_64 rng(17);
   std::vector<int64_t> keys(static_cast<std::size_t>(n));
   for (auto& k : keys) k = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
@@ -31,7 +32,8 @@ void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width, std::vector
   auto record = [&](Accumulator& acc, const std::string& path, int threads) {
     BenchRecord r;
     r.suite = "accumulate";
-    r.workload = "keys=" + std::to_string(n_keys) + ",rows=" + std::to_string(n) + ",width=" + std::to_string(width);
+    r.workload = "keys=" + std::to_string(n_keys) + ",rows=" + std::to_string(n) +
+                 ",width=" + std::to_string(width);
     r.path = path;
     r.dtype = dtype;
     r.threads = threads;
@@ -39,18 +41,27 @@ void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width, std::vector
     TimingOptions t;
     t.repeats = std::min(ctx.vm["repeats"].as<int>(), 5);
     t.min_warmup_seconds = 0.2;
-    r.timing = time_calls([&] { out.setZero(); acc.accumulate(keys, values, out); }, t);
+    r.timing = time_calls(
+        [&] {
+          out.setZero();
+          acc.accumulate(keys, values, out);
+        },
+        t);
     const double scale = 1.0 + expect.cwiseAbs().maxCoeff();
     r.max_rel_diff = (out.template cast<double>() - expect).cwiseAbs().maxCoeff() / scale;
-    r.extra["gbytes_per_s"] = static_cast<double>(values.size()) * sizeof(S) / (r.timing.median_ms * 1e6);
+    r.extra["gbytes_per_s"] =
+        static_cast<double>(values.size()) * sizeof(S) / (r.timing.median_ms * 1e6);
     records.push_back(r);
-    if (!ctx.quiet) *ctx.err << r.workload << " " << dtype << " " << path << " " << threads << ": " << r.timing.median_ms << " ms\n";
+    if (!ctx.quiet)
+      *ctx.err << r.workload << " " << dtype << " " << path << " " << threads << ": "
+               << r.timing.median_ms << " ms\n";
   };
   auto reference = make_reference_accumulator();
   record(*reference, "reference", 1);
   for (const int threads : bench_thread_counts(ctx))
     for (const std::string strategy : {"scatter", "segment", "auto"}) {
-      auto acc = ctx.registry.make_accumulator(ctx.vm["bench-backend"].as<std::string>(), strategy, threads);
+      auto acc = ctx.registry.make_accumulator(ctx.vm["bench-backend"].as<std::string>(), strategy,
+                                               threads);
       record(*acc, strategy, threads);
     }
 }
@@ -71,9 +82,11 @@ std::vector<BenchRecord> run_accumulate(Context& ctx) {
 BenchSuite accumulate_suite() {
   BenchSuite s;
   s.name = "accumulate";
-  s.summary = "reduce-by-key, ~62 contributions per key, widths 3 and 64, float32/float64, every strategy";
+  s.summary =
+      "reduce-by-key, ~62 contributions per key, widths 3 and 64, float32/float64, every strategy";
   s.options = [](po::options_description& o) {
-    o.add_options()("accumulate-keys", po::value<int64_t>()->default_value(100000), "accumulate: number of keys");
+    o.add_options()("accumulate-keys", po::value<int64_t>()->default_value(100000),
+                    "accumulate: number of keys");
   };
   s.run = run_accumulate;
   return s;

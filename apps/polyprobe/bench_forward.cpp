@@ -24,7 +24,8 @@ std::vector<BenchRecord> run_forward(Context& ctx) {
     auto reference = make_reference_evaluator(*w.model, *w.loss, nullptr, ref_options);
     reference->register_batch(w.batch);
     const double expect = reference->evaluate_base(w.model->parameters());
-    auto record = [&](Evaluator& evaluator, const std::string& path, int threads, const std::string& dtype) {
+    auto record = [&](Evaluator& evaluator, const std::string& path, int threads,
+                      const std::string& dtype) {
       evaluator.register_batch(w.batch);
       double loss = 0;
       BenchRecord r;
@@ -35,7 +36,8 @@ std::vector<BenchRecord> run_forward(Context& ctx) {
       r.threads = threads;
       r.candidates = 1;
       r.batch = w.spec.batch;
-      r.timing = time_calls([&] { loss = evaluator.evaluate_base(w.model->parameters()); }, bench_timing(ctx));
+      r.timing = time_calls([&] { loss = evaluator.evaluate_base(w.model->parameters()); },
+                            bench_timing(ctx));
       r.max_rel_diff = std::abs(loss - expect) / std::abs(expect);
       records.push_back(r);
     };

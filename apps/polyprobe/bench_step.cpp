@@ -43,8 +43,8 @@ struct Baseline {
 };
 const std::map<std::string, Baseline>& baselines() {
   static const std::map<std::string, Baseline> b = {
-      {"mlp64-full", {8.53, 5.98, 40.91}},     {"mlp256-full", {95.2, 60.2, 736.17}},
-      {"mlp256-sub512", {2.98, 2.05, 28.27}},  {"mnist128-sub256", {1.06, 0.943, 0}},
+      {"mlp64-full", {8.53, 5.98, 40.91}},    {"mlp256-full", {95.2, 60.2, 736.17}},
+      {"mlp256-sub512", {2.98, 2.05, 28.27}}, {"mnist128-sub256", {1.06, 0.943, 0}},
       {"mnist64-full", {27.9, 15.9, 0}},
   };
   return b;
@@ -55,8 +55,10 @@ const std::map<std::string, Baseline>& baselines() {
 std::vector<int> bench_thread_counts(const Context& ctx) {
   std::vector<int> counts;
   for (const std::string& t : split(ctx.vm["bench-threads"].as<std::string>())) {
-    if (t == "all") counts.push_back(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-    else counts.push_back(std::stoi(t));
+    if (t == "all")
+      counts.push_back(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+    else
+      counts.push_back(std::stoi(t));
   }
   return counts;
 }
@@ -83,7 +85,8 @@ TimingOptions bench_timing(const Context& ctx) {
 double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
   const LayerFactory factory = LayerFactory::with_builtins();
   Model model(Shape{{1024}});
-  model.add(factory.create("linear", {{"out_features", 1024}, {"bias", false}}, model.output_shape()));
+  model.add(
+      factory.create("linear", {{"out_features", 1024}, {"bias", false}}, model.output_shape()));
   model.initialize(0);
   const auto loss = make_loss("mse");
   Batch batch;
@@ -116,8 +119,9 @@ double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
   r.timing = t;
   r.extra = {{"gflops", gflops},
              {"thread_cpu_median_ms", cpu_median},
-             {"what", "1024x1024 float32 weights on 2048 rows through the cpu_tbb plugin's Eigen "
-                      "GEMM (evaluate_base: includes the loss and copies, so a lower bound)"}};
+             {"what",
+              "1024x1024 float32 weights on 2048 rows through the cpu_tbb plugin's Eigen "
+              "GEMM (evaluate_base: includes the loss and copies, so a lower bound)"}};
   records.push_back(r);
   return gflops;
 }
@@ -143,14 +147,16 @@ std::vector<BenchRecord> run_step(Context& ctx) {
     std::vector<double> sample_disp;
     for (const int64_t c : sample) {
       sample_particle.push_back(w.particle[static_cast<std::size_t>(c)]);
-      for (int32_t k = 0; k < w.spec.d; ++k) sample_disp.push_back(w.displacement[static_cast<std::size_t>(c * w.spec.d + k)]);
+      for (int32_t k = 0; k < w.spec.d; ++k)
+        sample_disp.push_back(w.displacement[static_cast<std::size_t>(c * w.spec.d + k)]);
     }
     EvaluatorOptions ref_options;
     ref_options.dtype = DType::f64;
     auto reference = make_reference_evaluator(*w.model, *w.loss, w.subspace.get(), ref_options);
     reference->register_batch(w.batch);
     std::vector<double> expect(sample.size());
-    reference->evaluate(w.model->parameters(), {&w.particles, sample_particle, sample_disp}, expect);
+    reference->evaluate(w.model->parameters(), {&w.particles, sample_particle, sample_disp},
+                        expect);
     const double expect_base = reference->evaluate_base(w.model->parameters());
 
     for (const std::string& path : paths)
@@ -177,7 +183,9 @@ std::vector<BenchRecord> run_step(Context& ctx) {
             bench_timing(ctx));
         double worst = std::abs(base - expect_base) / std::abs(expect_base);
         for (std::size_t i = 0; i < sample.size(); ++i)
-          worst = std::max(worst, std::abs(losses[static_cast<std::size_t>(sample[i])] - expect[i]) / std::abs(expect[i]));
+          worst =
+              std::max(worst, std::abs(losses[static_cast<std::size_t>(sample[i])] - expect[i]) /
+                                  std::abs(expect[i]));
         const nlohmann::json explain = evaluator->explain();
         BenchRecord r;
         r.suite = "step";
@@ -215,17 +223,20 @@ std::vector<BenchRecord> run_step(Context& ctx) {
           r.extra["flops_estimate"] = flops;
           r.extra["gflops"] = flops / (t.median_ms * 1e6);
           r.extra["dense_path_flops"] = w.dense_flops();
-          if (peak > 0) r.extra["fraction_of_single_core_peak"] = flops / (t.median_ms * 1e6) / peak / threads;
+          if (peak > 0)
+            r.extra["fraction_of_single_core_peak"] = flops / (t.median_ms * 1e6) / peak / threads;
         }
         if (const auto it = baselines().find(name); it != baselines().end()) {
           const double torch = threads == 1 ? it->second.torch_1 : it->second.torch_all;
           r.extra["torch_best_ms"] = torch;
           r.extra["speedup_vs_torch_best"] = torch / t.median_ms;
-          if (threads == 1 && it->second.seed_1 > 0) r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
+          if (threads == 1 && it->second.seed_1 > 0)
+            r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
         }
         records.push_back(r);
         if (!ctx.quiet)
-          *ctx.err << name << " " << r.path << " " << threads << " threads: " << t.median_ms << " ms\n";
+          *ctx.err << name << " " << r.path << " " << threads << " threads: " << t.median_ms
+                   << " ms\n";
       }
   }
   return records;
@@ -236,17 +247,21 @@ std::vector<BenchRecord> run_step(Context& ctx) {
 BenchSuite step_suite() {
   BenchSuite s;
   s.name = "step";
-  s.summary = "one step's candidate evaluation on the PyTorch reference's workloads, with float64 parity";
+  s.summary =
+      "one step's candidate evaluation on the PyTorch reference's workloads, with float64 parity";
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
-                    "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full) or all")
-        ("bench-threads", po::value<std::string>()->default_value("1,all"), "thread counts, e.g. 1,2,all")
-        ("paths", po::value<std::string>()->default_value("auto"),
-         "step: evaluation paths to time (auto, sparse, subspace-delta, dense, inplace, fallback)")
-        ("bench-backend", po::value<std::string>()->default_value("cpu_tbb"), "step/forward: the evaluator backend")
-        ("parity-sample", po::value<int64_t>()->default_value(512),
-         "step: candidates checked against the float64 reference")
-        ("no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak");
+                    "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
+                    "mnist128-sub256, mnist64-full) or all")(
+        "bench-threads", po::value<std::string>()->default_value("1,all"),
+        "thread counts, e.g. 1,2,all")(
+        "paths", po::value<std::string>()->default_value("auto"),
+        "step: evaluation paths to time (auto, sparse, subspace-delta, dense, inplace, fallback)")(
+        "bench-backend", po::value<std::string>()->default_value("cpu_tbb"),
+        "step/forward: the evaluator backend")(
+        "parity-sample", po::value<int64_t>()->default_value(512),
+        "step: candidates checked against the float64 reference")(
+        "no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak");
   };
   s.run = run_step;
   return s;

@@ -37,8 +37,10 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
   const LayerFactory factory = LayerFactory::with_builtins();
   w.model = std::make_unique<Model>(Shape{{spec.sizes[0]}}, DType::f32);
   for (std::size_t i = 1; i < spec.sizes.size(); ++i) {
-    if (i > 1) w.model->add(factory.create("relu", nlohmann::json::object(), w.model->output_shape()));
-    w.model->add(factory.create("linear", {{"out_features", spec.sizes[i]}}, w.model->output_shape()));
+    if (i > 1)
+      w.model->add(factory.create("relu", nlohmann::json::object(), w.model->output_shape()));
+    w.model->add(
+        factory.create("linear", {{"out_features", spec.sizes[i]}}, w.model->output_shape()));
   }
   w.model->initialize(seed);
   // The network's float32 weights, as the reference workloads hold them.
@@ -47,9 +49,11 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
   std::mt19937_64 rng(seed + 1);
   std::normal_distribution<double> gauss;
   w.batch.inputs.resize(spec.batch, spec.sizes[0]);
-  for (int64_t i = 0; i < w.batch.inputs.size(); ++i) w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
+  for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
+    w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
   for (int64_t r = 0; r < spec.batch; ++r)
-    w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(spec.sizes.back())));
+    w.batch.targets.labels.push_back(
+        static_cast<int64_t>(rng() % static_cast<uint64_t>(spec.sizes.back())));
 
   const int32_t d = spec.d;
   int64_t dimension = w.model->num_parameters();
@@ -58,7 +62,8 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
     options.rank = 8;
     options.max_subspace_dim = spec.subspace_dim;
     options.seed = seed + 3;
-    w.subspace = HybridSubspace::from_layout(w.model->parameter_entries(), w.model->num_parameters(), options);
+    w.subspace = HybridSubspace::from_layout(w.model->parameter_entries(),
+                                             w.model->num_parameters(), options);
     dimension = w.subspace->dimension();
   }
   w.particles = ParticleMap::contiguous(dimension, d);
@@ -70,17 +75,22 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
   for (int32_t v = 0; v < d; ++v)
     for (int32_t k = 0; k < d; ++k)
       w.simplex[static_cast<std::size_t>(v * d + k)] =
-          (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) - (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
-  for (int32_t k = 0; k < d; ++k) w.simplex[static_cast<std::size_t>(d * d + k)] = 1.0 / std::sqrt(dd);
+          (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) -
+          (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
+  for (int32_t k = 0; k < d; ++k)
+    w.simplex[static_cast<std::size_t>(d * d + k)] = 1.0 / std::sqrt(dd);
   for (int32_t k = 0; k < d; ++k) {
     double mean = 0;
     for (int32_t v = 0; v < w.vertices; ++v) mean += w.simplex[static_cast<std::size_t>(v * d + k)];
-    for (int32_t v = 0; v < w.vertices; ++v) w.simplex[static_cast<std::size_t>(v * d + k)] -= mean / w.vertices;
+    for (int32_t v = 0; v < w.vertices; ++v)
+      w.simplex[static_cast<std::size_t>(v * d + k)] -= mean / w.vertices;
   }
   for (int32_t v = 0; v < w.vertices; ++v) {
     double norm = 0;
-    for (int32_t k = 0; k < d; ++k) norm += std::pow(w.simplex[static_cast<std::size_t>(v * d + k)], 2);
-    for (int32_t k = 0; k < d; ++k) w.simplex[static_cast<std::size_t>(v * d + k)] /= std::sqrt(norm);
+    for (int32_t k = 0; k < d; ++k)
+      norm += std::pow(w.simplex[static_cast<std::size_t>(v * d + k)], 2);
+    for (int32_t k = 0; k < d; ++k)
+      w.simplex[static_cast<std::size_t>(v * d + k)] /= std::sqrt(norm);
   }
 
   // Haar rotations: QR of a Gaussian matrix with the sign fix, det +1.
@@ -97,10 +107,12 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
     if (q.determinant() < 0) q.col(0) *= -1.0;
     for (int32_t i = 0; i < d; ++i)
       for (int32_t j = 0; j < d; ++j)
-        w.rotations[static_cast<std::size_t>((p * d + i) * d + j)] = static_cast<double>(static_cast<float>(q(i, j)));
+        w.rotations[static_cast<std::size_t>((p * d + i) * d + j)] =
+            static_cast<double>(static_cast<float>(q(i, j)));
   }
   w.particle.resize(static_cast<std::size_t>(n_particles * w.vertices));
-  for (int64_t c = 0; c < static_cast<int64_t>(w.particle.size()); ++c) w.particle[static_cast<std::size_t>(c)] = c / w.vertices;
+  for (int64_t c = 0; c < static_cast<int64_t>(w.particle.size()); ++c)
+    w.particle[static_cast<std::size_t>(c)] = c / w.vertices;
   w.displacement.resize(w.particle.size() * static_cast<std::size_t>(d));
   w.compute_displacements();
   return w;
@@ -111,7 +123,8 @@ void Workload::compute_displacements() {
   const double scale = 0.5 * 1e-2;
   for (std::size_t c = 0; c < particle.size(); ++c) {
     const double* r = rotations.data() + particle[c] * d * d;
-    const double* t = simplex.data() + static_cast<int64_t>(c % static_cast<std::size_t>(vertices)) * d;
+    const double* t =
+        simplex.data() + static_cast<int64_t>(c % static_cast<std::size_t>(vertices)) * d;
     double* out = displacement.data() + static_cast<int64_t>(c) * d;
     for (int32_t i = 0; i < d; ++i) {
       double sum = 0;

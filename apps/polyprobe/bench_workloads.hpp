@@ -19,7 +19,7 @@ struct WorkloadSpec {
   std::string name;
   std::vector<int64_t> sizes;  // layer widths, input first
   int64_t batch;
-  int64_t subspace_dim;        // 0 = full space
+  int64_t subspace_dim;  // 0 = full space
   int32_t d;
 };
 
@@ -35,11 +35,11 @@ struct Workload {
   Batch batch;
   std::unique_ptr<HybridSubspace> subspace;  // null in full space
   ParticleMap particles;
-  int32_t vertices = 0;                       // V = d + 1
-  std::vector<double> simplex;                // [V * d]
-  std::vector<double> rotations;              // [P * d * d], float32 values
-  std::vector<int64_t> particle;              // [C]
-  std::vector<double> displacement;           // [C * d]
+  int32_t vertices = 0;              // V = d + 1
+  std::vector<double> simplex;       // [V * d]
+  std::vector<double> rotations;     // [P * d * d], float32 values
+  std::vector<int64_t> particle;     // [C]
+  std::vector<double> displacement;  // [C * d]
 
   int64_t candidates() const { return static_cast<int64_t>(particle.size()); }
   CandidateSet set() const { return {&particles, particle, displacement}; }

@@ -29,7 +29,11 @@ Workload load(Context& ctx) {
 #ifdef POLYPROBE_HAVE_MODEL_FILES
   ModelFile file = read_model_file(ctx.vm["model"].as<std::string>(), ctx.layers);
   Workload w;
-  w.spec = {ctx.vm["model"].as<std::string>(), {}, ctx.vm["batch"].as<int64_t>(), 0, ctx.vm["d"].as<int32_t>()};
+  w.spec = {ctx.vm["model"].as<std::string>(),
+            {},
+            ctx.vm["batch"].as<int64_t>(),
+            0,
+            ctx.vm["d"].as<int32_t>()};
   w.model = std::make_unique<Model>(std::move(file.model));
   w.model->initialize(0);
   w.loss = make_loss(file.loss, file.l2);
@@ -39,7 +43,9 @@ Workload load(Context& ctx) {
   w.batch.inputs.resize(rows, w.model->input_shape().numel());
   for (int64_t i = 0; i < w.batch.inputs.size(); ++i) w.batch.inputs.data()[i] = gauss(rng);
   if (w.loss->needs_labels())
-    for (int64_t r = 0; r < rows; ++r) w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(classes)));
+    for (int64_t r = 0; r < rows; ++r)
+      w.batch.targets.labels.push_back(
+          static_cast<int64_t>(rng() % static_cast<uint64_t>(classes)));
   else
     w.batch.targets.values = Matrix<double>::Zero(rows, classes);
   const int32_t d = w.spec.d;
@@ -53,8 +59,9 @@ Workload load(Context& ctx) {
     }
   return w;
 #else
-  throw Error("reading model files needs the core's model-file loader, which this build lacks; "
-              "use --workload NAME");
+  throw Error(
+      "reading model files needs the core's model-file loader, which this build lacks; "
+      "use --workload NAME");
 #endif
 }
 
@@ -71,13 +78,15 @@ int run(Context& ctx) {
   evaluator->evaluate(w.model->parameters(), w.set(), losses);
   const nlohmann::json explain = evaluator->explain();
   if (ctx.json) {
-    *ctx.out << nlohmann::json{{"selection", selection.to_json()}, {"evaluator", explain}}.dump(1) << "\n";
+    *ctx.out << nlohmann::json{{"selection", selection.to_json()}, {"evaluator", explain}}.dump(1)
+             << "\n";
     return 0;
   }
   std::ostream& out = *ctx.out;
   out << "model: " << w.spec.name << ", " << w.model->num_parameters() << " parameters, "
       << w.candidates() << " candidates (" << w.particles.count() << " particles x " << w.vertices
-      << " vertices, d = " << w.particles.d << ")" << (w.subspace ? ", hybrid subspace" : ", full space") << "\n";
+      << " vertices, d = " << w.particles.d << ")"
+      << (w.subspace ? ", hybrid subspace" : ", full space") << "\n";
   out << "evaluator: " << selection.chosen << "\n";
   for (const std::string& reason : selection.reasons) out << "  " << reason << "\n";
   if (!explain.contains("plugin")) {
@@ -85,11 +94,12 @@ int run(Context& ctx) {
     return 0;
   }
   const nlohmann::json& p = explain["plugin"];
-  out << "dtype " << p["dtype"].get<std::string>() << ", threads " << p["threads"] << ", chunk size "
-      << p["chunk_size"] << (p["chunk_size_automatic"].get<bool>() ? " (automatic)" : "")
-      << ", memory estimate " << std::fixed << std::setprecision(1)
-      << p["memory_estimate_bytes"].get<double>() / (1024.0 * 1024.0) << " MiB, prefix reuse: "
-      << p["prefix_reuse"].get<std::string>() << "\n";
+  out << "dtype " << p["dtype"].get<std::string>() << ", threads " << p["threads"]
+      << ", chunk size " << p["chunk_size"]
+      << (p["chunk_size_automatic"].get<bool>() ? " (automatic)" : "") << ", memory estimate "
+      << std::fixed << std::setprecision(1)
+      << p["memory_estimate_bytes"].get<double>() / (1024.0 * 1024.0)
+      << " MiB, prefix reuse: " << p["prefix_reuse"].get<std::string>() << "\n";
   out << "candidates per path: " << p["last_call_candidates_per_path"].dump() << "\n\n";
   out << "per layer (particles whose first moved coordinate is in the layer):\n";
   for (const auto& layer : p["layers"]) {
@@ -98,14 +108,17 @@ int run(Context& ctx) {
     if (layer["kink_tables"].get<bool>()) out << ", ReLU kink tables built for what follows";
     out << "\n";
     if (layer.contains("contract_not_trusted"))
-      out << "    declared contract not trusted: " << layer["contract_not_trusted"].get<std::string>() << "\n";
+      out << "    declared contract not trusted: "
+          << layer["contract_not_trusted"].get<std::string>() << "\n";
     for (const auto& [path, count] : layer["candidates_starting_here"].items())
       out << "    " << path << ": " << count << " candidates\n";
     for (const auto& why : layer["declined"])
-      out << "    declined for " << why["candidates"] << " candidates: " << why["why"].get<std::string>() << "\n";
+      out << "    declined for " << why["candidates"]
+          << " candidates: " << why["why"].get<std::string>() << "\n";
   }
   out << "\npaths:\n";
-  for (const auto& [path, what] : p["paths"].items()) out << "  " << path << ": " << what.get<std::string>() << "\n";
+  for (const auto& [path, what] : p["paths"].items())
+    out << "  " << path << ": " << what.get<std::string>() << "\n";
   return 0;
 }
 
@@ -119,18 +132,21 @@ Command explain_command() {
       "Builds the evaluator for a model, scores one step's candidates on a random batch, and\n"
       "prints per layer the paths taken, why faster paths declined (including layer contracts\n"
       "that failed their probe), the chunk size and the memory estimate.\n\n"
-      "examples:\n  polyprobe explain model.json\n  polyprobe explain --workload mlp256-full --threads 1\n"
+      "examples:\n  polyprobe explain model.json\n  polyprobe explain --workload mlp256-full "
+      "--threads 1\n"
       "  polyprobe explain --workload mlp256-sub512 --path dense --json";
   c.options = [](po::options_description& o, po::positional_options_description& p) {
     add_backend_options(o);
-    o.add_options()("model", po::value<std::string>()->value_name("MODEL.json"), "the model file")
-        ("workload", po::value<std::string>()->default_value(""),
-         "a reference workload instead of a model file (mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full)")
-        ("batch", po::value<int64_t>()->default_value(32), "rows of the random batch (model files)")
-        ("d", po::value<int32_t>()->default_value(2), "particle dimension (model files)")
-        ("path", po::value<std::string>()->default_value(""), "force a path (auto, sparse, subspace-delta, dense, inplace, fallback)")
-        ("chunk-size", po::value<int64_t>()->default_value(0), "candidates held at once (0 = automatic)")
-        ("json", po::bool_switch(), "print the raw JSON");
+    o.add_options()("model", po::value<std::string>()->value_name("MODEL.json"), "the model file")(
+        "workload", po::value<std::string>()->default_value(""),
+        "a reference workload instead of a model file (mlp64-full, mlp256-full, mlp256-sub512, "
+        "mnist128-sub256, mnist64-full)")("batch", po::value<int64_t>()->default_value(32),
+                                          "rows of the random batch (model files)")(
+        "d", po::value<int32_t>()->default_value(2), "particle dimension (model files)")(
+        "path", po::value<std::string>()->default_value(""),
+        "force a path (auto, sparse, subspace-delta, dense, inplace, fallback)")(
+        "chunk-size", po::value<int64_t>()->default_value(0),
+        "candidates held at once (0 = automatic)")("json", po::bool_switch(), "print the raw JSON");
     p.add("model", 1);
   };
   c.run = [](Context& ctx) {

@@ -21,10 +21,12 @@ class PluginAccumulator final : public Accumulator {
   PluginAccumulator& operator=(const PluginAccumulator&) = delete;
 
   std::string name() const override { return std::string(plugin_->name) + "/" + strategy_; }
-  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values, MatrixRef<double> out) override {
+  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values,
+                  MatrixRef<double> out) override {
     run(keys, values, out);
   }
-  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<float> values, MatrixRef<float> out) override {
+  void accumulate(std::span<const int64_t> keys, ConstMatrixRef<float> values,
+                  MatrixRef<float> out) override {
     run(keys, values, out);
   }
 
@@ -36,7 +38,8 @@ class PluginAccumulator final : public Accumulator {
                   std::to_string(values.rows()) + " x " + std::to_string(values.cols()) + ", out " +
                   std::to_string(out.rows()) + " x " + std::to_string(out.cols()));
     // The ABI takes contiguous row-major tensors; copy strided views.
-    const bool contiguous = values.outerStride() == values.cols() && out.outerStride() == out.cols();
+    const bool contiguous =
+        values.outerStride() == values.cols() && out.outerStride() == out.cols();
     Matrix<S> values_copy, out_copy;
     const S* v = values.data();
     S* o = out.data();
@@ -50,31 +53,36 @@ class PluginAccumulator final : public Accumulator {
     auto& [self, api] = by_dtype_[dtype == PP_DTYPE_F32 ? 0 : 1];
     pp_error err{};
     if (self == nullptr) {
-      if (plugin_->accumulator_create(strategy_.c_str(), dtype, &self, &api, &err) != PP_OK || self == nullptr)
-        throw Error("plugin " + std::string(plugin_->name) + ": cannot create accumulator '" + strategy_ +
-                    "': " + error_text(err));
+      if (plugin_->accumulator_create(strategy_.c_str(), dtype, &self, &api, &err) != PP_OK ||
+          self == nullptr)
+        throw Error("plugin " + std::string(plugin_->name) + ": cannot create accumulator '" +
+                    strategy_ + "': " + error_text(err));
       if (api->struct_size >= offsetof(pp_accumulator_api, set_threads) + sizeof(void*) &&
           api->set_threads != nullptr && api->set_threads(self, threads_, &err) != PP_OK)
         throw Error("plugin " + std::string(plugin_->name) + ": " + error_text(err));
     }
-    const int64_t v_shape[2] = {values.rows(), values.cols()}, o_shape[2] = {out.rows(), out.cols()};
+    const int64_t v_shape[2] = {values.rows(), values.cols()},
+                  o_shape[2] = {out.rows(), out.cols()};
     pp_tensor tv{const_cast<S*>(v), dtype, PP_DEVICE_CPU, 0, 2, v_shape, nullptr};
     pp_tensor to{o, dtype, PP_DEVICE_CPU, 0, 2, o_shape, nullptr};
-    if (api->accumulate(self, static_cast<int64_t>(keys.size()), keys.data(), &tv, out.rows(), &to, &err) != PP_OK)
-      throw Error("plugin " + std::string(plugin_->name) + " failed to accumulate: " + error_text(err));
+    if (api->accumulate(self, static_cast<int64_t>(keys.size()), keys.data(), &tv, out.rows(), &to,
+                        &err) != PP_OK)
+      throw Error("plugin " + std::string(plugin_->name) +
+                  " failed to accumulate: " + error_text(err));
     if (!contiguous) out = out_copy;
   }
 
   const pp_plugin* plugin_;
   std::string strategy_;
   int threads_;
-  std::pair<void*, const pp_accumulator_api*> by_dtype_[2] = {{nullptr, nullptr}, {nullptr, nullptr}};
+  std::pair<void*, const pp_accumulator_api*> by_dtype_[2] = {{nullptr, nullptr},
+                                                              {nullptr, nullptr}};
 };
 
 }  // namespace
 
-std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin, const std::string& strategy,
-                                                     int threads) {
+std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
+                                                     const std::string& strategy, int threads) {
   return std::make_unique<PluginAccumulator>(plugin, strategy, threads);
 }
 

@@ -10,7 +10,8 @@ namespace polyprobe {
 
 std::unique_ptr<FactoredSubspace> FactoredSubspace::from_layout(
     const std::vector<ParameterEntry>& layout, int64_t n_params, int64_t rank, uint64_t seed) {
-  if (rank <= 0) throw Error("factored subspace: rank must be positive, got " + std::to_string(rank));
+  if (rank <= 0)
+    throw Error("factored subspace: rank must be positive, got " + std::to_string(rank));
   std::unique_ptr<FactoredSubspace> s(new FactoredSubspace());
   s->n_params_ = n_params;
   std::mt19937_64 rng(seed);
@@ -32,10 +33,12 @@ std::unique_ptr<FactoredSubspace> FactoredSubspace::from_layout(
   for (std::size_t k = 0; k < layout.size(); ++k) {
     const SubspaceEntry& e = s->entries_[k];
     for (int64_t t = 0; t < e.coords; ++t) {
-      if (e.raw) s->coords_.push_back({layout[k].offset, e.rows, 1, t, 0, nullptr, nullptr});
+      if (e.raw)
+        s->coords_.push_back({layout[k].offset, e.rows, 1, t, 0, nullptr, nullptr});
       else
-        s->coords_.push_back({layout[k].offset, e.rows, e.cols, t / e.rank, -1, nullptr,
-                              s->bases_[first_basis[k] + static_cast<std::size_t>(t % e.rank)].data()});
+        s->coords_.push_back(
+            {layout[k].offset, e.rows, e.cols, t / e.rank, -1, nullptr,
+             s->bases_[first_basis[k] + static_cast<std::size_t>(t % e.rank)].data()});
     }
   }
   return s;

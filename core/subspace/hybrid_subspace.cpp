@@ -20,7 +20,8 @@ void trim_to_budget(std::vector<SubspaceEntry>& entries, int64_t budget, bool we
   while (total() > budget) {
     SubspaceEntry* largest = nullptr;
     for (SubspaceEntry& e : entries)
-      if ((!weights_only || !e.raw) && e.coords > 1 && (largest == nullptr || e.coords > largest->coords))
+      if ((!weights_only || !e.raw) && e.coords > 1 &&
+          (largest == nullptr || e.coords > largest->coords))
         largest = &e;
     if (largest == nullptr) break;
     --largest->coords;
@@ -53,10 +54,12 @@ std::vector<SubspaceEntry> HybridSubspace::allocate(const std::vector<ParameterE
   if (budget > 0 && natural > budget) {
     if (natural_bias + n_weights <= budget) {
       // Rule (a): biases stay whole, weights share what is left in proportion.
-      const double share = static_cast<double>(budget - natural_bias) / static_cast<double>(natural_weights);
+      const double share =
+          static_cast<double>(budget - natural_bias) / static_cast<double>(natural_weights);
       for (SubspaceEntry& e : entries)
         if (!e.raw)
-          e.coords = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(e.coords) * share + 0.5)));
+          e.coords = std::max<int64_t>(
+              1, static_cast<int64_t>(std::floor(static_cast<double>(e.coords) * share + 0.5)));
       trim_to_budget(entries, budget, true);
     } else {
       // Rule (b): everything scaled by s = D / N, the rest to the largest remainders.
@@ -82,16 +85,17 @@ std::vector<SubspaceEntry> HybridSubspace::allocate(const std::vector<ParameterE
   // Fractional ranks: A gets its share of the coordinates by the output side, B the rest.
   for (SubspaceEntry& e : entries) {
     if (e.raw) continue;
-    e.coords_a = static_cast<int64_t>(std::floor(static_cast<double>(e.coords * e.rows) /
-                                                     static_cast<double>(e.rows + e.cols) + 0.5));
+    e.coords_a = static_cast<int64_t>(std::floor(
+        static_cast<double>(e.coords * e.rows) / static_cast<double>(e.rows + e.cols) + 0.5));
     e.coords_b = e.coords - e.coords_a;
-    e.rank = std::max<int64_t>({1, (e.coords_a + e.rows - 1) / e.rows, (e.coords_b + e.cols - 1) / e.cols});
+    e.rank = std::max<int64_t>(
+        {1, (e.coords_a + e.rows - 1) / e.rows, (e.coords_b + e.cols - 1) / e.cols});
   }
   return entries;
 }
 
-std::unique_ptr<HybridSubspace> HybridSubspace::from_layout(const std::vector<ParameterEntry>& layout,
-                                                            int64_t n_params, const Options& options) {
+std::unique_ptr<HybridSubspace> HybridSubspace::from_layout(
+    const std::vector<ParameterEntry>& layout, int64_t n_params, const Options& options) {
   std::unique_ptr<HybridSubspace> s(new HybridSubspace());
   s->n_params_ = n_params;
   s->entries_ = allocate(layout, options.rank, options.max_subspace_dim);
@@ -113,7 +117,8 @@ std::unique_ptr<HybridSubspace> HybridSubspace::from_layout(const std::vector<Pa
     const SubspaceEntry& e = s->entries_[k];
     const int64_t offset = layout[k].offset;
     if (e.raw) {
-      for (int64_t t = 0; t < e.coords; ++t) s->coords_.push_back({offset, e.rows, 1, t, 0, nullptr, nullptr});
+      for (int64_t t = 0; t < e.coords; ++t)
+        s->coords_.push_back({offset, e.rows, 1, t, 0, nullptr, nullptr});
       continue;
     }
     for (int64_t t = 0; t < e.coords_a; ++t)  // A[o, j]: row o moves along v_j
@@ -121,7 +126,8 @@ std::unique_ptr<HybridSubspace> HybridSubspace::from_layout(const std::vector<Pa
                             s->bases_[v_index[k] + static_cast<std::size_t>(t / e.rows)].data()});
     for (int64_t t = 0; t < e.coords_b; ++t)  // B[j, i]: column i moves along u_j
       s->coords_.push_back({offset, e.rows, e.cols, -1, t % e.cols,
-                            s->bases_[u_index[k] + static_cast<std::size_t>(t / e.cols)].data(), nullptr});
+                            s->bases_[u_index[k] + static_cast<std::size_t>(t / e.cols)].data(),
+                            nullptr});
   }
   return s;
 }

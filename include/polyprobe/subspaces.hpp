@@ -31,13 +31,13 @@ struct RankOneCoordinate {
 
 // How one parameter tensor takes part in a subspace (for explain and tests).
 struct SubspaceEntry {
-  std::string name;       // "0.weight"
+  std::string name;  // "0.weight"
   int64_t rows = 0, cols = 0;
-  int64_t coords = 0;     // coordinates in all
-  int64_t coords_a = 0;   // hybrid: A-coordinates (rows move along V), factored: all
-  int64_t coords_b = 0;   // hybrid: B-coordinates (columns move along U)
-  int64_t rank = 0;       // basis rank (0 for a raw entry)
-  bool raw = false;       // unprojected coordinates (a bias)
+  int64_t coords = 0;    // coordinates in all
+  int64_t coords_a = 0;  // hybrid: A-coordinates (rows move along V), factored: all
+  int64_t coords_b = 0;  // hybrid: B-coordinates (columns move along U)
+  int64_t rank = 0;      // basis rank (0 for a raw entry)
+  bool raw = false;      // unprojected coordinates (a bias)
 };
 
 // A subspace whose every coordinate is a RankOneCoordinate.
@@ -72,9 +72,9 @@ class HybridSubspace final : public RankOneSubspace {
  public:
   struct Options {
     int64_t rank = 8;
-    int64_t max_subspace_dim = 0;   // 0 = no budget
+    int64_t max_subspace_dim = 0;  // 0 = no budget
     uint64_t seed = 3;
-    bool float32_basis = true;      // round the bases to float32, as the reference stores them
+    bool float32_basis = true;  // round the bases to float32, as the reference stores them
   };
   static std::unique_ptr<HybridSubspace> from_layout(const std::vector<ParameterEntry>& layout,
                                                      int64_t n_params, const Options& options);

@@ -25,10 +25,12 @@ class Accumulator {
   Accumulator(Strategy strategy, int32_t dtype) : strategy_(strategy), dtype_(dtype) {}
 
   void set_threads(int32_t threads) {
-    arena_ = threads > 0 ? std::make_unique<tbb::task_arena>(threads) : std::make_unique<tbb::task_arena>();
+    arena_ = threads > 0 ? std::make_unique<tbb::task_arena>(threads)
+                         : std::make_unique<tbb::task_arena>();
   }
 
-  void accumulate(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys, pp_tensor& out) {
+  void accumulate(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys,
+                  pp_tensor& out) {
     if (values.dtype != dtype_ || out.dtype != dtype_)
       throw std::invalid_argument(std::string("accumulator made for ") + pp::dtype_name(dtype_) +
                                   ", got " + pp::dtype_name(values.dtype));
@@ -42,8 +44,10 @@ class Accumulator {
     last_ = strategy_ == Strategy::automatic ? choose_strategy(n, n_keys, width) : strategy_;
     if (!arena_) set_threads(0);
     arena_->execute([&] {
-      if (dtype_ == PP_DTYPE_F32) run<float>(n, keys, values, n_keys, width, out);
-      else run<double>(n, keys, values, n_keys, width, out);
+      if (dtype_ == PP_DTYPE_F32)
+        run<float>(n, keys, values, n_keys, width, out);
+      else
+        run<double>(n, keys, values, n_keys, width, out);
     });
   }
 
@@ -60,34 +64,41 @@ class Accumulator {
   }
 
   template <class S>
-  void run(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys, int64_t width, pp_tensor& out) {
+  void run(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys, int64_t width,
+           pp_tensor& out) {
     const S* v = pp::as_span<const S>(values).data();
     S* o = pp::as_span<S>(out).data();
     if (last_ == Strategy::scatter) {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1024), [&](const tbb::blocked_range<int64_t>& r) {
-        for (int64_t i = r.begin(); i != r.end(); ++i) {
-          S* dst = o + keys[i] * width;
-          const S* src = v + i * width;
-          for (int64_t j = 0; j < width; ++j) std::atomic_ref<S>(dst[j]).fetch_add(src[j], std::memory_order_relaxed);
-        }
-      });
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, n, 1024), [&](const tbb::blocked_range<int64_t>& r) {
+            for (int64_t i = r.begin(); i != r.end(); ++i) {
+              S* dst = o + keys[i] * width;
+              const S* src = v + i * width;
+              for (int64_t j = 0; j < width; ++j)
+                std::atomic_ref<S>(dst[j]).fetch_add(src[j], std::memory_order_relaxed);
+            }
+          });
       return;
     }
     group_by_key(n, keys, n_keys);
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_keys, 256), [&](const tbb::blocked_range<int64_t>& r) {
-      std::vector<S> sum(static_cast<std::size_t>(width));
-      for (int64_t k = r.begin(); k != r.end(); ++k) {
-        const int64_t begin = starts_[static_cast<std::size_t>(k)], end = starts_[static_cast<std::size_t>(k) + 1];
-        if (begin == end) continue;
-        std::fill(sum.begin(), sum.end(), S(0));
-        for (int64_t p = begin; p < end; ++p) {
-          const S* src = v + order_[static_cast<std::size_t>(p)] * width;
-          for (int64_t j = 0; j < width; ++j) sum[static_cast<std::size_t>(j)] += src[j];
-        }
-        S* dst = o + k * width;
-        for (int64_t j = 0; j < width; ++j) dst[j] += sum[static_cast<std::size_t>(j)];
-      }
-    });
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_keys, 256),
+                      [&](const tbb::blocked_range<int64_t>& r) {
+                        std::vector<S> sum(static_cast<std::size_t>(width));
+                        for (int64_t k = r.begin(); k != r.end(); ++k) {
+                          const int64_t begin = starts_[static_cast<std::size_t>(k)],
+                                        end = starts_[static_cast<std::size_t>(k) + 1];
+                          if (begin == end) continue;
+                          std::fill(sum.begin(), sum.end(), S(0));
+                          for (int64_t p = begin; p < end; ++p) {
+                            const S* src = v + order_[static_cast<std::size_t>(p)] * width;
+                            for (int64_t j = 0; j < width; ++j)
+                              sum[static_cast<std::size_t>(j)] += src[j];
+                          }
+                          S* dst = o + k * width;
+                          for (int64_t j = 0; j < width; ++j)
+                            dst[j] += sum[static_cast<std::size_t>(j)];
+                        }
+                      });
   }
 
   // Stable counting sort of the contribution indices by key into starts_ / order_.
@@ -115,7 +126,8 @@ class Accumulator {
     order_.resize(static_cast<std::size_t>(n));
     tbb::parallel_for(int64_t{0}, chunks, [&](int64_t ch) {
       int64_t* next = counts_.data() + ch * n_keys;
-      for (int64_t i = ch * per_chunk; i < std::min(n, (ch + 1) * per_chunk); ++i) order_[static_cast<std::size_t>(next[keys[i]]++)] = i;
+      for (int64_t i = ch * per_chunk; i < std::min(n, (ch + 1) * per_chunk); ++i)
+        order_[static_cast<std::size_t>(next[keys[i]]++)] = i;
     });
   }
 
@@ -128,7 +140,8 @@ class Accumulator {
 
 int accumulate(void* self, int64_t n, const int64_t* keys, const pp_tensor* values, int64_t n_keys,
                pp_tensor* out, pp_error* err) {
-  return pp::guard(err, [&] { static_cast<Accumulator*>(self)->accumulate(n, keys, *values, n_keys, *out); });
+  return pp::guard(
+      err, [&] { static_cast<Accumulator*>(self)->accumulate(n, keys, *values, n_keys, *out); });
 }
 void destroy(void* self) { delete static_cast<Accumulator*>(self); }
 int set_threads(void* self, int32_t threads, pp_error* err) {
@@ -136,19 +149,27 @@ int set_threads(void* self, int32_t threads, pp_error* err) {
 }
 const char* last_strategy(void* self) { return static_cast<Accumulator*>(self)->last_strategy(); }
 
-const pp_accumulator_api kApi = {sizeof(pp_accumulator_api), &accumulate, &destroy, &set_threads, &last_strategy};
+const pp_accumulator_api kApi = {sizeof(pp_accumulator_api), &accumulate, &destroy, &set_threads,
+                                 &last_strategy};
 
 }  // namespace
 
-void create_accumulator(const char* strategy, int32_t dtype, void** self, const pp_accumulator_api** api) {
+void create_accumulator(const char* strategy, int32_t dtype, void** self,
+                        const pp_accumulator_api** api) {
   const std::string name = strategy == nullptr ? "auto" : strategy;
   Strategy s;
-  if (name == "scatter") s = Strategy::scatter;
-  else if (name == "segment") s = Strategy::segment;
-  else if (name == "auto") s = Strategy::automatic;
-  else throw std::invalid_argument("unknown accumulator strategy '" + name + "' (scatter, segment, auto)");
+  if (name == "scatter")
+    s = Strategy::scatter;
+  else if (name == "segment")
+    s = Strategy::segment;
+  else if (name == "auto")
+    s = Strategy::automatic;
+  else
+    throw std::invalid_argument("unknown accumulator strategy '" + name +
+                                "' (scatter, segment, auto)");
   if (dtype != PP_DTYPE_F32 && dtype != PP_DTYPE_F64)
-    throw std::invalid_argument(std::string("accumulators sum float32 or float64, not ") + pp::dtype_name(dtype));
+    throw std::invalid_argument(std::string("accumulators sum float32 or float64, not ") +
+                                pp::dtype_name(dtype));
   *self = new Accumulator(s, dtype);
   *api = &kApi;
 }

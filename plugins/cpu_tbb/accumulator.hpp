@@ -14,6 +14,7 @@
 namespace polyprobe::cpu_tbb {
 
 // Creates an accumulator of `strategy` for `dtype` (F32 or F64); throws std::invalid_argument.
-void create_accumulator(const char* strategy, int32_t dtype, void** self, const pp_accumulator_api** api);
+void create_accumulator(const char* strategy, int32_t dtype, void** self,
+                        const pp_accumulator_api** api);
 
 }  // namespace polyprobe::cpu_tbb

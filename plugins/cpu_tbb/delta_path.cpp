@@ -66,13 +66,16 @@ void EvaluatorImpl<S>::build_kink_tables() {
       plan_.layers.back().op == LayerOp::affine) {
     const LayerPlan& last = plan_.layers.back();
     int64_t users = 0;
-    for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k < n_layers; ++k) users += first_layer_candidates_[k];
-    if (users > last.in) build_cumulants(last_layer_cumulants_, last.in, eff_.data() + last.offset, 1, last.in, 0);
+    for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k < n_layers; ++k)
+      users += first_layer_candidates_[k];
+    if (users > last.in)
+      build_cumulants(last_layer_cumulants_, last.in, eff_.data() + last.offset, 1, last.in, 0);
   }
   for (std::size_t l = 0; l + 2 < n_layers; ++l) {
     KinkTable& table = kink_[l];
     table.built = false;
-    const LayerPlan &first = plan_.layers[l], &relu = plan_.layers[l + 1], &second = plan_.layers[l + 2];
+    const LayerPlan &first = plan_.layers[l], &relu = plan_.layers[l + 1],
+                    &second = plan_.layers[l + 2];
     if (first.op != LayerOp::affine || relu.op != LayerOp::elementwise || !relu.is_relu ||
         second.op != LayerOp::affine)
       continue;
@@ -89,29 +92,32 @@ void EvaluatorImpl<S>::build_kink_tables() {
     const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
     const Mat<S> abs_first_t = weights_t_[l].cwiseAbs();  // [in, mid]
     arena_->execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
-        Mat<S> masked(out, mid), response(out, in);
-        Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
-        for (int64_t b = r.begin(); b != r.end(); ++b) {
-          for (int64_t j = 0; j < mid; ++j) {
-            const S zj = z(j, b);
-            if (zj > S(0)) masked.col(j) = w_second.col(j);
-            else masked.col(j).setZero();
-            inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
-            signed_inv_z(j) = zj < S(0) ? -inv_z(j) : inv_z(j);
-          }
-          // A unit exactly at its kink crosses for any move: that sample is always exact.
-          const bool at_kink = (z.col(b).array() == S(0)).any();
-          response.noalias() = masked * w_first;
-          for (int64_t u = 0; u < in; ++u) {
-            table.response.col(b).segment(u * out, out) = response.col(u);
-            table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
-            ratio = weights_t_[l].row(u).array() * signed_inv_z;
-            table.room_up(u, b) = at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
-            table.room_down(u, b) = at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
-          }
-        }
-      });
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
+            Mat<S> masked(out, mid), response(out, in);
+            Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
+            for (int64_t b = r.begin(); b != r.end(); ++b) {
+              for (int64_t j = 0; j < mid; ++j) {
+                const S zj = z(j, b);
+                if (zj > S(0))
+                  masked.col(j) = w_second.col(j);
+                else
+                  masked.col(j).setZero();
+                inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
+                signed_inv_z(j) = zj < S(0) ? -inv_z(j) : inv_z(j);
+              }
+              // A unit exactly at its kink crosses for any move: that sample is always exact.
+              const bool at_kink = (z.col(b).array() == S(0)).any();
+              response.noalias() = masked * w_first;
+              for (int64_t u = 0; u < in; ++u) {
+                table.response.col(b).segment(u * out, out) = response.col(u);
+                table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
+                ratio = weights_t_[l].row(u).array() * signed_inv_z;
+                table.room_up(u, b) = at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
+                table.room_down(u, b) = at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
+              }
+            }
+          });
     });
     table.built = true;
     table.cumulants.built = false;
@@ -128,8 +134,9 @@ void EvaluatorImpl<S>::build_direction_tables() {
     DirectionTable& table = direction_[k];
     table.built = false;
     const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
-    if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine || plan_.layers[l + 1].op != LayerOp::elementwise ||
-        !plan_.layers[l + 1].is_relu || plan_.layers[l + 2].op != LayerOp::affine ||
+    if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
+        plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
+        plan_.layers[l + 2].op != LayerOp::affine ||
         static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
       continue;
     const LayerPlan& second = plan_.layers[l + 2];
@@ -163,7 +170,8 @@ void EvaluatorImpl<S>::build_direction_tables() {
 }
 
 template <class S>
-void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Scratch& s) const {
+void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n,
+                                       Scratch& s) const {
   const DirectionTable& table = direction_[static_cast<std::size_t>(u_index)];
   const LayerPlan& second = plan_.layers[l + 2];
   const int64_t batch = batch_, out = second.out, mid = plan_.layers[l].out;
@@ -174,7 +182,8 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
   da.resize(mid);
   for (int64_t i = 0; i < n; ++i) {
     const auto step = s.step.row(i).array();
-    for (int64_t o = 0; o < out; ++o) s.next.row(o).segment(i * batch, batch).array() = table.response.row(o).array() * step;
+    for (int64_t o = 0; o < out; ++o)
+      s.next.row(o).segment(i * batch, batch).array() = table.response.row(o).array() * step;
     for (int64_t b = 0; b < batch; ++b) {
       const S v = step(b);
       const S room = v > S(0) ? v * table.room_up(b) : -v * table.room_down(b);
@@ -216,17 +225,21 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
       const int64_t out_blocked = std::min<int64_t>(out, 16);
       for (int64_t o = 0; o < out_blocked; ++o) acc[o].setZero();
       if (full) {
-        for (int64_t o = out_blocked; o < out; ++o) PacketMap<S>(s.next.data() + o * stride + i * batch + b).setZero();
+        for (int64_t o = out_blocked; o < out; ++o)
+          PacketMap<S>(s.next.data() + o * stride + i * batch + b).setZero();
         for (int64_t k = 0; k < n_units; ++k) {
           const int64_t u = s.units[static_cast<std::size_t>(k)];
           const Packet<S> v = ConstPacketMap<S>(s.sparse.data() + k * stride + i * batch + b);
           room += v.abs() * ConstPacketMap<S>(table.inv_room.data() + u * batch + b);
           const S* response = table.response.data() + u * out * batch + b;
-          for (int64_t o = 0; o < out_blocked; ++o) acc[o] += ConstPacketMap<S>(response + o * batch) * v;
+          for (int64_t o = 0; o < out_blocked; ++o)
+            acc[o] += ConstPacketMap<S>(response + o * batch) * v;
           for (int64_t o = out_blocked; o < out; ++o)
-            PacketMap<S>(s.next.data() + o * stride + i * batch + b) += ConstPacketMap<S>(response + o * batch) * v;
+            PacketMap<S>(s.next.data() + o * stride + i * batch + b) +=
+                ConstPacketMap<S>(response + o * batch) * v;
         }
-        for (int64_t o = 0; o < out_blocked; ++o) PacketMap<S>(s.next.data() + o * stride + i * batch + b) = acc[o];
+        for (int64_t o = 0; o < out_blocked; ++o)
+          PacketMap<S>(s.next.data() + o * stride + i * batch + b) = acc[o];
         PacketMap<S>(s.tmp_b.data() + b) = room;
       } else {
         for (int64_t r = b; r < batch; ++r) {
@@ -247,7 +260,8 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
       // A ReLU unit may cross its kink for this sample: correct exactly the units that do.
       dz.setZero();
       for (int64_t k = 0; k < n_units; ++k)
-        dz += weights_t_[l].row(s.units[static_cast<std::size_t>(k)]).transpose() * s.sparse(k, i * batch + b);
+        dz += weights_t_[l].row(s.units[static_cast<std::size_t>(k)]).transpose() *
+              s.sparse(k, i * batch + b);
       for (int64_t j = 0; j < mid; ++j) {
         const S v = z(j, b) + dz(j);
         if ((v > S(0)) == (z(j, b) > S(0))) continue;
@@ -275,7 +289,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       const int64_t p = terms[t].param;
       s.theta[static_cast<std::size_t>(i * n_terms + t)] =
           subspace_mode_ ? static_cast<S>(delta)
-                         : effective(p, base_[static_cast<std::size_t>(p)] + delta) - eff_[static_cast<std::size_t>(p)];
+                         : effective(p, base_[static_cast<std::size_t>(p)] + delta) -
+                               eff_[static_cast<std::size_t>(p)];
     }
   if (l2_ != 0.0 && subspace_mode_) collect_touched(c, g.particle, s);
 
@@ -302,11 +317,13 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         return;
       }
       if (one_unit && l + 3 == n_layers && kink_[l].built && kink_[l].cumulants.built) {
-        rank_one_losses(kink_[l].cumulants, s.units[0], s.sparse, n, static_cast<int64_t>(l), s.row_losses.data());
+        rank_one_losses(kink_[l].cumulants, s.units[0], s.sparse, n, static_cast<int64_t>(l),
+                        s.row_losses.data());
         finish(s.row_losses.data());
         return;
       }
-      if (state == State::sparse && kink_[l].built && (ti == n_terms || terms[ti].layer > layer_id + 2)) {
+      if (state == State::sparse && kink_[l].built &&
+          (ti == n_terms || terms[ti].layer > layer_id + 2)) {
         apply_kink(l, n, s);
         state = State::dense;
         l += 2;
@@ -317,8 +334,10 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         // A few columns of W times the sparse rows: outer products, no temporaries.
         for (std::size_t k = 0; k < s.units.size(); ++k) {
           const auto column = weights_t_[l].row(s.units[k]).transpose();
-          if (k == 0) s.next.noalias() = column * s.sparse.row(0);
-          else s.next.noalias() += column * s.sparse.row(static_cast<int64_t>(k));
+          if (k == 0)
+            s.next.noalias() = column * s.sparse.row(0);
+          else
+            s.next.noalias() += column * s.sparse.row(static_cast<int64_t>(k));
         }
       } else if (state == State::dense) {
         const Eigen::Map<const Mat<S>> w(eff_.data() + layer.offset, layer.out, layer.in);
@@ -336,10 +355,11 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       bool one_hot = true, one_direction = true;
       for (; te < n_terms && terms[te].layer == layer_id; ++te) {
         one_hot = one_hot && terms[te].row >= 0;
-        one_direction = one_direction && terms[te].row < 0 && terms[te].u_index == terms[ti].u_index &&
-                        terms[te].col != kDenseV;
+        one_direction = one_direction && terms[te].row < 0 &&
+                        terms[te].u_index == terms[ti].u_index && terms[te].col != kDenseV;
       }
-      if (state == State::none && one_direction && (te == n_terms || terms[te].layer > layer_id + 2) &&
+      if (state == State::none && one_direction &&
+          (te == n_terms || terms[te].layer > layer_id + 2) &&
           direction_[static_cast<std::size_t>(terms[ti].u_index)].built) {
         // Every term moves the pre-activation along one u: a scalar per sample, then the
         // direction table through the ReLU and the next affine layer.
@@ -347,8 +367,10 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         for (int64_t t = ti; t < te; ++t)
           for (int64_t i = 0; i < n; ++i) {
             const S theta = s.theta[static_cast<std::size_t>(i * n_terms + t)];
-            if (terms[t].col == kBias) s.step.row(i).array() += theta;
-            else s.step.row(i) += theta * acts_t_[l].row(terms[t].col);
+            if (terms[t].col == kBias)
+              s.step.row(i).array() += theta;
+            else
+              s.step.row(i) += theta * acts_t_[l].row(terms[t].col);
           }
         apply_direction(l, terms[ti].u_index, n, s);
         state = State::dense;
@@ -371,14 +393,15 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
       s.src.resize(batch);
       s.directions.clear();
       for (int64_t t = ti; t < te; ++t)
-        if (terms[t].row < 0 && std::find(s.directions.begin(), s.directions.end(), terms[t].u_index) == s.directions.end())
+        if (terms[t].row < 0 && std::find(s.directions.begin(), s.directions.end(),
+                                          terms[t].u_index) == s.directions.end())
           s.directions.push_back(terms[t].u_index);
       s.by_direction.setZero(static_cast<int64_t>(s.directions.size()), nb);
       for (int64_t t = ti; t < te; ++t) {
         const Term& term = terms[t];
-        const int64_t out_row = sparse_out
-            ? std::find(out_units.begin(), out_units.end(), term.row) - out_units.begin()
-            : term.row;
+        const int64_t out_row =
+            sparse_out ? std::find(out_units.begin(), out_units.end(), term.row) - out_units.begin()
+                       : term.row;
         for (int64_t i = 0; i < n; ++i) {
           const int64_t col0 = i * batch;
           // src = v^T (a + delta) for this candidate.
@@ -389,29 +412,33 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
             if (state == State::dense) s.src += delta.row(term.col).segment(col0, batch).array();
             if (state == State::sparse)
               for (std::size_t k = 0; k < s.units.size(); ++k)
-                if (s.units[k] == term.col) s.src += s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
+                if (s.units[k] == term.col)
+                  s.src += s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
           } else {
             s.src = v_src_.row(term.v_index).array();
             const auto& v = dense_v_s_[static_cast<std::size_t>(term.v_index)];
             if (state == State::dense) s.src += (v * delta.middleCols(col0, batch)).array();
             if (state == State::sparse)
               for (std::size_t k = 0; k < s.units.size(); ++k)
-                s.src += v(s.units[k]) * s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
+                s.src += v(s.units[k]) *
+                         s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
           }
           s.src *= s.theta[static_cast<std::size_t>(i * n_terms + t)];
           if (out_row >= 0) {
             target.row(out_row).segment(col0, batch).array() += s.src;
           } else {
             // Terms along one dense u add up first: one outer product per direction.
-            const int64_t dir = std::find(s.directions.begin(), s.directions.end(), term.u_index) - s.directions.begin();
+            const int64_t dir = std::find(s.directions.begin(), s.directions.end(), term.u_index) -
+                                s.directions.begin();
             s.by_direction.row(dir).segment(col0, batch).array() += s.src;
           }
         }
       }
       for (std::size_t k = 0; k < s.directions.size(); ++k) {
         const auto& u = dense_u_[static_cast<std::size_t>(s.directions[k])];
-        target.noalias() += Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) *
-                            s.by_direction.row(static_cast<int64_t>(k));
+        target.noalias() +=
+            Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) *
+            s.by_direction.row(static_cast<int64_t>(k));
       }
       ti = te;
       if (sparse_out) {
@@ -436,7 +463,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         for (int64_t k = 0; k < n_units; ++k) {
           const int64_t u = s.units[static_cast<std::size_t>(k)];
           for (int64_t i = 0; i < n; ++i)
-            s.sparse.row(k).segment(i * batch, batch) = s.dense_in.row(k).segment(i * batch, batch) - fa.row(u);
+            s.sparse.row(k).segment(i * batch, batch) =
+                s.dense_in.row(k).segment(i * batch, batch) - fa.row(u);
         }
       } else if (layer.is_relu) {
         for (int64_t i = 0; i < n; ++i) {
@@ -447,7 +475,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         for (int64_t i = 0; i < n; ++i) delta.middleCols(i * batch, batch) += a;
         s.next.resize(delta.rows(), nb);
         apply_elementwise(layer, delta.data(), s.next.data(), delta.size(), s);
-        for (int64_t i = 0; i < n; ++i) delta.middleCols(i * batch, batch) = s.next.middleCols(i * batch, batch) - fa;
+        for (int64_t i = 0; i < n; ++i)
+          delta.middleCols(i * batch, batch) = s.next.middleCols(i * batch, batch) - fa;
       }
     } else {
       // A host layer: whole activations a + delta from here on, stacked sample-major.
@@ -458,32 +487,36 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
         if (state == State::dense) rows += delta.middleCols(i * batch, batch).transpose();
         if (state == State::sparse)
           for (std::size_t k = 0; k < s.units.size(); ++k)
-            rows.col(s.units[k]) += s.sparse.row(static_cast<int64_t>(k)).segment(i * batch, batch).transpose();
+            rows.col(s.units[k]) +=
+                s.sparse.row(static_cast<int64_t>(k)).segment(i * batch, batch).transpose();
       }
       for (std::size_t m = l; m < n_layers; ++m) {
         forward_layer(plan_.layers[m], s.stack, eff_.data(), s.stack_next);
         s.stack.swap(s.stack_next);
       }
-      for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+      for (int64_t i = 0; i < n; ++i)
+        losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
       return;
     }
   }
   if (state == State::none) {
-    for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = base_loss_ - l2_ * base_sq_ + l2_term(c, g, g.begin + i, s);
+    for (int64_t i = 0; i < n; ++i)
+      losses[g.begin + i] = base_loss_ - l2_ * base_sq_ + l2_term(c, g, g.begin + i, s);
     return;
   }
   if (state == State::sparse) {
     s.next.setZero(plan_.out_features, nb);
-    for (std::size_t k = 0; k < s.units.size(); ++k) s.next.row(s.units[k]) = s.sparse.row(static_cast<int64_t>(k));
+    for (std::size_t k = 0; k < s.units.size(); ++k)
+      s.next.row(s.units[k]) = s.sparse.row(static_cast<int64_t>(k));
     delta.swap(s.next);
   }
   delta_losses(delta, n, s.row_losses.data(), s);
   finish(s.row_losses.data());
 }
 
-#define POLYPROBE_INSTANTIATE(S)                                                                   \
+#define POLYPROBE_INSTANTIATE(S)                                                                  \
   template void EvaluatorImpl<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t,      \
-                                                    Scratch&) const;                               \
+                                                    Scratch&) const;                              \
   template void EvaluatorImpl<S>::build_kink_tables();                                            \
   template void EvaluatorImpl<S>::apply_kink(std::size_t, int64_t, Scratch&) const;               \
   template void EvaluatorImpl<S>::build_direction_tables();                                       \

@@ -4,9 +4,9 @@
 
 #include <polyprobe/plugin.hpp>
 
-#include <nlohmann/json.hpp>
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -30,25 +30,40 @@ bool is(const char* a, const char* b) { return a != nullptr && std::strcmp(a, b)
 
 const char* path_name(Path path, bool subspace) {
   switch (path) {
-    case Path::delta: return subspace ? "subspace-delta" : "sparse";
-    case Path::dense: return "dense";
-    case Path::inplace: return "inplace";
-    case Path::fallback: return "fallback";
-    case Path::incumbent: return "incumbent";
-    case Path::count: break;
+    case Path::delta:
+      return subspace ? "subspace-delta" : "sparse";
+    case Path::dense:
+      return "dense";
+    case Path::inplace:
+      return "inplace";
+    case Path::fallback:
+      return "fallback";
+    case Path::incumbent:
+      return "incumbent";
+    case Path::count:
+      break;
   }
   return "?";
 }
 
 const char* decline_text(Decline why) {
   switch (why) {
-    case Decline::none: return "";
-    case Decline::no_prefix_reuse: return "a layer is not prefix-reusable, so every candidate runs the whole forward";
-    case Decline::not_affine: return "delta declined: a moved coordinate belongs to a layer that is not a verified affine layer";
-    case Decline::subspace_transform: return "delta declined: a subspace coordinate moves a transformed weight, whose change is not rank one";
-    case Decline::across_host: return "delta declined: the particle changes layers on both sides of a host layer";
-    case Decline::forced: return "delta not used: another path was requested";
-    case Decline::count: break;
+    case Decline::none:
+      return "";
+    case Decline::no_prefix_reuse:
+      return "a layer is not prefix-reusable, so every candidate runs the whole forward";
+    case Decline::not_affine:
+      return "delta declined: a moved coordinate belongs to a layer that is not a verified affine "
+             "layer";
+    case Decline::subspace_transform:
+      return "delta declined: a subspace coordinate moves a transformed weight, whose change is "
+             "not rank one";
+    case Decline::across_host:
+      return "delta declined: the particle changes layers on both sides of a host layer";
+    case Decline::forced:
+      return "delta not used: another path was requested";
+    case Decline::count:
+      break;
   }
   return "?";
 }
@@ -72,7 +87,8 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
     for (int64_t k = 0; k < subspace_->dimension; ++k) {
       const pp_subspace_coord& c = subspace_->coords[k];
       if (c.offset < 0 || c.offset + c.rows * c.cols > plan_.n_params)
-        throw std::invalid_argument("subspace coordinate " + std::to_string(k) + " lies outside the parameters");
+        throw std::invalid_argument("subspace coordinate " + std::to_string(k) +
+                                    " lies outside the parameters");
       if (c.row < 0) {
         auto [it, added] = u_index.try_emplace(c.u, static_cast<int32_t>(dense_u_.size()));
         if (added) {
@@ -85,7 +101,9 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
         auto [it, added] = v_index.try_emplace(c.v, static_cast<int32_t>(dense_v_.size()));
         if (added) {
           dense_v_.push_back(c.v);
-          dense_v_s_.push_back(Eigen::Map<const Eigen::Matrix<double, 1, Eigen::Dynamic>>(c.v, c.cols).template cast<S>());
+          dense_v_s_.push_back(
+              Eigen::Map<const Eigen::Matrix<double, 1, Eigen::Dynamic>>(c.v, c.cols)
+                  .template cast<S>());
           dense_v_layer_.push_back(plan_.owners.empty() ? 0 : plan_.layer_of(c.offset));
         }
         coord_v_[static_cast<std::size_t>(k)] = it->second;
@@ -101,13 +119,17 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
   }
   chunk_ = options.chunk_size;
   chunk_auto_ = chunk_ <= 0;
-  arena_ = threads_ > 0 ? std::make_unique<tbb::task_arena>(threads_) : std::make_unique<tbb::task_arena>();
+  arena_ = threads_ > 0 ? std::make_unique<tbb::task_arena>(threads_)
+                        : std::make_unique<tbb::task_arena>();
   const auto n_layers = static_cast<int32_t>(plan_.layers.size());
   first_host_from_.assign(static_cast<std::size_t>(n_layers) + 1, n_layers);
   for (int32_t l = n_layers - 1; l >= 0; --l)
     first_host_from_[static_cast<std::size_t>(l)] =
-        plan_.layers[static_cast<std::size_t>(l)].op == LayerOp::host ? l : first_host_from_[static_cast<std::size_t>(l) + 1];
-  const double copies = static_cast<double>(arena_->max_concurrency()) * static_cast<double>(plan_.n_params) * sizeof(S);
+        plan_.layers[static_cast<std::size_t>(l)].op == LayerOp::host
+            ? l
+            : first_host_from_[static_cast<std::size_t>(l) + 1];
+  const double copies = static_cast<double>(arena_->max_concurrency()) *
+                        static_cast<double>(plan_.n_params) * sizeof(S);
   inplace_for_dense_ = copies > kParamCopiesBudgetBytes;
   kink_.resize(plan_.layers.size());
   layer_path_candidates_.resize(plan_.layers.size() + 1);
@@ -120,7 +142,8 @@ void EvaluatorImpl<S>::register_batch(const pp_batch_view& batch) {
   const int64_t rows = pp::rows(batch.inputs), cols = pp::row_size(batch.inputs);
   if (rows <= 0) throw std::invalid_argument("cannot register an empty batch");
   if (cols != plan_.in_features)
-    throw std::invalid_argument("batch has " + std::to_string(cols) + " features, the model expects " +
+    throw std::invalid_argument("batch has " + std::to_string(cols) +
+                                " features, the model expects " +
                                 std::to_string(plan_.in_features));
   x_ = Eigen::Map<const Mat<double>>(inputs.data(), rows, cols).template cast<S>();
   batch_ = rows;
@@ -152,13 +175,14 @@ double EvaluatorImpl<S>::memory_estimate_bytes() const {
     const LayerPlan& layer = plan_.layers[l];
     widths += static_cast<double>(layer.out);
     if (layer.op == LayerOp::affine) weights += static_cast<double>(layer.weight_count);
-    if (kink_[l].built) kink += static_cast<double>(kink_[l].response.size() + kink_[l].inv_room.size());
+    if (kink_[l].built)
+      kink += static_cast<double>(kink_[l].response.size() + kink_[l].inv_room.size());
   }
   const double n = static_cast<double>(plan_.n_params), b = static_cast<double>(batch_);
   const double workers = arena_->max_concurrency();
-  const double params = 8.0 * n + sizeof(S) * (n + weights);      // base, effective, W^T
+  const double params = 8.0 * n + sizeof(S) * (n + weights);                 // base, effective, W^T
   const double copies = inplace_for_dense_ ? 0.0 : workers * sizeof(S) * n;  // dense/fallback
-  const double activations = 2.0 * sizeof(S) * b * widths;        // both layouts
+  const double activations = 2.0 * sizeof(S) * b * widths;                   // both layouts
   const double in_flight = workers * 4.0 * sizeof(S) * b * static_cast<double>(plan_.max_width()) *
                            static_cast<double>(chunk_);
   return params + copies + activations + in_flight + sizeof(S) * kink;
@@ -204,12 +228,14 @@ void EvaluatorImpl<S>::forward_prefix() {
   acts_t_.resize(n_layers + 1);
   weights_t_.resize(n_layers);
   acts_[0] = x_;
-  for (std::size_t l = 0; l < n_layers; ++l) forward_layer(plan_.layers[l], acts_[l], eff_.data(), acts_[l + 1]);
+  for (std::size_t l = 0; l < n_layers; ++l)
+    forward_layer(plan_.layers[l], acts_[l], eff_.data(), acts_[l + 1]);
   for (std::size_t l = 0; l <= n_layers; ++l) acts_t_[l] = acts_[l].transpose();
   for (std::size_t l = 0; l < n_layers; ++l) {
     const LayerPlan& layer = plan_.layers[l];
     if (layer.op == LayerOp::affine)
-      weights_t_[l] = Eigen::Map<const Mat<S>>(eff_.data() + layer.offset, layer.out, layer.in).transpose();
+      weights_t_[l] =
+          Eigen::Map<const Mat<S>>(eff_.data() + layer.offset, layer.out, layer.in).transpose();
   }
   v_src_.resize(static_cast<int64_t>(dense_v_.size()), batch_);
   for (std::size_t j = 0; j < dense_v_.size(); ++j) {
@@ -237,8 +263,8 @@ void EvaluatorImpl<S>::forward_prefix() {
 }
 
 template <class S>
-Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle, std::vector<Term>& out,
-                                      int32_t& first) const {
+Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle,
+                                      std::vector<Term>& out, int32_t& first) const {
   const int32_t d = c.d;
   int32_t last = -1;
   first = static_cast<int32_t>(plan_.layers.size());
@@ -266,8 +292,8 @@ Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle, 
       if (layer.op != LayerOp::affine) why = Decline::not_affine;
     } else {
       if (coord >= subspace_->dimension)
-        throw std::out_of_range("subspace coordinate " + std::to_string(coord) + " is outside [0, " +
-                                std::to_string(subspace_->dimension) + ")");
+        throw std::out_of_range("subspace coordinate " + std::to_string(coord) +
+                                " is outside [0, " + std::to_string(subspace_->dimension) + ")");
       const pp_subspace_coord& sc = subspace_->coords[coord];
       t.layer = plan_.layer_of(sc.offset);
       const LayerPlan& layer = plan_.layers[static_cast<std::size_t>(t.layer)];
@@ -291,7 +317,8 @@ Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle, 
     out.push_back(t);
   }
   if (last < 0) return Decline::none;
-  if (why == Decline::none && first_host_from_[static_cast<std::size_t>(first)] < last) why = Decline::across_host;
+  if (why == Decline::none && first_host_from_[static_cast<std::size_t>(first)] < last)
+    why = Decline::across_host;
   return why;
 }
 
@@ -326,7 +353,9 @@ void EvaluatorImpl<S>::plan_groups(const pp_candidates& c) {
       g.path = Path::fallback;
       g.why = Decline::no_prefix_reuse;
     } else if (!forced_.empty() && !force_delta) {
-      g.path = forced_ == "dense" ? Path::dense : forced_ == "inplace" ? Path::inplace : Path::fallback;
+      g.path = forced_ == "dense"     ? Path::dense
+               : forced_ == "inplace" ? Path::inplace
+                                      : Path::fallback;
       if (g.why == Decline::none) g.why = Decline::forced;
     } else if (g.why == Decline::none) {
       g.path = Path::delta;
@@ -356,7 +385,8 @@ void EvaluatorImpl<S>::run_groups(const pp_candidates& c, double* losses) {
                       [&](const tbb::blocked_range<std::size_t>& range) {
                         Scratch& s = scratch_.local();
                         for (std::size_t i = range.begin(); i != range.end(); ++i)
-                          if (groups_[i].path != Path::inplace) evaluate_group(c, groups_[i], s, losses);
+                          if (groups_[i].path != Path::inplace)
+                            evaluate_group(c, groups_[i], s, losses);
                       });
   });
   // In-place groups share one parameter copy: one at a time, parallel inside.
@@ -366,14 +396,24 @@ void EvaluatorImpl<S>::run_groups(const pp_candidates& c, double* losses) {
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_group(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const {
+void EvaluatorImpl<S>::evaluate_group(const pp_candidates& c, const Group& g, Scratch& s,
+                                      double* losses) const {
   switch (g.path) {
-    case Path::delta: evaluate_delta(c, g, s, losses); return;
-    case Path::dense: evaluate_dense(c, g, s, losses); return;
-    case Path::fallback: evaluate_fallback(c, g, s, losses); return;
-    case Path::incumbent: std::fill(losses + g.begin, losses + g.end, base_loss_); return;
+    case Path::delta:
+      evaluate_delta(c, g, s, losses);
+      return;
+    case Path::dense:
+      evaluate_dense(c, g, s, losses);
+      return;
+    case Path::fallback:
+      evaluate_fallback(c, g, s, losses);
+      return;
+    case Path::incumbent:
+      std::fill(losses + g.begin, losses + g.end, base_loss_);
+      return;
     case Path::inplace:
-    case Path::count: break;
+    case Path::count:
+      break;
   }
 }
 
@@ -409,13 +449,15 @@ void EvaluatorImpl<S>::collect_touched(const pp_candidates& c, int64_t particle,
       s.touched.push_back(param);
       s.coef.resize(s.coef.size() + static_cast<std::size_t>(d), 0.0);
     }
-    s.coef[(s.touched.size() - 1) * static_cast<std::size_t>(d) + static_cast<std::size_t>(kc.first)] += kc.second;
+    s.coef[(s.touched.size() - 1) * static_cast<std::size_t>(d) +
+           static_cast<std::size_t>(kc.first)] += kc.second;
   }
   s.raw.resize(s.touched.size());
 }
 
 template <class S>
-double EvaluatorImpl<S>::l2_term(const pp_candidates& c, const Group& g, int64_t cand, Scratch& s) const {
+double EvaluatorImpl<S>::l2_term(const pp_candidates& c, const Group& g, int64_t cand,
+                                 Scratch& s) const {
   if (l2_ == 0.0) return 0.0;
   const int32_t d = c.d;
   const double* delta = c.displacement + cand * d;
@@ -432,7 +474,8 @@ double EvaluatorImpl<S>::l2_term(const pp_candidates& c, const Group& g, int64_t
   // s.touched / s.coef describe this group's particle (collect_touched).
   for (std::size_t t = 0; t < s.touched.size(); ++t) {
     double raw = base_[static_cast<std::size_t>(s.touched[t])];
-    for (int32_t k = 0; k < d; ++k) raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+    for (int32_t k = 0; k < d; ++k)
+      raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
     const double b = base_[static_cast<std::size_t>(s.touched[t])];
     sq += raw * raw - b * b;
   }
@@ -478,24 +521,28 @@ const char* EvaluatorImpl<S>::explain() {
     json paths = json::object(), declined = json::array();
     for (int p = 0; p < kPathCount; ++p)
       if (layer_path_candidates_[l][static_cast<std::size_t>(p)] > 0)
-        paths[path_name(static_cast<Path>(p), subspace_mode_)] = layer_path_candidates_[l][static_cast<std::size_t>(p)];
+        paths[path_name(static_cast<Path>(p), subspace_mode_)] =
+            layer_path_candidates_[l][static_cast<std::size_t>(p)];
     for (int w = 1; w < static_cast<int>(Decline::count); ++w)
       if (layer_declines_[l][static_cast<std::size_t>(w)] > 0)
         declined.push_back({{"why", decline_text(static_cast<Decline>(w))},
                             {"candidates", layer_declines_[l][static_cast<std::size_t>(w)]}});
-    json entry = {{"layer", l},
-                  {"kind", layer.view->kind},
-                  {"runs_as", layer.op == LayerOp::elementwise && layer.is_relu ? "relu (native)" : op_name(layer.op)},
-                  {"parameters", layer.count},
-                  {"candidates_starting_here", paths},
-                  {"declined", declined},
-                  {"kink_tables", kink_[l].built}};
+    json entry = {
+        {"layer", l},
+        {"kind", layer.view->kind},
+        {"runs_as",
+         layer.op == LayerOp::elementwise && layer.is_relu ? "relu (native)" : op_name(layer.op)},
+        {"parameters", layer.count},
+        {"candidates_starting_here", paths},
+        {"declined", declined},
+        {"kink_tables", kink_[l].built}};
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
     layers.push_back(entry);
   }
   json counts = json::object();
   for (int p = 0; p < kPathCount; ++p)
-    counts[path_name(static_cast<Path>(p), subspace_mode_)] = path_candidates_[static_cast<std::size_t>(p)];
+    counts[path_name(static_cast<Path>(p), subspace_mode_)] =
+        path_candidates_[static_cast<std::size_t>(p)];
   json j = {{"plugin", "cpu_tbb"},
             {"dtype", std::is_same_v<S, float> ? "float32" : "float64"},
             {"threads", arena_->max_concurrency()},
@@ -510,11 +557,13 @@ const char* EvaluatorImpl<S>::explain() {
             {"last_call_candidates_per_path", counts},
             {"layers", layers},
             {"paths",
-             {{"sparse", "full space: the particle's change propagates as a delta, sparse through "
-                         "elementwise layers, dense one affine layer later"},
+             {{"sparse",
+               "full space: the particle's change propagates as a delta, sparse through "
+               "elementwise layers, dense one affine layer later"},
               {"subspace-delta", "rank-one subspace coordinates propagate as deltas"},
-              {"dense", "the changed layers' weights materialised per candidate, later layers one "
-                        "GEMM over the particle's candidates"},
+              {"dense",
+               "the changed layers' weights materialised per candidate, later layers one "
+               "GEMM over the particle's candidates"},
               {"inplace", "apply, score, revert on one shared parameter copy"},
               {"fallback", "the whole forward of each materialised candidate"}}}};
   explain_ = j.dump();
@@ -546,7 +595,8 @@ std::unique_ptr<CandidateEvaluator> make_candidate_evaluator(const pp_model_view
                                                              const pp_eval_options& options) {
   if (const std::string why = unsupported_reason(model, loss, options); !why.empty())
     throw std::invalid_argument(why);
-  if (options.dtype == PP_DTYPE_F32) return std::make_unique<EvaluatorImpl<float>>(model, loss, options);
+  if (options.dtype == PP_DTYPE_F32)
+    return std::make_unique<EvaluatorImpl<float>>(model, loss, options);
   return std::make_unique<EvaluatorImpl<double>>(model, loss, options);
 }
 

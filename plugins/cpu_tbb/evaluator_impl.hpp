@@ -8,9 +8,9 @@
 
 #include <polyprobe/kernels/losses.hpp>
 
-#include <Eigen/Core>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/task_arena.h>
+#include <Eigen/Core>
 
 #include <array>
 #include <cstdint>
@@ -44,11 +44,11 @@ const char* path_name(Path path, bool subspace);
 // Why a group did not take the delta path.
 enum class Decline : int {
   none,
-  no_prefix_reuse,    // a layer is not prefix-reusable (model-wide)
-  not_affine,         // a moved coordinate belongs to a layer not verified affine
-  subspace_transform, // a subspace coordinate moves a transformed weight (not rank one)
-  across_host,        // the particle changes layers on both sides of a host layer
-  forced,             // another path was requested
+  no_prefix_reuse,     // a layer is not prefix-reusable (model-wide)
+  not_affine,          // a moved coordinate belongs to a layer not verified affine
+  subspace_transform,  // a subspace coordinate moves a transformed weight (not rank one)
+  across_host,         // the particle changes layers on both sides of a host layer
+  forced,              // another path was requested
   count
 };
 const char* decline_text(Decline why);
@@ -73,14 +73,15 @@ struct Group {
   int64_t particle = 0;
   Path path = Path::fallback;
   Decline why = Decline::none;
-  int32_t first_layer = 0;  // the first layer the particle changes
+  int32_t first_layer = 0;                 // the first layer the particle changes
   int64_t terms_begin = 0, terms_end = 0;  // into terms_
 };
 
 template <class S>
 class EvaluatorImpl final : public CandidateEvaluator {
  public:
-  EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss, const pp_eval_options& options);
+  EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss,
+                const pp_eval_options& options);
   void register_batch(const pp_batch_view& batch) override;
   void evaluate(const pp_candidates& c, double* losses) override;
   const char* explain() override;
@@ -91,13 +92,13 @@ class EvaluatorImpl final : public CandidateEvaluator {
   struct Scratch {
     // delta path: deltas are feature-major, [features, candidates * batch]
     Mat<S> delta, next, dense_in, room;
-    Mat<S> sparse;                 // [units, candidates * batch]
+    Mat<S> sparse;  // [units, candidates * batch]
     std::vector<int64_t> units;
-    std::vector<S> theta;          // [candidates * terms]
+    std::vector<S> theta;  // [candidates * terms]
     Arr<S> src, tmp_b, max_b, sum_b;
     Eigen::Matrix<S, Eigen::Dynamic, 1> column;
-    Mat<S> by_direction;           // [distinct dense u, candidates * batch]
-    Mat<S> step;                   // [candidates, batch]: the scalar move along one direction
+    Mat<S> by_direction;  // [distinct dense u, candidates * batch]
+    Mat<S> step;          // [candidates, batch]: the scalar move along one direction
     std::vector<int32_t> directions;
     std::vector<S> buffer, buffer_out;  // host elementwise on padded flat buffers
     // materialised paths: sample-major
@@ -118,7 +119,8 @@ class EvaluatorImpl final : public CandidateEvaluator {
   void forward_prefix();
   S effective(int64_t param, double raw) const;
   void plan_groups(const pp_candidates& c);
-  Decline build_terms(const pp_candidates& c, int64_t particle, std::vector<Term>& out, int32_t& first) const;
+  Decline build_terms(const pp_candidates& c, int64_t particle, std::vector<Term>& out,
+                      int32_t& first) const;
   void run_groups(const pp_candidates& c, double* losses);
   void evaluate_group(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
   double l2_term(const pp_candidates& c, const Group& g, int64_t cand, Scratch& s) const;
@@ -129,7 +131,8 @@ class EvaluatorImpl final : public CandidateEvaluator {
   // --- delta_path.cpp
   void evaluate_delta(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
   void build_kink_tables();
-  void apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count, Scratch& s) const;
+  void apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count,
+                         Scratch& s) const;
   // Sparse units at the input of affine layer l through l, relu l+1 and affine l+2 into
   // s.delta ([out_{l+2}, n * batch]) with the kink tables.
   void apply_kink(std::size_t l, int64_t n, Scratch& s) const;
@@ -158,16 +161,16 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::string forced_;  // "" = auto
   bool subspace_mode_ = false;
   const pp_subspace_view* subspace_ = nullptr;
-  std::vector<int32_t> coord_u_, coord_v_;     // per subspace coordinate: dense u / v index
-  std::vector<std::vector<S>> dense_u_;        // dense u vectors of subspace coordinates, in S
-  std::vector<const double*> dense_v_;         // dense v vectors
+  std::vector<int32_t> coord_u_, coord_v_;  // per subspace coordinate: dense u / v index
+  std::vector<std::vector<S>> dense_u_;     // dense u vectors of subspace coordinates, in S
+  std::vector<const double*> dense_v_;      // dense v vectors
   std::vector<Eigen::Matrix<S, 1, Eigen::Dynamic>> dense_v_s_;  // the same, in S
   std::vector<int32_t> dense_v_layer_;
-  std::vector<int32_t> first_host_from_;       // first host layer index >= l (n_layers if none)
+  std::vector<int32_t> first_host_from_;  // first host layer index >= l (n_layers if none)
   std::unique_ptr<tbb::task_arena> arena_;
-  int64_t chunk_ = 0;       // candidates a worker holds at once
+  int64_t chunk_ = 0;  // candidates a worker holds at once
   bool chunk_auto_ = true;
-  int64_t chunk_halvings_ = 0;  // allocation failures survived by halving the chunk
+  int64_t chunk_halvings_ = 0;      // allocation failures survived by halving the chunk
   bool inplace_for_dense_ = false;  // per-thread parameter copies would not fit
 
   // batch
@@ -181,10 +184,10 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<S> eff_;
   double base_sq_ = 0.0;
   uint64_t generation_ = 0;
-  std::vector<Mat<S>> acts_;     // sample-major [batch, width], acts_[l] = input of layer l
-  std::vector<Mat<S>> acts_t_;   // feature-major [width, batch]
+  std::vector<Mat<S>> acts_;       // sample-major [batch, width], acts_[l] = input of layer l
+  std::vector<Mat<S>> acts_t_;     // feature-major [width, batch]
   std::vector<Mat<S>> weights_t_;  // affine layers: effective W^T [in, out]
-  Mat<S> v_src_;                 // [dense_v_, batch]: v^T (input of its layer)
+  Mat<S> v_src_;                   // [dense_v_, batch]: v^T (input of its layer)
   double base_loss_ = 0.0;
   // Cross-entropy from a logit delta: the incumbent's softmax and per-sample losses
   // ([classes, batch] and [batch]) and the labels as one-hot rows.
@@ -215,8 +218,8 @@ class EvaluatorImpl final : public CandidateEvaluator {
   // Kink tables of affine layer l (see delta_path.cpp), when built this call.
   struct KinkTable {
     bool built = false;
-    Mat<S> response;   // [in_l * out_{l+2}, batch]
-    Mat<S> inv_room;   // [in_l, batch]
+    Mat<S> response;  // [in_l * out_{l+2}, batch]
+    Mat<S> inv_room;  // [in_l, batch]
     // One unit u moving by s > 0 makes a ReLU unit cross iff s * room_up(u, b) >= 1 (s < 0:
     // -s * room_down(u, b) >= 1): max_j of -W[j, u] / z_jb and of W[j, u] / z_jb.
     Mat<S> room_up, room_down;

@@ -10,7 +10,8 @@
 namespace polyprobe::cpu_tbb {
 
 template <class S>
-void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses, Scratch& s) const {
+void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses,
+                                    Scratch& s) const {
   const int64_t batch = batch_, classes = plan_.out_features;
   const Mat<S>& z = acts_t_.back();  // [classes, batch]
   s.max_b.resize(batch);
@@ -73,10 +74,12 @@ void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean
       std::vector<S>& outputs = s.buffer_out;  // one sample's outputs
       outputs.resize(static_cast<std::size_t>(classes));
       for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t k = 0; k < classes; ++k) outputs[static_cast<std::size_t>(k)] = z(k, b) + delta(k, col0 + b);
+        for (int64_t k = 0; k < classes; ++k)
+          outputs[static_cast<std::size_t>(k)] = z(k, b) + delta(k, col0 + b);
         const int64_t label = labels_.empty() ? 0 : labels_[static_cast<std::size_t>(b)];
         const double* target = targets_.empty() ? nullptr : targets_.data() + b * classes;
-        sum += static_cast<double>(kernels::loss_row<S>(loss_, outputs.data(), classes, label, target));
+        sum += static_cast<double>(
+            kernels::loss_row<S>(loss_, outputs.data(), classes, label, target));
       }
     }
     mean_losses[i] = sum / static_cast<double>(batch);
@@ -95,7 +98,6 @@ double EvaluatorImpl<S>::rows_loss(const Mat<S>& out, int64_t first_row) const {
   return sum / static_cast<double>(batch_);
 }
 
-
 // Rank-one logit changes. With dl_k = s g_k and p the incumbent's softmax of one sample,
 // the loss change is K(s) - s g_y, where K(s) = log sum_k p_k exp(s g_k) is the cumulant
 // generating function of g under p: K(s) = sum_n kappa_n s^n / n!. With M = max_k
@@ -112,7 +114,8 @@ template <class S>
 void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
                                        int64_t sk, int64_t sb) const {
   const int64_t classes = plan_.out_features, batch = batch_;
-  for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread}) m->resize(directions, batch);
+  for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread})
+    m->resize(directions, batch);
   std::vector<double> values(static_cast<std::size_t>(classes));
   for (int64_t u = 0; u < directions; ++u)
     for (int64_t b = 0; b < batch; ++b) {
@@ -123,14 +126,16 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
       }
       double m2 = 0, m3 = 0, m4 = 0, spread = 0;
       for (int64_t k = 0; k < classes; ++k) {
-        const double c = values[static_cast<std::size_t>(k)] - mean, p = static_cast<double>(probs_t_(k, b));
+        const double c = values[static_cast<std::size_t>(k)] - mean,
+                     p = static_cast<double>(probs_t_(k, b));
         m2 += p * c * c;
         m3 += p * c * c * c;
         m4 += p * c * c * c * c;
         spread = std::max(spread, std::abs(c));
       }
       // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
-      table.c1(u, b) = static_cast<S>(mean - values[static_cast<std::size_t>(labels_[static_cast<std::size_t>(b)])]);
+      table.c1(u, b) = static_cast<S>(
+          mean - values[static_cast<std::size_t>(labels_[static_cast<std::size_t>(b)])]);
       table.c2(u, b) = static_cast<S>(m2 / 2);
       table.c3(u, b) = static_cast<S>(m3 / 6);
       table.c4(u, b) = static_cast<S>((m4 - 3 * m2 * m2) / 24);
@@ -152,7 +157,8 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
   const Mat<S>& z = acts_t_.back();
   if (kink_layer < 0) {
     const LayerPlan& last = plan_.layers.back();
-    for (int64_t k = 0; k < classes; ++k) x[k] = z(k, b) + s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+    for (int64_t k = 0; k < classes; ++k)
+      x[k] = z(k, b) + s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
   } else {
     const auto l = static_cast<std::size_t>(kink_layer);
     const KinkTable& table = kink_[l];
@@ -174,8 +180,8 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
 }
 
 template <class S>
-void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values, int64_t n,
-                                       int64_t kink_layer, double* mean_losses) const {
+void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
+                                       int64_t n, int64_t kink_layer, double* mean_losses) const {
   constexpr int lanes = kLanes<S>;
   const int64_t batch = batch_;
   const S limit = static_cast<S>(kMaxSpread);
@@ -195,7 +201,8 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
     double tail = 0.0;
     for (int64_t b = 0; b < batch; b += lanes) {
       if (b + lanes > batch) {  // a partial packet: sample by sample, exactly
-        for (int64_t r = b; r < batch; ++r) tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
+        for (int64_t r = b; r < batch; ++r)
+          tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
         break;
       }
       const Packet<S> s = ConstPacketMap<S>(s_row + b);
@@ -204,10 +211,12 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
       // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
       Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) +
                        s * (ConstPacketMap<S>(c1 + b) +
-                            s * (ConstPacketMap<S>(c2 + b) + s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
+                            s * (ConstPacketMap<S>(c2 + b) +
+                                 s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
       Eigen::Array<bool, lanes, 1> exact = outside;
       if (kink != nullptr)
-        exact = exact || (s > S(0)).select(s * ConstPacketMap<S>(room_up + b), -s * ConstPacketMap<S>(room_down + b)) >= kink_margin;
+        exact = exact || (s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
+                                           -s * ConstPacketMap<S>(room_down + b)) >= kink_margin;
       if (exact.any())
         for (int lane = 0; lane < lanes; ++lane)
           if (exact(lane)) loss(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
@@ -217,13 +226,13 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
   }
 }
 
-#define POLYPROBE_INSTANTIATE(S)                                                                 \
-  template void EvaluatorImpl<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const; \
-  template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;                    \
+#define POLYPROBE_INSTANTIATE(S)                                                                   \
+  template void EvaluatorImpl<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const;   \
+  template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;                       \
   template void EvaluatorImpl<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t, \
-                                                  int64_t) const;                                \
-  template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,      \
-                                                  int64_t, int64_t, double*) const;              \
+                                                  int64_t) const;                                  \
+  template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,        \
+                                                  int64_t, int64_t, double*) const;                \
   template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)

@@ -26,7 +26,8 @@ void EvaluatorImpl<S>::forward_layer(const LayerPlan& layer, const Mat<S>& in, c
     const Eigen::Map<const Mat<S>> w(params + layer.offset, layer.out, layer.in);
     out.noalias() = in * w.transpose();
     if (layer.has_bias)
-      out.rowwise() += Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(params + layer.offset + layer.weight_count, layer.out);
+      out.rowwise() += Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(
+          params + layer.offset + layer.weight_count, layer.out);
     return;
   }
   if (!host_only && layer.op == LayerOp::elementwise && layer.is_relu) {
@@ -45,18 +46,21 @@ void EvaluatorImpl<S>::forward_layer(const LayerPlan& layer, const Mat<S>& in, c
 }
 
 template <class S>
-void EvaluatorImpl<S>::set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s, S* eff) const {
+void EvaluatorImpl<S>::set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s,
+                                            S* eff) const {
   const int32_t d = c.d;
   const double* delta = c.displacement + cand * d;
   for (std::size_t t = 0; t < s.touched.size(); ++t) {
     double raw = base_[static_cast<std::size_t>(s.touched[t])];
-    for (int32_t k = 0; k < d; ++k) raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+    for (int32_t k = 0; k < d; ++k)
+      raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
     eff[s.touched[t]] = effective(s.touched[t], raw);
   }
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_dense(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const {
+void EvaluatorImpl<S>::evaluate_dense(const pp_candidates& c, const Group& g, Scratch& s,
+                                      double* losses) const {
   if (s.generation != generation_) {
     s.eff = eff_;
     s.generation = generation_;
@@ -76,18 +80,21 @@ void EvaluatorImpl<S>::evaluate_dense(const pp_candidates& c, const Group& g, Sc
       h = &out;
     }
     s.stack.middleRows(i * batch, batch) = *h;
-    for (const int64_t t : s.touched) s.eff[static_cast<std::size_t>(t)] = eff_[static_cast<std::size_t>(t)];
+    for (const int64_t t : s.touched)
+      s.eff[static_cast<std::size_t>(t)] = eff_[static_cast<std::size_t>(t)];
   }
   // Later layers share the incumbent's weights: one GEMM over the whole group.
   for (std::size_t l = last + 1; l < plan_.layers.size(); ++l) {
     forward_layer(plan_.layers[l], s.stack, eff_.data(), s.stack_next);
     s.stack.swap(s.stack_next);
   }
-  for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+  for (int64_t i = 0; i < n; ++i)
+    losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates& c, const Group& g, Scratch& s, double* losses) {
+void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates& c, const Group& g, Scratch& s,
+                                        double* losses) {
   collect_touched(c, g.particle, s);
   const auto first = static_cast<std::size_t>(plan_.layer_of(s.touched.front()));
   const int64_t batch = batch_;
@@ -101,33 +108,38 @@ void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates& c, const Group& g, 
   for (int64_t cand = g.begin; cand < g.end; ++cand) {
     set_candidate_params(c, cand, s, eff_.data());
     arena_->execute([&] {
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_blocks), [&](const tbb::blocked_range<int64_t>& r) {
-        Mat<S> h, next;
-        for (int64_t blk = r.begin(); blk != r.end(); ++blk) {
-          const int64_t row0 = blk * block, rows = std::min(block, batch - row0);
-          h = acts_[first].middleRows(row0, rows);
-          for (std::size_t l = first; l < plan_.layers.size(); ++l) {
-            forward_layer(plan_.layers[l], h, eff_.data(), next);
-            h.swap(next);
-          }
-          for (int64_t b = 0; b < rows; ++b) {
-            const int64_t label = labels_.empty() ? 0 : labels_[static_cast<std::size_t>(row0 + b)];
-            const double* target = targets_.empty() ? nullptr : targets_.data() + (row0 + b) * h.cols();
-            s.row_losses[static_cast<std::size_t>(row0 + b)] =
-                static_cast<double>(kernels::loss_row<S>(loss_, h.row(b).data(), h.cols(), label, target));
-          }
-        }
-      });
+      tbb::parallel_for(
+          tbb::blocked_range<int64_t>(0, n_blocks), [&](const tbb::blocked_range<int64_t>& r) {
+            Mat<S> h, next;
+            for (int64_t blk = r.begin(); blk != r.end(); ++blk) {
+              const int64_t row0 = blk * block, rows = std::min(block, batch - row0);
+              h = acts_[first].middleRows(row0, rows);
+              for (std::size_t l = first; l < plan_.layers.size(); ++l) {
+                forward_layer(plan_.layers[l], h, eff_.data(), next);
+                h.swap(next);
+              }
+              for (int64_t b = 0; b < rows; ++b) {
+                const int64_t label =
+                    labels_.empty() ? 0 : labels_[static_cast<std::size_t>(row0 + b)];
+                const double* target =
+                    targets_.empty() ? nullptr : targets_.data() + (row0 + b) * h.cols();
+                s.row_losses[static_cast<std::size_t>(row0 + b)] = static_cast<double>(
+                    kernels::loss_row<S>(loss_, h.row(b).data(), h.cols(), label, target));
+              }
+            }
+          });
     });
     double sum = 0.0;
     for (int64_t b = 0; b < batch; ++b) sum += s.row_losses[static_cast<std::size_t>(b)];
     losses[cand] = sum / static_cast<double>(batch) + l2_term(c, g, cand, s);
-    for (const int64_t t : s.touched) eff_[static_cast<std::size_t>(t)] = effective(t, base_[static_cast<std::size_t>(t)]);
+    for (const int64_t t : s.touched)
+      eff_[static_cast<std::size_t>(t)] = effective(t, base_[static_cast<std::size_t>(t)]);
   }
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const {
+void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g, Scratch& s,
+                                         double* losses) const {
   if (s.raw_generation != generation_) {
     s.raw_params.resize(base_.size());
     for (std::size_t i = 0; i < base_.size(); ++i) s.raw_params[i] = static_cast<S>(base_[i]);
@@ -140,7 +152,8 @@ void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g,
     const double* delta = c.displacement + cand * d;
     for (std::size_t t = 0; t < s.touched.size(); ++t) {
       double raw = base_[static_cast<std::size_t>(s.touched[t])];
-      for (int32_t k = 0; k < d; ++k) raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+      for (int32_t k = 0; k < d; ++k)
+        raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
       s.raw_params[static_cast<std::size_t>(s.touched[t])] = static_cast<S>(raw);
     }
     const Mat<S>* h = &x_;
@@ -150,18 +163,20 @@ void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g,
       h = &out;
     }
     losses[cand] = rows_loss(*h, 0) + l2_term(c, g, cand, s);
-    for (const int64_t t : s.touched) s.raw_params[static_cast<std::size_t>(t)] = static_cast<S>(base_[static_cast<std::size_t>(t)]);
+    for (const int64_t t : s.touched)
+      s.raw_params[static_cast<std::size_t>(t)] =
+          static_cast<S>(base_[static_cast<std::size_t>(t)]);
   }
 }
 
 #define POLYPROBE_INSTANTIATE(S)                                                                  \
-  template void EvaluatorImpl<S>::forward_layer(const LayerPlan&, const Mat<S>&, const S*, Mat<S>&, \
-                                                bool) const;                                      \
-  template void EvaluatorImpl<S>::set_candidate_params(const pp_candidates&, int64_t, Scratch&,  \
+  template void EvaluatorImpl<S>::forward_layer(const LayerPlan&, const Mat<S>&, const S*,        \
+                                                Mat<S>&, bool) const;                             \
+  template void EvaluatorImpl<S>::set_candidate_params(const pp_candidates&, int64_t, Scratch&,   \
                                                        S*) const;                                 \
-  template void EvaluatorImpl<S>::evaluate_dense(const pp_candidates&, const Group&, Scratch&,   \
+  template void EvaluatorImpl<S>::evaluate_dense(const pp_candidates&, const Group&, Scratch&,    \
                                                  double*) const;                                  \
-  template void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates&, const Group&, Scratch&, \
+  template void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates&, const Group&, Scratch&,  \
                                                    double*);                                      \
   template void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates&, const Group&, Scratch&, \
                                                     double*) const;

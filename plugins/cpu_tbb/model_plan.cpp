@@ -25,8 +25,10 @@ std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, i
   y.assign(static_cast<std::size_t>(rows * layer.out), 0.0);
   const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
                 p_shape[1] = {static_cast<int64_t>(params.size())};
-  pp_tensor tin{const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-  pp_tensor tp{const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tin{
+      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tp{
+      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
   pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
   pp_error err{};
   if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
@@ -40,10 +42,19 @@ std::vector<double> probe_values(int64_t n, std::mt19937_64& rng) {
   std::vector<double> x(static_cast<std::size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     switch (i % 7) {
-      case 3: x[static_cast<std::size_t>(i)] = 0.0; break;
-      case 5: x[static_cast<std::size_t>(i)] = 0.25 * static_cast<double>(static_cast<int>(gauss(rng) * 4)); break;
-      case 6: x[static_cast<std::size_t>(i)] = 12.0 * gauss(rng); break;
-      default: x[static_cast<std::size_t>(i)] = gauss(rng); break;
+      case 3:
+        x[static_cast<std::size_t>(i)] = 0.0;
+        break;
+      case 5:
+        x[static_cast<std::size_t>(i)] =
+            0.25 * static_cast<double>(static_cast<int>(gauss(rng) * 4));
+        break;
+      case 6:
+        x[static_cast<std::size_t>(i)] = 12.0 * gauss(rng);
+        break;
+      default:
+        x[static_cast<std::size_t>(i)] = gauss(rng);
+        break;
     }
   }
   return x;
@@ -59,20 +70,25 @@ std::string probe_affine(const LayerPlan& layer) {
   std::mt19937_64 rng(0x5eed);
   std::normal_distribution<double> gauss(0.0, 0.5);
   const int64_t rows = 3;
-  std::vector<double> params(static_cast<std::size_t>(layer.count)), x = probe_values(rows * layer.in, rng), y;
+  std::vector<double> params(static_cast<std::size_t>(layer.count)),
+      x = probe_values(rows * layer.in, rng), y;
   for (double& p : params) p = gauss(rng);
   if (std::string why = host_forward(layer, x, rows, params, y); !why.empty()) return why;
   auto q = [&](pp_scalar_fn fn, double w) { return fn == nullptr ? w : fn(layer.ctx, w); };
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t o = 0; o < layer.out; ++o) {
-      double expect = layer.has_bias ? q(layer.bias_q, params[static_cast<std::size_t>(layer.weight_count + o)]) : 0.0;
+      double expect =
+          layer.has_bias ? q(layer.bias_q, params[static_cast<std::size_t>(layer.weight_count + o)])
+                         : 0.0;
       for (int64_t i = 0; i < layer.in; ++i)
         expect += x[static_cast<std::size_t>(r * layer.in + i)] *
                   q(layer.weight_q, params[static_cast<std::size_t>(o * layer.in + i)]);
       if (!close(y[static_cast<std::size_t>(r * layer.out + o)], expect, 1e-9))
-        return "declared affine, but its forward differs from x Q(W)^T + Qb(b) on a probe (output " +
-               std::to_string(o) + ": " + std::to_string(y[static_cast<std::size_t>(r * layer.out + o)]) +
-               " vs " + std::to_string(expect) + ")";
+        return "declared affine, but its forward differs from x Q(W)^T + Qb(b) on a probe "
+               "(output " +
+               std::to_string(o) + ": " +
+               std::to_string(y[static_cast<std::size_t>(r * layer.out + o)]) + " vs " +
+               std::to_string(expect) + ")";
     }
   return {};
 }
@@ -89,7 +105,8 @@ std::string probe_elementwise(LayerPlan& layer) {
   const pp_scalar_fn fn = layer.view->elementwise_fn;
   if (fn != nullptr)
     for (int64_t i = 0; i < n; ++i)
-      if (!close(y[static_cast<std::size_t>(i)], fn(layer.ctx, x[static_cast<std::size_t>(i)]), 1e-9))
+      if (!close(y[static_cast<std::size_t>(i)], fn(layer.ctx, x[static_cast<std::size_t>(i)]),
+                 1e-9))
         return "declared elementwise, but its forward differs from its declared f at x = " +
                std::to_string(x[static_cast<std::size_t>(i)]);
   // Moving inputs around must move outputs the same way: the fast paths evaluate f on
@@ -98,11 +115,15 @@ std::string probe_elementwise(LayerPlan& layer) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<double> x_perm(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) x_perm[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])];
+  for (int64_t i = 0; i < n; ++i)
+    x_perm[static_cast<std::size_t>(i)] =
+        x[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])];
   if (std::string why = host_forward(layer, x_perm, rows, none, y_perm); !why.empty()) return why;
   for (int64_t i = 0; i < n; ++i)
-    if (!close(y_perm[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])], 1e-12))
-      return "declared elementwise, but its output depends on where a value sits (permutation probe)";
+    if (!close(y_perm[static_cast<std::size_t>(i)],
+               y[static_cast<std::size_t>(perm[static_cast<std::size_t>(i)])], 1e-12))
+      return "declared elementwise, but its output depends on where a value sits (permutation "
+             "probe)";
   layer.is_relu = true;
   for (int64_t i = 0; i < n && layer.is_relu; ++i)
     layer.is_relu = y[static_cast<std::size_t>(i)] == std::max(x[static_cast<std::size_t>(i)], 0.0);
@@ -112,8 +133,10 @@ std::string probe_elementwise(LayerPlan& layer) {
 }  // namespace
 
 int32_t ModelPlan::layer_of(int64_t param) const {
-  auto it = std::upper_bound(owners.begin(), owners.end(), std::pair<int64_t, int32_t>{param, INT32_MAX});
-  if (it == owners.begin()) throw std::out_of_range("parameter " + std::to_string(param) + " has no layer");
+  auto it =
+      std::upper_bound(owners.begin(), owners.end(), std::pair<int64_t, int32_t>{param, INT32_MAX});
+  if (it == owners.begin())
+    throw std::out_of_range("parameter " + std::to_string(param) + " has no layer");
   return std::prev(it)->second;
 }
 
@@ -125,9 +148,12 @@ int64_t ModelPlan::max_width() const {
 
 const char* op_name(LayerOp op) {
   switch (op) {
-    case LayerOp::affine: return "affine";
-    case LayerOp::elementwise: return "elementwise";
-    case LayerOp::host: return "host";
+    case LayerOp::affine:
+      return "affine";
+    case LayerOp::elementwise:
+      return "elementwise";
+    case LayerOp::host:
+      return "host";
   }
   return "host";
 }
@@ -155,8 +181,10 @@ ModelPlan build_model_plan(const pp_model_view& model) {
       if (l.probe_note.empty()) l.op = LayerOp::affine;
     } else if ((v.contract & PP_CONTRACT_ELEMENTWISE) != 0) {
       l.probe_note = probe_elementwise(l);
-      if (l.probe_note.empty()) l.op = LayerOp::elementwise;
-      else l.is_relu = false;
+      if (l.probe_note.empty())
+        l.op = LayerOp::elementwise;
+      else
+        l.is_relu = false;
     }
     if ((v.contract & PP_CONTRACT_PREFIX_REUSABLE) == 0 && plan.no_prefix_reuse.empty())
       plan.no_prefix_reuse = "layer " + std::to_string(i) + " (" + v.kind +

@@ -41,8 +41,8 @@ bool known_path(const char* path) {
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
              const pp_eval_options* options, pp_error* why) {
   if (!known_path(path)) {
-    pp::set_error(why, std::string("unknown path '") + path + "' (paths: " +
-                           polyprobe::cpu_tbb::kPathNames + ")");
+    pp::set_error(why, std::string("unknown path '") + path +
+                           "' (paths: " + polyprobe::cpu_tbb::kPathNames + ")");
     return 0;
   }
   const std::string reason = polyprobe::cpu_tbb::unsupported_reason(*model, *loss, *options);
@@ -52,7 +52,8 @@ int supports(const char* path, const pp_model_view* model, const pp_loss_view* l
 }
 
 int create(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-           const pp_eval_options* options, void** self, const pp_evaluator_api** api, pp_error* err) {
+           const pp_eval_options* options, void** self, const pp_evaluator_api** api,
+           pp_error* err) {
   return pp::guard(err, [&] {
     if (!known_path(path)) throw std::invalid_argument(std::string("unknown path '") + path + "'");
     pp_eval_options opts = *options;
@@ -62,9 +63,10 @@ int create(const char* path, const pp_model_view* model, const pp_loss_view* los
   });
 }
 
-int create_accumulator(const char* strategy, int32_t dtype, void** self, const pp_accumulator_api** api,
-                       pp_error* err) {
-  return pp::guard(err, [&] { polyprobe::cpu_tbb::create_accumulator(strategy, dtype, self, api); });
+int create_accumulator(const char* strategy, int32_t dtype, void** self,
+                       const pp_accumulator_api** api, pp_error* err) {
+  return pp::guard(err,
+                   [&] { polyprobe::cpu_tbb::create_accumulator(strategy, dtype, self, api); });
 }
 
 int32_t probe(pp_error* why) {
@@ -118,8 +120,9 @@ const pp_plugin kPlugin = [] {
   p.name = "cpu_tbb";
   p.version = "0.2.0";
   p.vendor = "polyprobe";
-  p.summary = "CPU candidate evaluation on Eigen, parallel with oneTBB: sparse and subspace "
-              "deltas, dense, in-place and fallback paths; accumulators";
+  p.summary =
+      "CPU candidate evaluation on Eigen, parallel with oneTBB: sparse and subspace "
+      "deltas, dense, in-place and fallback paths; accumulators";
   p.probe = &probe;
   p.caps = kCaps;
   p.n_caps = static_cast<int32_t>(std::size(kCaps));

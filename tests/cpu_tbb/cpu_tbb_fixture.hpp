@@ -28,21 +28,26 @@ inline const PluginRegistry& cpu_registry() {
   }();
   const PluginInfo* info = registry->find("cpu_tbb");
   if (info == nullptr || !info->available)
-    FAIL("the cpu_tbb plugin is not available in " << PluginRegistry::executable_plugin_dir().string()
-                                                   << (info ? ": " + info->reason : std::string(": not found"))
-                                                   << " (build the cpu_tbb target)");
+    FAIL("the cpu_tbb plugin is not available in "
+         << PluginRegistry::executable_plugin_dir().string()
+         << (info ? ": " + info->reason : std::string(": not found"))
+         << " (build the cpu_tbb target)");
   return *registry;
 }
 
 // A model from (kind, attributes) pairs, initialised from `seed`.
-inline Model make_model(int64_t inputs, const std::vector<std::pair<std::string, nlohmann::json>>& layers,
-                        uint64_t seed = 1, const std::vector<std::shared_ptr<const Layer>>& extra = {}) {
+inline Model make_model(int64_t inputs,
+                        const std::vector<std::pair<std::string, nlohmann::json>>& layers,
+                        uint64_t seed = 1,
+                        const std::vector<std::shared_ptr<const Layer>>& extra = {}) {
   const LayerFactory factory = LayerFactory::with_builtins();
   Model model(Shape{{inputs}});
   std::size_t next_extra = 0;
   for (const auto& [kind, attrs] : layers) {
-    if (kind == "*") model.add(extra.at(next_extra++));
-    else model.add(factory.create(kind, attrs, model.output_shape()));
+    if (kind == "*")
+      model.add(extra.at(next_extra++));
+    else
+      model.add(factory.create(kind, attrs, model.output_shape()));
   }
   model.initialize(seed);
   return model;
@@ -55,7 +60,8 @@ inline Batch make_batch(const Model& model, int64_t rows, uint64_t seed = 2) {
   batch.inputs.resize(rows, model.input_shape().numel());
   for (int64_t i = 0; i < batch.inputs.size(); ++i) batch.inputs.data()[i] = gauss(rng);
   const int64_t classes = model.output_shape().numel();
-  for (int64_t r = 0; r < rows; ++r) batch.targets.labels.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(classes)));
+  for (int64_t r = 0; r < rows; ++r)
+    batch.targets.labels.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(classes)));
   return batch;
 }
 
@@ -66,7 +72,8 @@ struct Candidates {
   std::vector<double> displacement;
   CandidateSet set() const { return {&particles, particle, displacement}; }
 };
-inline Candidates make_candidates(int64_t n, int32_t d, int per_particle, double scale, uint64_t seed = 3) {
+inline Candidates make_candidates(int64_t n, int32_t d, int per_particle, double scale,
+                                  uint64_t seed = 3) {
   Candidates c;
   c.particles = ParticleMap::contiguous(n, d);
   std::mt19937_64 rng(seed);
@@ -84,8 +91,8 @@ struct Run {
   nlohmann::json explain;
 };
 
-inline Run run_evaluator(const Model& model, const Loss& loss, const Batch& batch, const Candidates& cands,
-                         const EvaluatorRequest& request) {
+inline Run run_evaluator(const Model& model, const Loss& loss, const Batch& batch,
+                         const Candidates& cands, const EvaluatorRequest& request) {
   auto evaluator = request.backend == "reference"
                        ? make_reference_evaluator(model, loss, request.subspace, request.options)
                        : cpu_registry().make_evaluator(model, loss, request);
@@ -97,8 +104,9 @@ inline Run run_evaluator(const Model& model, const Loss& loss, const Batch& batc
   return run;
 }
 
-inline EvaluatorRequest request(const std::string& backend, DType dtype, const std::string& path = "",
-                                const Subspace* subspace = nullptr, int threads = 0, int64_t chunk = 0) {
+inline EvaluatorRequest request(const std::string& backend, DType dtype,
+                                const std::string& path = "", const Subspace* subspace = nullptr,
+                                int threads = 0, int64_t chunk = 0) {
   EvaluatorRequest r;
   r.backend = backend;
   r.options.dtype = dtype;
@@ -111,7 +119,8 @@ inline EvaluatorRequest request(const std::string& backend, DType dtype, const s
 
 inline double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1e-300, std::abs(b[i])));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / std::max(1e-300, std::abs(b[i])));
   return worst;
 }
 

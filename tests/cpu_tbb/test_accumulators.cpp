@@ -34,7 +34,8 @@ TEST_CASE("cpu_tbb accumulators agree with the reference", "[cpu_tbb][accumulato
     }
 }
 
-TEST_CASE("cpu_tbb segment accumulation is identical for any thread count", "[cpu_tbb][accumulator]") {
+TEST_CASE("cpu_tbb segment accumulation is identical for any thread count",
+          "[cpu_tbb][accumulator]") {
   std::mt19937_64 rng(9);
   const int64_t n = 50000, n_keys = 101;
   std::vector<int64_t> keys(static_cast<std::size_t>(n));
@@ -47,7 +48,8 @@ TEST_CASE("cpu_tbb segment accumulation is identical for any thread count", "[cp
 }
 
 TEST_CASE("an unknown accumulator strategy is an error", "[cpu_tbb][accumulator]") {
-  CHECK_THROWS_WITH(cpu_registry().make_accumulator("cpu_tbb", "telepathy"), Catch::Contains("telepathy"));
+  CHECK_THROWS_WITH(cpu_registry().make_accumulator("cpu_tbb", "telepathy"),
+                    Catch::Contains("telepathy"));
 }
 
 }  // namespace

@@ -10,9 +10,14 @@ namespace {
 template <class Fn>
 class ScriptedLayer final : public LayerBase<ScriptedLayer<Fn>> {
  public:
-  ScriptedLayer(std::string kind, Shape in, Shape out, LayerContract contract, std::vector<ParamSpec> params, Fn fn)
-      : kind_(std::move(kind)), in_(std::move(in)), out_(std::move(out)), contract_(contract),
-        params_(std::move(params)), fn_(fn) {}
+  ScriptedLayer(std::string kind, Shape in, Shape out, LayerContract contract,
+                std::vector<ParamSpec> params, Fn fn)
+      : kind_(std::move(kind)),
+        in_(std::move(in)),
+        out_(std::move(out)),
+        contract_(contract),
+        params_(std::move(params)),
+        fn_(fn) {}
   std::string kind() const override { return kind_; }
   LayerContract contract() const override { return contract_; }
   std::vector<ParamSpec> parameters() const override { return params_; }
@@ -36,10 +41,11 @@ class ScriptedLayer final : public LayerBase<ScriptedLayer<Fn>> {
 };
 
 template <class Fn>
-std::shared_ptr<const Layer> scripted(std::string kind, int64_t in, int64_t out, LayerContract contract,
-                                      std::vector<ParamSpec> params, Fn fn) {
-  return std::make_shared<const ScriptedLayer<Fn>>(std::move(kind), Shape{{in}}, Shape{{out}}, contract,
-                                                   std::move(params), fn);
+std::shared_ptr<const Layer> scripted(std::string kind, int64_t in, int64_t out,
+                                      LayerContract contract, std::vector<ParamSpec> params,
+                                      Fn fn) {
+  return std::make_shared<const ScriptedLayer<Fn>>(std::move(kind), Shape{{in}}, Shape{{out}},
+                                                   contract, std::move(params), fn);
 }
 
 double relu_fn(const void*, double x) { return x > 0 ? x : 0; }
@@ -66,7 +72,8 @@ std::shared_ptr<const Layer> lying_affine(int64_t in, int64_t out) {
                   [in, out](const auto& x, const auto& p, auto& y) {
                     using S = typename std::decay_t<decltype(x)>::Scalar;
                     const Eigen::Map<const Matrix<S>> w(p.data(), out, in);
-                    const Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>> b(p.data() + out * in, out);
+                    const Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>> b(
+                        p.data() + out * in, out);
                     y = ((x * w.transpose()).rowwise() + b).array().tanh().matrix();
                   });
 }
@@ -81,7 +88,8 @@ std::shared_ptr<const Layer> square(int64_t width) {
 std::shared_ptr<const Layer> not_prefix_reusable(int64_t width) {
   LayerContract c;
   c.prefix_reusable = false;
-  return scripted("stateful", width, width, c, {}, [](const auto& x, const auto&, auto& y) { y = x; });
+  return scripted("stateful", width, width, c, {},
+                  [](const auto& x, const auto&, auto& y) { y = x; });
 }
 
 void check_against_reference(const Model& model, int32_t d, const std::string& expect_path) {
@@ -98,11 +106,13 @@ void check_against_reference(const Model& model, int32_t d, const std::string& e
 }
 
 TEST_CASE("cpu_tbb: a false elementwise declaration is caught by probing", "[cpu_tbb][contracts]") {
-  const Model model = make_model(4, {{"linear", {{"out_features", 5}}}, {"*", {}}, {"linear", {{"out_features", 3}}}},
-                                 1, {lying_elementwise(5)});
+  const Model model = make_model(
+      4, {{"linear", {{"out_features", 5}}}, {"*", {}}, {"linear", {{"out_features", 3}}}}, 1,
+      {lying_elementwise(5)});
   check_against_reference(model, 2, "sparse");  // layer 2's particles still take deltas
   const auto loss = make_loss("cross_entropy");
-  const Run run = run_evaluator(model, *loss, make_batch(model, 3), make_candidates(model.num_parameters(), 2, 1, 0.1),
+  const Run run = run_evaluator(model, *loss, make_batch(model, 3),
+                                make_candidates(model.num_parameters(), 2, 1, 0.1),
                                 request("cpu_tbb", DType::f64));
   const auto& layer = run.explain["plugin"]["layers"][1];
   CHECK(layer["runs_as"] == "host");
@@ -115,22 +125,33 @@ TEST_CASE("cpu_tbb: a false affine declaration is caught by probing", "[cpu_tbb]
                                  {lying_affine(4, 5)});
   check_against_reference(model, 2, "dense");
   const auto loss = make_loss("cross_entropy");
-  const Run run = run_evaluator(model, *loss, make_batch(model, 3), make_candidates(model.num_parameters(), 2, 1, 0.1),
+  const Run run = run_evaluator(model, *loss, make_batch(model, 3),
+                                make_candidates(model.num_parameters(), 2, 1, 0.1),
                                 request("cpu_tbb", DType::f64));
-  CHECK_THAT(run.explain["plugin"]["layers"][0]["contract_not_trusted"].get<std::string>(), Catch::Contains("affine"));
+  CHECK_THAT(run.explain["plugin"]["layers"][0]["contract_not_trusted"].get<std::string>(),
+             Catch::Contains("affine"));
 }
 
-TEST_CASE("cpu_tbb: host layers after a change turn the delta into whole activations", "[cpu_tbb][contracts]") {
-  const Model model = make_model(4, {{"linear", {{"out_features", 6}}}, {"*", {}}, {"layer_norm", {}},
-                                     {"relu", {}}, {"linear", {{"out_features", 3}}}},
+TEST_CASE("cpu_tbb: host layers after a change turn the delta into whole activations",
+          "[cpu_tbb][contracts]") {
+  const Model model = make_model(4,
+                                 {{"linear", {{"out_features", 6}}},
+                                  {"*", {}},
+                                  {"layer_norm", {}},
+                                  {"relu", {}},
+                                  {"linear", {{"out_features", 3}}}},
                                  1, {square(6)});
   check_against_reference(model, 2, "sparse");
   check_against_reference(model, 3, "dense");  // particles across the host layers
 }
 
-TEST_CASE("cpu_tbb: a layer that is not prefix-reusable forces the whole forward", "[cpu_tbb][contracts]") {
-  const Model model = make_model(4, {{"linear", {{"out_features", 5}}}, {"*", {}}, {"relu", {}},
-                                     {"linear", {{"out_features", 3}}}},
+TEST_CASE("cpu_tbb: a layer that is not prefix-reusable forces the whole forward",
+          "[cpu_tbb][contracts]") {
+  const Model model = make_model(4,
+                                 {{"linear", {{"out_features", 5}}},
+                                  {"*", {}},
+                                  {"relu", {}},
+                                  {"linear", {{"out_features", 3}}}},
                                  1, {not_prefix_reusable(5)});
   check_against_reference(model, 2, "fallback");
 }

@@ -11,20 +11,26 @@ using Layers = std::vector<std::pair<std::string, nlohmann::json>>;
 double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
 // 5 -> 6 -> 7 -> 4 with ReLU and tanh: with d = 3 particles straddle rows, tensors, layers.
-const Layers kMlp = {{"linear", {{"out_features", 6}}}, {"relu", {}},
-                     {"linear", {{"out_features", 7}}}, {"tanh", {}},
+const Layers kMlp = {{"linear", {{"out_features", 6}}},
+                     {"relu", {}},
+                     {"linear", {{"out_features", 7}}},
+                     {"tanh", {}},
                      {"linear", {{"out_features", 4}}}};
 
-void check_all_paths(const Model& model, const Loss& loss, const Batch& batch, const Candidates& cands,
-                     const Subspace* subspace, const char* delta_name) {
-  const Run ref = run_evaluator(model, loss, batch, cands, request("reference", DType::f64, "", subspace));
+void check_all_paths(const Model& model, const Loss& loss, const Batch& batch,
+                     const Candidates& cands, const Subspace* subspace, const char* delta_name) {
+  const Run ref =
+      run_evaluator(model, loss, batch, cands, request("reference", DType::f64, "", subspace));
   for (const std::string path : {"", "dense", "inplace", "fallback"})
     for (const DType dtype : {DType::f64, DType::f32}) {
       INFO("path " << (path.empty() ? "auto" : path) << ", " << to_string(dtype));
-      const Run got = run_evaluator(model, loss, batch, cands, request("cpu_tbb", dtype, path, subspace));
+      const Run got =
+          run_evaluator(model, loss, batch, cands, request("cpu_tbb", dtype, path, subspace));
       CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
-      if (path.empty()) CHECK(candidates_on(got.explain, delta_name) > 0);
-      else CHECK(candidates_on(got.explain, path) > 0);
+      if (path.empty())
+        CHECK(candidates_on(got.explain, delta_name) > 0);
+      else
+        CHECK(candidates_on(got.explain, path) > 0);
     }
 }
 
@@ -34,19 +40,23 @@ TEST_CASE("cpu_tbb: every path agrees with the float64 reference (full space)", 
   const Batch batch = make_batch(model, 9);
   for (const int32_t d : {2, 3}) {
     INFO("d = " << d);
-    check_all_paths(model, *loss, batch, make_candidates(model.num_parameters(), d, 3, 0.3), nullptr, "sparse");
+    check_all_paths(model, *loss, batch, make_candidates(model.num_parameters(), d, 3, 0.3),
+                    nullptr, "sparse");
   }
 }
 
 TEST_CASE("cpu_tbb: effective deltas of transformed weights and step activations", "[cpu_tbb]") {
-  const Model model = make_model(4, {{"linear", {{"out_features", 6}, {"weight_transform", "int8"}, {"quant_step", 0.05}}},
-                                     {"staircase", {{"step", 0.25}}},
-                                     {"linear", {{"out_features", 5}, {"weight_transform", "sign"}, {"bias_transform", "int8"}}},
-                                     {"sign", {}},
-                                     {"linear", {{"out_features", 3}}}});
+  const Model model = make_model(
+      4,
+      {{"linear", {{"out_features", 6}, {"weight_transform", "int8"}, {"quant_step", 0.05}}},
+       {"staircase", {{"step", 0.25}}},
+       {"linear", {{"out_features", 5}, {"weight_transform", "sign"}, {"bias_transform", "int8"}}},
+       {"sign", {}},
+       {"linear", {{"out_features", 3}}}});
   const auto loss = make_loss("cross_entropy");
   const Batch batch = make_batch(model, 7);
-  check_all_paths(model, *loss, batch, make_candidates(model.num_parameters(), 2, 3, 0.2), nullptr, "sparse");
+  check_all_paths(model, *loss, batch, make_candidates(model.num_parameters(), 2, 3, 0.2), nullptr,
+                  "sparse");
 }
 
 TEST_CASE("cpu_tbb: other losses", "[cpu_tbb]") {
@@ -68,8 +78,10 @@ TEST_CASE("cpu_tbb: other losses", "[cpu_tbb]") {
 
 TEST_CASE("cpu_tbb: ReLU kink tables are exact on both sides of the kink", "[cpu_tbb]") {
   // Enough layer-0 candidates (4 * 16 + 16 parameters) for the tables of layer 2 to pay.
-  const Model model = make_model(4, {{"linear", {{"out_features", 16}}}, {"relu", {}},
-                                     {"linear", {{"out_features", 16}}}, {"relu", {}},
+  const Model model = make_model(4, {{"linear", {{"out_features", 16}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 16}}},
+                                     {"relu", {}},
                                      {"linear", {{"out_features", 3}}}});
   const auto loss = make_loss("cross_entropy");
   const Batch batch = make_batch(model, 12);
@@ -92,20 +104,24 @@ TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factore
   HybridSubspace::Options options;
   options.rank = 2;
   options.max_subspace_dim = 40;  // below the natural total: rule (b), fractional ranks
-  const auto hybrid = HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
-  const auto factored = FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
+  const auto hybrid =
+      HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
+  const auto factored =
+      FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
   for (const RankOneSubspace* subspace : {static_cast<const RankOneSubspace*>(hybrid.get()),
                                           static_cast<const RankOneSubspace*>(factored.get())}) {
     INFO(subspace->kind());
     for (const int32_t d : {3, 8})
-      check_all_paths(model, *loss, batch, make_candidates(subspace->dimension(), d, 4, 0.3), subspace,
-                      "subspace-delta");
+      check_all_paths(model, *loss, batch, make_candidates(subspace->dimension(), d, 4, 0.3),
+                      subspace, "subspace-delta");
   }
 }
 
 TEST_CASE("cpu_tbb: results are bit-identical for any thread count", "[cpu_tbb]") {
-  const Model model = make_model(4, {{"linear", {{"out_features", 16}}}, {"relu", {}},
-                                     {"linear", {{"out_features", 16}}}, {"relu", {}},
+  const Model model = make_model(4, {{"linear", {{"out_features", 16}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 16}}},
+                                     {"relu", {}},
                                      {"linear", {{"out_features", 3}}}});
   const auto loss = make_loss("cross_entropy");
   const Batch batch = make_batch(model, 10);
@@ -113,9 +129,11 @@ TEST_CASE("cpu_tbb: results are bit-identical for any thread count", "[cpu_tbb]"
   for (const std::string path : {"", "dense", "inplace"})
     for (const DType dtype : {DType::f32, DType::f64}) {
       INFO("path " << path << ", " << to_string(dtype));
-      const Run one = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype, path, nullptr, 1));
+      const Run one =
+          run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype, path, nullptr, 1));
       for (const int threads : {2, 3}) {
-        const Run many = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype, path, nullptr, threads));
+        const Run many = run_evaluator(model, *loss, batch, cands,
+                                       request("cpu_tbb", dtype, path, nullptr, threads));
         CHECK(many.losses == one.losses);
       }
     }
@@ -128,7 +146,8 @@ TEST_CASE("cpu_tbb: small chunks give the same losses", "[cpu_tbb]") {
   const Candidates cands = make_candidates(model.num_parameters(), 2, 5, 0.2);
   const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
   for (const std::string path : {"", "dense"}) {
-    const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", DType::f64, path, nullptr, 0, 2));
+    const Run got = run_evaluator(model, *loss, batch, cands,
+                                  request("cpu_tbb", DType::f64, path, nullptr, 0, 2));
     CHECK(max_rel_diff(got.losses, ref.losses) < 1e-12);
     CHECK(got.explain["plugin"]["chunk_size"].get<int64_t>() == 2);
   }

@@ -24,7 +24,8 @@ Model mlp(std::vector<int64_t> sizes) {
 std::vector<int64_t> counts(const std::vector<SubspaceEntry>& entries) {
   std::vector<int64_t> c;
   for (const auto& e : entries) {
-    if (e.raw) c.push_back(e.coords);
+    if (e.raw)
+      c.push_back(e.coords);
     else {
       c.push_back(e.coords_a);
       c.push_back(e.coords_b);
@@ -74,7 +75,8 @@ void check_map(const RankOneSubspace& s, const Model& model) {
       for (int64_t i = 0; i < c.cols; ++i) {
         const double u = c.row >= 0 ? (r == c.row) : c.u[r];
         const double v = c.col >= 0 ? (i == c.col) : c.v[i];
-        expect[static_cast<std::size_t>(c.offset + r * c.cols + i)] += theta[static_cast<std::size_t>(k)] * u * v;
+        expect[static_cast<std::size_t>(c.offset + r * c.cols + i)] +=
+            theta[static_cast<std::size_t>(k)] * u * v;
       }
   }
   for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expect[i]).margin(1e-12));
@@ -85,14 +87,16 @@ TEST_CASE("hybrid bases are orthonormal and the map is A V^T + U B", "[subspace]
   HybridSubspace::Options options;
   options.rank = 2;
   options.float32_basis = false;
-  const auto s = HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
+  const auto s =
+      HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
   CHECK(s->dimension() == 2 * 11 + 5 + 2 * 8 + 3);
   // The first weight's A-coordinates 0 and 5 use v_0 and v_1 (rows of 5): orthonormal.
   const RankOneCoordinate& a0 = s->coordinates()[0];
   const RankOneCoordinate& a1 = s->coordinates()[5];
   REQUIRE(a0.v != a1.v);
   double dot = 0, n0 = 0, n1 = 0;
-  for (int64_t i = 0; i < 6; ++i) dot += a0.v[i] * a1.v[i], n0 += a0.v[i] * a0.v[i], n1 += a1.v[i] * a1.v[i];
+  for (int64_t i = 0; i < 6; ++i)
+    dot += a0.v[i] * a1.v[i], n0 += a0.v[i] * a0.v[i], n1 += a1.v[i] * a1.v[i];
   CHECK(dot == Approx(0).margin(1e-12));
   CHECK(n0 == Approx(1));
   CHECK(n1 == Approx(1));
@@ -101,7 +105,8 @@ TEST_CASE("hybrid bases are orthonormal and the map is A V^T + U B", "[subspace]
 
 TEST_CASE("factored subspace: rows move along the fixed B", "[subspace]") {
   const Model model = mlp({6, 5, 3});
-  const auto s = FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
+  const auto s =
+      FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
   CHECK(s->dimension() == 5 * 2 + 5 + 3 * 2 + 3);
   CHECK(s->coordinates()[0].row == 0);
   CHECK(s->coordinates()[1].row == 0);
