@@ -54,14 +54,10 @@ class Accumulator {
   const char* last_strategy() const { return last_ == Strategy::scatter ? "scatter" : "segment"; }
 
  private:
-  // Measured on the 2-core Zen 5 VM (docs/benchmarks.md, "accumulate"): segment is never far
-  // behind scatter, and it is deterministic; scatter only wins on very wide rows, where
-  // contention is low and segment's gather costs a second pass over the values.
-  static Strategy choose_strategy(int64_t n, int64_t n_keys, int64_t width) {
-    (void)n;
-    (void)n_keys;
-    return width >= 256 ? Strategy::scatter : Strategy::segment;
-  }
+  // Measured on the 2-core Zen 5 VM (docs/benchmarks.md, "Accumulators"): atomic scatter
+  // never won (about equal at width 3, 5-10x slower at width 64, where every element is a
+  // compare-and-swap), so auto takes the deterministic segment strategy everywhere.
+  static Strategy choose_strategy(int64_t, int64_t, int64_t) { return Strategy::segment; }
 
   template <class S>
   void run(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys, int64_t width,

@@ -6,7 +6,7 @@
 //             (fixed chunking, so the order never depends on threads), then each key's sum is
 //             formed in input order by one thread and added once; deterministic;
 //   auto    - chooses from measurement (`polyprobe bench accumulate`, docs/benchmarks.md):
-//             see choose_strategy in accumulator.cpp.
+//             segment, which was never slower than scatter (choose_strategy).
 #pragma once
 
 #include <polyprobe/plugin_abi.h>
