@@ -41,7 +41,7 @@ struct BenchRecord {
   int threads = 1;
   int64_t candidates = 0, batch = 0;
   Timing timing;
-  double max_rel_diff = 0;   // against the reference (float64)
+  double max_rel_diff = 0;                          // against the reference (float64)
   nlohmann::json extra = nlohmann::json::object();  // suite-specific fields
   nlohmann::json to_json() const;
 };

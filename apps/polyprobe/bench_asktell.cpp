@@ -84,7 +84,9 @@ std::vector<BenchRecord> run_asktell(Context& ctx) {
       r.candidates = static_cast<int64_t>(losses.size());
       r.timing = t;
       const double ns_per_candidate = 1e6 * t.median_ms / static_cast<double>(r.candidates);
-      r.extra = {{"ns_per_candidate", ns_per_candidate}, {"particles", particles}, {"best_loss", opt.best_loss()}};
+      r.extra = {{"ns_per_candidate", ns_per_candidate},
+                 {"particles", particles},
+                 {"best_loss", opt.best_loss()}};
       records.push_back(r);
       if (!ctx.quiet)
         *ctx.err << "asktell " << r.workload << " " << variant.name << ": " << ns_per_candidate
@@ -96,7 +98,8 @@ std::vector<BenchRecord> run_asktell(Context& ctx) {
 }  // namespace
 
 BenchSuite asktell_bench_suite() {
-  return {"asktell", "ask/tell overhead per candidate (swarm, d = 2, N up to 1e5), objective excluded",
+  return {"asktell",
+          "ask/tell overhead per candidate (swarm, d = 2, N up to 1e5), objective excluded",
           nullptr, run_asktell};
 }
 

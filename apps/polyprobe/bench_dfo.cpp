@@ -41,7 +41,8 @@ struct History {
   }
   double best_within(int64_t evaluations) const {
     if (best.empty() || evaluations <= 0) return std::numeric_limits<double>::infinity();
-    return best[static_cast<std::size_t>(std::min<int64_t>(evaluations, static_cast<int64_t>(best.size())) - 1)];
+    return best[static_cast<std::size_t>(
+        std::min<int64_t>(evaluations, static_cast<int64_t>(best.size())) - 1)];
   }
 };
 
@@ -81,14 +82,17 @@ void run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
   opt.set_min_objective(
       [](unsigned n, const double* x, double*, void* raw) {
         auto* d = static_cast<Data*>(raw);
-        if (static_cast<int64_t>(d->history->best.size()) >= d->history->budget) throw nlopt::forced_stop();
+        if (static_cast<int64_t>(d->history->best.size()) >= d->history->budget)
+          throw nlopt::forced_stop();
         return d->history->record(d->problem->f(std::span<const double>(x, n)));
       },
       &data);
   opt.set_maxeval(static_cast<int>(h.budget));
   // The same initial-step rule for every NLopt solver: a tenth of each coordinate's scale.
   std::vector<double> step(static_cast<std::size_t>(p.n));
-  for (int i = 0; i < p.n; ++i) step[static_cast<std::size_t>(i)] = 0.1 * std::max(1.0, std::abs(p.x0[static_cast<std::size_t>(i)]));
+  for (int i = 0; i < p.n; ++i)
+    step[static_cast<std::size_t>(i)] =
+        0.1 * std::max(1.0, std::abs(p.x0[static_cast<std::size_t>(i)]));
   opt.set_initial_step(step);
   // NLopt's COBYLA needs many minutes for 500 (n + 1) evaluations at n >= 50; a wall-clock cap
   // keeps the suite finite. A run it stops has simply not used the rest of its budget.
@@ -104,13 +108,21 @@ void run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
 
 std::vector<Solver> solvers() {
   std::vector<Solver> s;
-  s.push_back({"polyprobe-default", [](const MghProblem& p, History& h) { run_polyprobe(polyprobe_default(), p, h); }});
-  s.push_back({"polyprobe-tr-d2", [](const MghProblem& p, History& h) { run_polyprobe(polyprobe_trust_region(2), p, h); }});
-  s.push_back({"polyprobe-tr-dn", [](const MghProblem& p, History& h) { run_polyprobe(polyprobe_trust_region(p.n), p, h); }});
-  for (auto [name, algorithm] : {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
-                                 std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD}, std::pair{"nlopt-sbplx", nlopt::LN_SBPLX},
-                                 std::pair{"nlopt-cobyla", nlopt::LN_COBYLA}})
-    s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h) { run_nlopt(algorithm, p, h); }});
+  s.push_back({"polyprobe-default",
+               [](const MghProblem& p, History& h) { run_polyprobe(polyprobe_default(), p, h); }});
+  s.push_back({"polyprobe-tr-d2", [](const MghProblem& p, History& h) {
+                 run_polyprobe(polyprobe_trust_region(2), p, h);
+               }});
+  s.push_back({"polyprobe-tr-dn", [](const MghProblem& p, History& h) {
+                 run_polyprobe(polyprobe_trust_region(p.n), p, h);
+               }});
+  for (auto [name, algorithm] :
+       {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
+        std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD},
+        std::pair{"nlopt-sbplx", nlopt::LN_SBPLX}, std::pair{"nlopt-cobyla", nlopt::LN_COBYLA}})
+    s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h) {
+                   run_nlopt(algorithm, p, h);
+                 }});
   return s;
 }
 
@@ -130,11 +142,13 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
       h.budget = int64_t{kMaxSimplexGradients} * (problems[p].n + 1);
       const auto t0 = std::chrono::steady_clock::now();
       all[s].run(problems[p], h);
-      run_ms[s][p] = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      run_ms[s][p] =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     }
   };
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t) threads.emplace_back(worker);
+  for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t)
+    threads.emplace_back(worker);
   for (std::thread& t : threads) t.join();
 
   std::vector<BenchRecord> records;
@@ -150,7 +164,9 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
       r.candidates = static_cast<int64_t>(h.best.size());
       r.timing.cold_ms = r.timing.median_ms = r.timing.min_ms = r.timing.max_ms = run_ms[s][p];
       r.timing.reps = 1;
-      r.extra = {{"n", problem.n}, {"f0", problem.f(problem.x0)}, {"best", h.best_within(h.budget)},
+      r.extra = {{"n", problem.n},
+                 {"f0", problem.f(problem.x0)},
+                 {"best", h.best_within(h.budget)},
                  {"evaluations", h.best.size()}};
       records.push_back(r);
     }
@@ -173,12 +189,14 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
             ++counted;
             const double f0 = problems[p].f(problems[p].x0);
             double f_best = std::numeric_limits<double>::infinity();
-            for (const auto& per_solver : histories) f_best = std::min(f_best, per_solver[p].best_within(per_solver[p].budget));
+            for (const auto& per_solver : histories)
+              f_best = std::min(f_best, per_solver[p].best_within(per_solver[p].budget));
             const double f = histories[s][p].best_within(int64_t{k} * (problems[p].n + 1));
             if (f0 - f >= (1 - tau) * (f0 - f_best)) ++solved;
           }
           const double fraction = counted > 0 ? static_cast<double>(solved) / counted : 0.0;
-          out << std::right << std::setw(9) << std::fixed << std::setprecision(2) << fraction << std::defaultfloat;
+          out << std::right << std::setw(9) << std::fixed << std::setprecision(2) << fraction
+              << std::defaultfloat;
           row[std::to_string(k)] = fraction;
         }
         out << "\n";
@@ -199,7 +217,8 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
 
 BenchSuite dfo_bench_suite() {
   return {"dfo",
-          "Moré–Garbow–Hillstrom problems (n = 2..100): polyprobe vs NLopt at equal budgets, as data profiles",
+          "Moré–Garbow–Hillstrom problems (n = 2..100): polyprobe vs NLopt at equal budgets, as "
+          "data profiles",
           nullptr, run_dfo};
 }
 

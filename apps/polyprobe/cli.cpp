@@ -2,10 +2,10 @@
 
 #include <polyprobe/error.hpp>
 
+#include <unistd.h>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <unistd.h>
 
 namespace polyprobe::app {
 namespace fs = std::filesystem;
@@ -14,15 +14,13 @@ namespace {
 
 po::options_description common_options() {
   po::options_description common("Common options");
-  common.add_options()
-      ("help,h", "show this help and exit")
-      ("config", po::value<std::string>()->value_name("FILE"),
-       "read options from FILE (INI style: one `name = value` per line, names as the long "
-       "options without dashes); the command line wins")
-      ("plugin-dir", po::value<std::vector<std::string>>()->value_name("DIR")->composing(),
-       "search DIR for plugins first (repeatable); then POLYPROBE_PLUGIN_PATH, then the "
-       "install's plugin folder")
-      ("quiet,q", po::bool_switch(), "no progress output");
+  common.add_options()("help,h", "show this help and exit")(
+      "config", po::value<std::string>()->value_name("FILE"),
+      "read options from FILE (INI style: one `name = value` per line, names as the long "
+      "options without dashes); the command line wins")(
+      "plugin-dir", po::value<std::vector<std::string>>()->value_name("DIR")->composing(),
+      "search DIR for plugins first (repeatable); then POLYPROBE_PLUGIN_PATH, then the "
+      "install's plugin folder")("quiet,q", po::bool_switch(), "no progress output");
   return common;
 }
 
@@ -30,8 +28,7 @@ void load_plugins(Context& context) {
   std::vector<fs::path> dirs;
   if (context.vm.count("plugin-dir")) {
     for (const std::string& dir : context.vm["plugin-dir"].as<std::vector<std::string>>()) {
-      if (!fs::is_directory(dir))
-        throw UsageError("--plugin-dir '" + dir + "' is not a directory");
+      if (!fs::is_directory(dir)) throw UsageError("--plugin-dir '" + dir + "' is not a directory");
       dirs.emplace_back(dir);
     }
   }
@@ -53,7 +50,8 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
   context.err = &std::cerr;
   try {
     try {
-      po::store(po::command_line_parser(args).options(all).positional(positional).run(), context.vm);
+      po::store(po::command_line_parser(args).options(all).positional(positional).run(),
+                context.vm);
       if (context.vm.count("help")) {
         std::cout << "usage: polyprobe " << command.name << " [options]\n\n"
                   << command.summary << "\n\n";
@@ -87,15 +85,15 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
 }
 
 void add_backend_options(po::options_description& options) {
-  options.add_options()
-      ("backend", po::value<std::string>()->default_value("auto"),
-       "evaluator backend: auto (the best plugin that can serve, else the core's reference), "
-       "reference, or a plugin name from `polyprobe plugins`")
-      ("device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")
-      ("dtype", po::value<std::string>()->default_value("float32"),
-       "candidate compute precision: float32 or float64")
-      ("threads", po::value<int>()->default_value(0), "worker threads (0 = all cores)")
-      ("explain", po::bool_switch(), "print why each component was chosen");
+  options.add_options()(
+      "backend", po::value<std::string>()->default_value("auto"),
+      "evaluator backend: auto (the best plugin that can serve, else the core's reference), "
+      "reference, or a plugin name from `polyprobe plugins`")(
+      "device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")(
+      "dtype", po::value<std::string>()->default_value("float32"),
+      "candidate compute precision: float32 or float64")(
+      "threads", po::value<int>()->default_value(0), "worker threads (0 = all cores)")(
+      "explain", po::bool_switch(), "print why each component was chosen");
 }
 
 EvaluatorRequest evaluator_request(const Context& context) {

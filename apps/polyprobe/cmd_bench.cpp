@@ -13,15 +13,15 @@
 namespace polyprobe::app {
 
 // Suites live in bench_*.cpp files; add each one to the table below.
-BenchSuite step_suite();        // bench_step.cpp
-BenchSuite forward_suite();     // bench_forward.cpp
-BenchSuite accumulate_suite();  // bench_accumulate.cpp
+BenchSuite step_suite();           // bench_step.cpp
+BenchSuite forward_suite();        // bench_forward.cpp
+BenchSuite accumulate_suite();     // bench_accumulate.cpp
 BenchSuite dfo_bench_suite();      // bench_dfo.cpp
 BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
   static const std::vector<BenchSuite> suites = {step_suite(), forward_suite(), accumulate_suite(),
-                                                       dfo_bench_suite(), asktell_bench_suite()};
+                                                 dfo_bench_suite(), asktell_bench_suite()};
   return suites;
 }
 
@@ -39,7 +39,8 @@ double percentile(std::vector<double> v, double q) {
 void print_table(std::ostream& out, const std::vector<BenchRecord>& records) {
   out << std::left << std::setw(18) << "workload" << std::setw(22) << "path" << std::setw(8)
       << "threads" << std::setw(11) << "candidates" << std::right << std::setw(11) << "cold ms"
-      << std::setw(12) << "median ms" << std::setw(10) << "iqr ms" << std::setw(12) << "max rel diff"
+      << std::setw(12) << "median ms" << std::setw(10) << "iqr ms" << std::setw(12)
+      << "max rel diff"
       << "\n";
   for (const BenchRecord& r : records) {
     out << std::left << std::setw(18) << r.workload << std::setw(22) << r.path << std::setw(8)
@@ -62,7 +63,8 @@ Timing time_calls(const std::function<void()>& call, const TimingOptions& option
   call();
   t.cold_ms = ms_since(t0);
   const auto warm_start = clock::now();
-  for (int i = 1; i < options.min_warmup || ms_since(warm_start) < 1000.0 * options.min_warmup_seconds; ++i)
+  for (int i = 1;
+       i < options.min_warmup || ms_since(warm_start) < 1000.0 * options.min_warmup_seconds; ++i)
     call();
   for (int i = 0; i < options.repeats; ++i) {
     t0 = clock::now();
@@ -78,13 +80,22 @@ Timing time_calls(const std::function<void()>& call, const TimingOptions& option
 }
 
 nlohmann::json BenchRecord::to_json() const {
-  nlohmann::json j = {{"suite", suite}, {"workload", workload}, {"path", path},
-                      {"device", device}, {"dtype", dtype}, {"threads", threads},
-                      {"candidates", candidates}, {"batch", batch},
-                      {"cold_ms", timing.cold_ms}, {"median_ms", timing.median_ms},
-                      {"iqr_ms", timing.iqr_ms}, {"min_ms", timing.min_ms},
-                      {"max_ms", timing.max_ms}, {"reps", timing.reps},
-                      {"times_ms", timing.times_ms}, {"max_rel_diff", max_rel_diff}};
+  nlohmann::json j = {{"suite", suite},
+                      {"workload", workload},
+                      {"path", path},
+                      {"device", device},
+                      {"dtype", dtype},
+                      {"threads", threads},
+                      {"candidates", candidates},
+                      {"batch", batch},
+                      {"cold_ms", timing.cold_ms},
+                      {"median_ms", timing.median_ms},
+                      {"iqr_ms", timing.iqr_ms},
+                      {"min_ms", timing.min_ms},
+                      {"max_ms", timing.max_ms},
+                      {"reps", timing.reps},
+                      {"times_ms", timing.times_ms},
+                      {"max_rel_diff", max_rel_diff}};
   for (const auto& [key, value] : extra.items()) j[key] = value;
   return j;
 }
@@ -108,12 +119,14 @@ namespace {
 int run(Context& ctx) {
   const std::string name = ctx.vm.count("suite") ? ctx.vm["suite"].as<std::string>() : "";
   const auto& suites = bench_suites();
-  auto it = std::find_if(suites.begin(), suites.end(), [&](const BenchSuite& s) { return s.name == name; });
+  auto it = std::find_if(suites.begin(), suites.end(),
+                         [&](const BenchSuite& s) { return s.name == name; });
   if (it == suites.end()) {
     std::string known;
     for (const auto& s : suites) known += (known.empty() ? "" : ", ") + s.name;
-    throw UsageError((name.empty() ? std::string("no suite given") : "unknown suite '" + name + "'") +
-                     " (suites: " + (known.empty() ? "none" : known) + ")");
+    throw UsageError(
+        (name.empty() ? std::string("no suite given") : "unknown suite '" + name + "'") +
+        " (suites: " + (known.empty() ? "none" : known) + ")");
   }
   const std::vector<BenchRecord> records = it->run(ctx);
   print_table(*ctx.out, records);
@@ -149,9 +162,10 @@ Command bench_command() {
       "example:\n  polyprobe bench SUITE --json results.json";
   c.description = description;
   c.options = [](po::options_description& o, po::positional_options_description& p) {
-    o.add_options()("suite", po::value<std::string>()->value_name("SUITE"), "the suite to run")
-        ("json", po::value<std::string>()->value_name("FILE"), "also write the records as JSON to FILE")
-        ("repeats", po::value<int>()->default_value(7), "timed calls per record");
+    o.add_options()("suite", po::value<std::string>()->value_name("SUITE"), "the suite to run")(
+        "json", po::value<std::string>()->value_name("FILE"),
+        "also write the records as JSON to FILE")("repeats", po::value<int>()->default_value(7),
+                                                  "timed calls per record");
     for (const auto& s : bench_suites())
       if (s.options) s.options(o);
     p.add("suite", 1);

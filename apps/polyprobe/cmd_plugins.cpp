@@ -13,12 +13,17 @@ namespace {
 nlohmann::json to_json(const PluginInfo& info) {
   nlohmann::json caps = nlohmann::json::array();
   for (const CapabilityInfo& c : info.capabilities)
-    caps.push_back({{"component", c.component}, {"name", c.name}, {"device", c.device},
-                    {"dtypes", c.dtypes}, {"summary", c.summary}});
-  return {{"name", info.name},       {"version", info.version}, {"vendor", info.vendor},
-          {"abi", info.abi},         {"path", info.path.string()}, {"loaded", info.loaded},
-          {"available", info.available}, {"score", info.score}, {"reason", info.reason},
-          {"summary", info.summary}, {"capabilities", caps}};
+    caps.push_back({{"component", c.component},
+                    {"name", c.name},
+                    {"device", c.device},
+                    {"dtypes", c.dtypes},
+                    {"summary", c.summary}});
+  return {{"name", info.name},           {"version", info.version},
+          {"vendor", info.vendor},       {"abi", info.abi},
+          {"path", info.path.string()},  {"loaded", info.loaded},
+          {"available", info.available}, {"score", info.score},
+          {"reason", info.reason},       {"summary", info.summary},
+          {"capabilities", caps}};
 }
 
 int run(Context& ctx) {
@@ -49,11 +54,14 @@ int run(Context& ctx) {
     out << "\nno plugins found; the core's reference evaluator serves every request.\n";
     return 0;
   }
-  out << "\n" << std::left << std::setw(16) << "NAME" << std::setw(10) << "VERSION"
-      << std::setw(5) << "ABI" << std::setw(13) << "STATUS" << std::setw(7) << "SCORE" << "PATH\n";
+  out << "\n"
+      << std::left << std::setw(16) << "NAME" << std::setw(10) << "VERSION" << std::setw(5) << "ABI"
+      << std::setw(13) << "STATUS" << std::setw(7) << "SCORE"
+      << "PATH\n";
   for (const PluginInfo& info : plugins) {
-    out << std::setw(16) << info.name << std::setw(10) << (info.version.empty() ? "-" : info.version)
-        << std::setw(5) << (info.abi ? std::to_string(info.abi) : "-") << std::setw(13)
+    out << std::setw(16) << info.name << std::setw(10)
+        << (info.version.empty() ? "-" : info.version) << std::setw(5)
+        << (info.abi ? std::to_string(info.abi) : "-") << std::setw(13)
         << (info.available ? "available" : "unavailable") << std::setw(7) << info.score
         << info.path.string() << "\n";
     if (!info.reason.empty()) out << "    why: " << info.reason << "\n";

@@ -12,12 +12,8 @@ Command explain_command();
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
-      version_command(),
-      plugins_command(),
-      bench_command(),
-      train_command(),
-      eval_command(),
-      explain_command(),
+      version_command(), plugins_command(), bench_command(),
+      train_command(),   eval_command(),    explain_command(),
   };
   return table;
 }

@@ -11,10 +11,12 @@ void print_overview() {
                "parameters at the vertices of rotated polytopes and moves them by optimal\n"
                "transport. Backends are plugins, chosen at run time.\n\ncommands:\n";
   for (const auto& command : polyprobe::app::commands())
-    std::cout << "  " << command.name << std::string(10 - std::min<std::size_t>(9, command.name.size()), ' ')
+    std::cout << "  " << command.name
+              << std::string(10 - std::min<std::size_t>(9, command.name.size()), ' ')
               << command.summary << "\n";
-  std::cout << "\n`polyprobe COMMAND --help` explains a command and its options.\n"
-               "`polyprobe train` with no arguments trains a small model on the embedded data set.\n";
+  std::cout
+      << "\n`polyprobe COMMAND --help` explains a command and its options.\n"
+         "`polyprobe train` with no arguments trains a small model on the embedded data set.\n";
 }
 
 }  // namespace
@@ -28,7 +30,8 @@ int main(int argc, char** argv) {
     print_overview();
     return args.empty() ? 2 : 0;
   }
-  if (args[0] == "--version") return polyprobe::app::run_command(polyprobe::app::commands().front(), {});
+  if (args[0] == "--version")
+    return polyprobe::app::run_command(polyprobe::app::commands().front(), {});
   for (const auto& command : polyprobe::app::commands())
     if (command.name == args[0])
       return polyprobe::app::run_command(command, {args.begin() + 1, args.end()});

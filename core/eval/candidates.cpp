@@ -28,7 +28,8 @@ void ParticleMap::validate(int64_t n) const {
     if (c == -1) continue;
     if (c < 0 || c >= n)
       throw Error("particle " + std::to_string(i / static_cast<std::size_t>(d)) +
-                  " names coordinate " + std::to_string(c) + ", outside [0, " + std::to_string(n) + ")");
+                  " names coordinate " + std::to_string(c) + ", outside [0, " + std::to_string(n) +
+                  ")");
     if (seen[static_cast<std::size_t>(c)])
       throw Error("coordinate " + std::to_string(c) + " belongs to two particles");
     seen[static_cast<std::size_t>(c)] = true;
@@ -39,12 +40,13 @@ void CandidateSet::validate() const {
   if (particles == nullptr) throw Error("candidate set has no particle map");
   if (displacement.size() != particle.size() * static_cast<std::size_t>(particles->d))
     throw Error("candidate set has " + std::to_string(particle.size()) + " candidates but " +
-                std::to_string(displacement.size()) + " displacement values (d = " +
-                std::to_string(particles->d) + ")");
+                std::to_string(displacement.size()) +
+                " displacement values (d = " + std::to_string(particles->d) + ")");
   for (std::size_t c = 0; c < particle.size(); ++c)
     if (particle[c] < 0 || particle[c] >= particles->count())
-      throw Error("candidate " + std::to_string(c) + " moves particle " + std::to_string(particle[c]) +
-                  ", but there are " + std::to_string(particles->count()));
+      throw Error("candidate " + std::to_string(c) + " moves particle " +
+                  std::to_string(particle[c]) + ", but there are " +
+                  std::to_string(particles->count()));
 }
 
 }  // namespace polyprobe

@@ -21,8 +21,8 @@ class ReferenceAccumulator final : public Accumulator {
   static void run(std::span<const int64_t> keys, ConstMatrixRef<S> values, MatrixRef<S> out) {
     if (values.rows() != static_cast<Eigen::Index>(keys.size()) || values.cols() != out.cols())
       throw Error("accumulate: " + std::to_string(keys.size()) + " keys, values " +
-                  std::to_string(values.rows()) + " x " + std::to_string(values.cols()) +
-                  ", out " + std::to_string(out.rows()) + " x " + std::to_string(out.cols()));
+                  std::to_string(values.rows()) + " x " + std::to_string(values.cols()) + ", out " +
+                  std::to_string(out.rows()) + " x " + std::to_string(out.cols()));
     for (std::size_t i = 0; i < keys.size(); ++i) {
       const int64_t k = keys[i];
       if (k < 0 || k >= out.rows())

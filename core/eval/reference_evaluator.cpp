@@ -50,8 +50,8 @@ class ReferenceEvaluator final : public Evaluator {
     for (int64_t c = 0; c < set.size(); ++c) {
       params.assign(base.begin(), base.end());
       const auto coords = set.particles->particle(set.particle[static_cast<std::size_t>(c)]);
-      const auto delta = set.displacement.subspan(static_cast<std::size_t>(c * d),
-                                                  static_cast<std::size_t>(d));
+      const auto delta =
+          set.displacement.subspan(static_cast<std::size_t>(c * d), static_cast<std::size_t>(d));
       if (subspace_ != nullptr) {
         subspace_->apply(coords, delta, params);
       } else {
@@ -65,7 +65,8 @@ class ReferenceEvaluator final : public Evaluator {
           params[static_cast<std::size_t>(coord)] += delta[static_cast<std::size_t>(k)];
         }
       }
-      losses[static_cast<std::size_t>(c)] = objective(model_, loss_, batch_, params, options_.dtype);
+      losses[static_cast<std::size_t>(c)] =
+          objective(model_, loss_, batch_, params, options_.dtype);
     }
   }
 

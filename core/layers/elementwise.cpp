@@ -40,9 +40,15 @@ class Elementwise final : public LayerBase<Elementwise> {
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S>, MatrixRef<S> y) const {
     switch (op_) {
-      case Op::relu: y = x.cwiseMax(S(0)); break;
-      case Op::tanh: y = x.array().tanh().matrix(); break;
-      default: y = x.unaryExpr([this](S v) { return eval(v); }); break;
+      case Op::relu:
+        y = x.cwiseMax(S(0));
+        break;
+      case Op::tanh:
+        y = x.array().tanh().matrix();
+        break;
+      default:
+        y = x.unaryExpr([this](S v) { return eval(v); });
+        break;
     }
   }
 
@@ -50,13 +56,20 @@ class Elementwise final : public LayerBase<Elementwise> {
   template <class S>
   S eval(S v) const {
     switch (op_) {
-      case Op::relu: return kernels::relu(v);
-      case Op::gelu: return kernels::gelu(v);
-      case Op::gelu_tanh: return kernels::gelu_tanh(v);
-      case Op::tanh: return std::tanh(v);
-      case Op::sign: return kernels::sign(v);
-      case Op::staircase: return kernels::staircase(v, static_cast<S>(step_));
-      case Op::identity: return v;
+      case Op::relu:
+        return kernels::relu(v);
+      case Op::gelu:
+        return kernels::gelu(v);
+      case Op::gelu_tanh:
+        return kernels::gelu_tanh(v);
+      case Op::tanh:
+        return std::tanh(v);
+      case Op::sign:
+        return kernels::sign(v);
+      case Op::staircase:
+        return kernels::staircase(v, static_cast<S>(step_));
+      case Op::identity:
+        return v;
     }
     return v;
   }
@@ -87,23 +100,24 @@ void register_elementwise(LayerFactory& factory) {
   add(factory, "identity", Op::identity, "x");
   factory.add("gelu", {[](const nlohmann::json& attrs, const Shape& input) {
                          check_attribute_names(attrs, "gelu", {"approximate"});
-                         const auto approx = attr_or<std::string>(attrs, "gelu", "approximate", "none");
+                         const auto approx =
+                             attr_or<std::string>(attrs, "gelu", "approximate", "none");
                          if (approx != "none" && approx != "tanh")
                            throw Error("layer 'gelu': approximate must be \"none\" or \"tanh\"");
                          return std::make_shared<const Elementwise>(
                              "gelu", approx == "tanh" ? Op::gelu_tanh : Op::gelu, input, 1.0);
                        },
                        "GELU, exact (erf) or approximate = \"tanh\" (nn.GELU)", "core"});
-  factory.add("staircase",
-              {[](const nlohmann::json& attrs, const Shape& input) {
-                 check_attribute_names(attrs, "staircase", {"step"});
-                 const double step = attr_or<double>(attrs, "staircase", "step", 0.25);
-                 if (!(step > 0.0) || !std::isfinite(step))
-                   throw Error("layer 'staircase': step must be a positive finite number");
-                 return std::make_shared<const Elementwise>("staircase", Op::staircase, input, step);
-               },
-               "step * floor(x / step) (not differentiable); attribute step (default 0.25)",
-               "core"});
+  factory.add(
+      "staircase",
+      {[](const nlohmann::json& attrs, const Shape& input) {
+         check_attribute_names(attrs, "staircase", {"step"});
+         const double step = attr_or<double>(attrs, "staircase", "step", 0.25);
+         if (!(step > 0.0) || !std::isfinite(step))
+           throw Error("layer 'staircase': step must be a positive finite number");
+         return std::make_shared<const Elementwise>("staircase", Op::staircase, input, step);
+       },
+       "step * floor(x / step) (not differentiable); attribute step (default 0.25)", "core"});
 }
 
 }  // namespace polyprobe

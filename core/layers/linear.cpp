@@ -21,9 +21,12 @@ Transform parse_transform(const std::string& name) {
 
 const char* transform_name(Transform t) {
   switch (t) {
-    case Transform::identity: return "identity";
-    case Transform::sign: return "sign";
-    case Transform::int8: return "int8";
+    case Transform::identity:
+      return "identity";
+    case Transform::sign:
+      return "sign";
+    case Transform::int8:
+      return "int8";
   }
   return "identity";
 }
@@ -34,11 +37,14 @@ class Linear final : public LayerBase<Linear> {
       : input_(input),
         out_(attr_required<int64_t>(attrs, "linear", "out_features")),
         bias_(attr_or<bool>(attrs, "linear", "bias", true)),
-        weight_q_(parse_transform(attr_or<std::string>(attrs, "linear", "weight_transform", "identity"))),
-        bias_q_(parse_transform(attr_or<std::string>(attrs, "linear", "bias_transform", "identity"))),
+        weight_q_(
+            parse_transform(attr_or<std::string>(attrs, "linear", "weight_transform", "identity"))),
+        bias_q_(
+            parse_transform(attr_or<std::string>(attrs, "linear", "bias_transform", "identity"))),
         step_(attr_or<double>(attrs, "linear", "quant_step", 1.0 / 64.0)) {
-    check_attribute_names(attrs, "linear", {"out_features", "bias", "weight_transform",
-                                            "bias_transform", "quant_step"});
+    check_attribute_names(
+        attrs, "linear",
+        {"out_features", "bias", "weight_transform", "bias_transform", "quant_step"});
     if (input_.dims.empty()) throw Error("layer 'linear': input has no dimensions");
     in_ = input_.dims.back();
     if (out_ <= 0) throw Error("layer 'linear': out_features must be positive");
@@ -88,12 +94,16 @@ class Linear final : public LayerBase<Linear> {
     const auto q_weight = [&](S v) { return quantise(weight_q_, v); };
     const auto q_bias = [&](S v) { return quantise(bias_q_, v); };
     auto run = [&](const auto& xin, auto&& yout) {
-      if (weight_q_ == Transform::identity) yout.noalias() = xin * w.transpose();
-      else yout.noalias() = xin * Matrix<S>(w.unaryExpr(q_weight)).transpose();
+      if (weight_q_ == Transform::identity)
+        yout.noalias() = xin * w.transpose();
+      else
+        yout.noalias() = xin * Matrix<S>(w.unaryExpr(q_weight)).transpose();
       if (bias_) {
         Eigen::Map<const Vector<S>> b(params.data() + out_ * in_, out_);
-        if (bias_q_ == Transform::identity) yout.rowwise() += b.transpose();
-        else yout.rowwise() += Vector<S>(b.unaryExpr(q_bias)).transpose();
+        if (bias_q_ == Transform::identity)
+          yout.rowwise() += b.transpose();
+        else
+          yout.rowwise() += Vector<S>(b.unaryExpr(q_bias)).transpose();
       }
     };
     if (x.cols() == in_) {
@@ -114,9 +124,12 @@ class Linear final : public LayerBase<Linear> {
   }
   static double apply(Transform t, double v, double step) {
     switch (t) {
-      case Transform::identity: return v;
-      case Transform::sign: return v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0);
-      case Transform::int8: return std::clamp(std::nearbyint(v / step), -127.0, 127.0) * step;
+      case Transform::identity:
+        return v;
+      case Transform::sign:
+        return v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0);
+      case Transform::int8:
+        return std::clamp(std::nearbyint(v / step), -127.0, 127.0) * step;
     }
     return v;
   }

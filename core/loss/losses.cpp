@@ -66,10 +66,14 @@ class KernelLoss final : public Loss {
 std::unique_ptr<Loss> make_loss(std::string_view name, double l2) {
   std::unique_ptr<Loss> loss;
   using kernels::LossKind;
-  if (name == "cross_entropy") loss = std::make_unique<KernelLoss<LossKind::cross_entropy>>("cross_entropy");
-  else if (name == "mse") loss = std::make_unique<KernelLoss<LossKind::mse>>("mse");
-  else if (name == "hinge") loss = std::make_unique<KernelLoss<LossKind::hinge>>("hinge");
-  else if (name == "zero_one") loss = std::make_unique<KernelLoss<LossKind::zero_one>>("zero_one");
+  if (name == "cross_entropy")
+    loss = std::make_unique<KernelLoss<LossKind::cross_entropy>>("cross_entropy");
+  else if (name == "mse")
+    loss = std::make_unique<KernelLoss<LossKind::mse>>("mse");
+  else if (name == "hinge")
+    loss = std::make_unique<KernelLoss<LossKind::hinge>>("hinge");
+  else if (name == "zero_one")
+    loss = std::make_unique<KernelLoss<LossKind::zero_one>>("zero_one");
   else
     throw Error("unknown loss '" + std::string(name) +
                 "' (use cross_entropy, mse, hinge or zero_one)");

@@ -19,13 +19,12 @@ void Model::add(std::shared_ptr<const Layer> layer) {
   const std::size_t index = layers_.size();
   if (layer->input_shape() != output_shape())
     throw Error("layer " + std::to_string(index) + " (" + layer->kind() + ") expects input " +
-                layer->input_shape().str() + " but the previous output is " +
-                output_shape().str());
+                layer->input_shape().str() + " but the previous output is " + output_shape().str());
   layer_offsets_.push_back(num_parameters());
   for (const ParamSpec& spec : layer->parameters()) {
     const int64_t offset = num_parameters();
-    entries_.push_back({std::to_string(index) + "." + spec.name, index, spec.shape, offset,
-                        spec.numel()});
+    entries_.push_back(
+        {std::to_string(index) + "." + spec.name, index, spec.shape, offset, spec.numel()});
     params_.resize(static_cast<std::size_t>(offset + spec.numel()), 0.0);
   }
   layers_.push_back(std::move(layer));
@@ -35,10 +34,10 @@ void Model::initialize(uint64_t seed) {
   std::mt19937_64 rng(seed);
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const int64_t count = layers_[i]->parameter_count();
-    layers_[i]->initialize(std::span<double>(params_).subspan(
-                               static_cast<std::size_t>(layer_offsets_[i]),
-                               static_cast<std::size_t>(count)),
-                           rng);
+    layers_[i]->initialize(
+        std::span<double>(params_).subspan(static_cast<std::size_t>(layer_offsets_[i]),
+                                           static_cast<std::size_t>(count)),
+        rng);
   }
 }
 

@@ -15,7 +15,8 @@ class AskTellOptimizer::Impl {
   Impl(const Matrix<double>& initial, OptimizerConfig config)
       : config_(validated(std::move(config), initial)),
         engine_(config_, config_.particle_dim, initial.rows(), {{0, initial.rows()}},
-                config_.solver == TransportSolver::automatic ? TransportSolver::sinkhorn : config_.solver),
+                config_.solver == TransportSolver::automatic ? TransportSolver::sinkhorn
+                                                             : config_.solver),
         particles_(initial),
         moves_(static_cast<std::size_t>(initial.size())) {}
 
@@ -29,8 +30,9 @@ class AskTellOptimizer::Impl {
     if (config.multifidelity_screen)
       throw Error("AskTellOptimizer: multifidelity_screen needs a batch; turn it off for ask/tell");
     if (config.adaptive_probes)
-      throw Error("AskTellOptimizer: adaptive_probes would leave asked rows unused; turn it off "
-                  "for ask/tell");
+      throw Error(
+          "AskTellOptimizer: adaptive_probes would leave asked rows unused; turn it off "
+          "for ask/tell");
     return config;
   }
 

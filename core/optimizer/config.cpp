@@ -17,9 +17,12 @@ BlockStrategy parse_block_strategy(std::string_view name) {
 
 std::string_view to_string(BlockStrategy strategy) {
   switch (strategy) {
-    case BlockStrategy::monolithic: return "monolithic";
-    case BlockStrategy::per_layer: return "per_layer";
-    case BlockStrategy::grouped: return "grouped";
+    case BlockStrategy::monolithic:
+      return "monolithic";
+    case BlockStrategy::per_layer:
+      return "per_layer";
+    case BlockStrategy::grouped:
+      return "grouped";
   }
   return "?";
 }
@@ -38,22 +41,25 @@ std::string str(double x) { return std::to_string(x); }
 void OptimizerConfig::validate() const {
   require(particle_dim >= 1 && particle_dim <= 4096,
           "particle_dim must be in [1, 4096], got " + std::to_string(particle_dim));
-  require(subspace_particle_dim >= 1 && subspace_particle_dim <= 4096,
-          "subspace_particle_dim must be in [1, 4096], got " + std::to_string(subspace_particle_dim));
+  require(
+      subspace_particle_dim >= 1 && subspace_particle_dim <= 4096,
+      "subspace_particle_dim must be in [1, 4096], got " + std::to_string(subspace_particle_dim));
   require(polytope != PolytopeKind::cube || (particle_dim <= 16 && subspace_particle_dim <= 16),
           "the cube has 2^d vertices; with polytope = cube keep particle_dim and "
           "subspace_particle_dim <= 16 (or use the orthoplex, 2d vertices)");
   require(num_probe >= 1, "num_probe (K) must be at least 1, got " + std::to_string(num_probe));
-  require(positive(step_radius), "step_radius must be positive and finite, got " + str(step_radius));
-  require(positive(probe_radius), "probe_radius must be positive and finite, got " + str(probe_radius));
+  require(positive(step_radius),
+          "step_radius must be positive and finite, got " + str(step_radius));
+  require(positive(probe_radius),
+          "probe_radius must be positive and finite, got " + str(probe_radius));
   require(positive(epsilon), "epsilon must be positive and finite, got " + str(epsilon));
   require(std::isfinite(ent_epsilon) && ent_epsilon >= 0,
           "ent_epsilon must be 0 (use epsilon) or positive, got " + str(ent_epsilon));
   if (schedule == ScheduleKind::linear || schedule == ScheduleKind::cosine ||
       schedule == ScheduleKind::progressive)
-    require(positive(epsilon_final),
-            "schedule " + std::string(to_string(schedule)) +
-                " needs a positive epsilon_final, got " + str(epsilon_final));
+    require(positive(epsilon_final), "schedule " + std::string(to_string(schedule)) +
+                                         " needs a positive epsilon_final, got " +
+                                         str(epsilon_final));
   if (schedule == ScheduleKind::linear || schedule == ScheduleKind::cosine)
     require(total_steps >= 1, "schedule " + std::string(to_string(schedule)) +
                                   " runs over total_steps, which must be >= 1");
@@ -95,8 +101,10 @@ void OptimizerConfig::validate() const {
             "radius.stagnation_threshold must be >= 0");
     require(r.radius_increase >= 1 && std::isfinite(r.radius_increase),
             "radius.radius_increase must be >= 1");
-    require(r.radius_decrease > 0 && r.radius_decrease <= 1, "radius.radius_decrease must be in (0, 1]");
-    require(positive(r.radius_min) && r.radius_min <= 1 && r.radius_max >= 1 && std::isfinite(r.radius_max),
+    require(r.radius_decrease > 0 && r.radius_decrease <= 1,
+            "radius.radius_decrease must be in (0, 1]");
+    require(positive(r.radius_min) && r.radius_min <= 1 && r.radius_max >= 1 &&
+                std::isfinite(r.radius_max),
             "radius bounds need 0 < radius_min <= 1 <= radius_max");
   }
   const bool quadratic =
@@ -108,8 +116,9 @@ void OptimizerConfig::validate() const {
             "trust region needs trust_shrink_below < trust_grow_above");
     require(r.trust_shrink > 0 && r.trust_shrink < 1, "trust region needs trust_shrink in (0, 1)");
     require(r.trust_grow >= 1 && std::isfinite(r.trust_grow), "trust region needs trust_grow >= 1");
-    require(positive(r.trust_min) && r.trust_min <= 1 && r.trust_max >= 1 && std::isfinite(r.trust_max),
-            "trust region needs 0 < trust_min <= 1 <= trust_max");
+    require(
+        positive(r.trust_min) && r.trust_min <= 1 && r.trust_max >= 1 && std::isfinite(r.trust_max),
+        "trust region needs 0 < trust_min <= 1 <= trust_max");
   }
 
   require(std::isfinite(adaptive_probes_threshold) && adaptive_probes_threshold >= 0,
@@ -118,14 +127,16 @@ void OptimizerConfig::validate() const {
           "adaptive_probes cannot run with the quadratic or trust_region radius model: the "
           "finite-difference model needs every loss measured at the current incumbent; turn "
           "adaptive_probes off");
-  require(amortize_steps >= 1, "amortize_steps must be at least 1, got " + std::to_string(amortize_steps));
+  require(amortize_steps >= 1,
+          "amortize_steps must be at least 1, got " + std::to_string(amortize_steps));
   require(amortize_ema >= 0 && amortize_ema <= 1, "amortize_ema must be in [0, 1]");
   if (multifidelity_screen) {
     require(screen_fidelity > 0 && screen_fidelity < 1, "screen_fidelity must be in (0, 1)");
     require(screen_keep_ratio > 0 && screen_keep_ratio < 1, "screen_keep_ratio must be in (0, 1)");
     require(screen_fidelity / num_probe + screen_keep_ratio < 1,
             "multifidelity_screen requires screen_fidelity / num_probe + screen_keep_ratio < 1 "
-            "(got " + str(screen_fidelity / num_probe + screen_keep_ratio) +
+            "(got " +
+                str(screen_fidelity / num_probe + screen_keep_ratio) +
                 "); above that the screen buys work instead of saving it");
     require(!quadratic,
             "multifidelity_screen cannot run with the quadratic or trust_region radius model: "

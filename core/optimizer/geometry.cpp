@@ -21,18 +21,24 @@ PolytopeKind parse_polytope(std::string_view name) {
 
 std::string_view to_string(PolytopeKind kind) {
   switch (kind) {
-    case PolytopeKind::simplex: return "simplex";
-    case PolytopeKind::orthoplex: return "orthoplex";
-    case PolytopeKind::cube: return "cube";
+    case PolytopeKind::simplex:
+      return "simplex";
+    case PolytopeKind::orthoplex:
+      return "orthoplex";
+    case PolytopeKind::cube:
+      return "cube";
   }
   return "?";
 }
 
 int64_t polytope_vertex_count(PolytopeKind kind, int32_t d) {
   switch (kind) {
-    case PolytopeKind::simplex: return int64_t{d} + 1;
-    case PolytopeKind::orthoplex: return 2 * int64_t{d};
-    case PolytopeKind::cube: return int64_t{1} << d;
+    case PolytopeKind::simplex:
+      return int64_t{d} + 1;
+    case PolytopeKind::orthoplex:
+      return 2 * int64_t{d};
+    case PolytopeKind::cube:
+      return int64_t{1} << d;
   }
   return 0;
 }
@@ -79,9 +85,9 @@ using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic>;
 
 // Negates the last column when det < 0, so the result is in SO(d) and, for a biased draw,
 // the first column (the bias direction) is untouched.
-void fix_determinant(Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic,
-                                              Eigen::RowMajor>>& q,
-                     double det_sign) {
+void fix_determinant(
+    Eigen::Map<Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>>& q,
+    double det_sign) {
   if (det_sign < 0) q.col(q.cols() - 1) *= -1;
 }
 
@@ -121,8 +127,8 @@ void draw_qr(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> r
 // Stewart (1980): Q = H_0 H_1 ... H_{d-2} D, each H_k a Householder reflection on
 // coordinates k..d-1 built from a fresh Gaussian vector, D the signs that make the
 // equivalent QR factor's diagonal positive. O(d^2) per rotation instead of O(d^3).
-void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d,
-                      std::span<double> rotations, std::span<const double> bias) {
+void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> rotations,
+                      std::span<const double> bias) {
   std::vector<double> x(static_cast<std::size_t>(d));
   std::vector<double> normals(static_cast<std::size_t>(d * (d + 1) / 2));
   for (int64_t p = 0; p < count; ++p) {
@@ -137,15 +143,18 @@ void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d,
       const int32_t m = d - k;
       for (int32_t i = 0; i < m; ++i) x[static_cast<std::size_t>(i)] = normals[next++];
       if (k == 0 && biased)
-        for (int32_t i = 0; i < d; ++i) x[static_cast<std::size_t>(i)] = bias[static_cast<std::size_t>(p * d + i)];
+        for (int32_t i = 0; i < d; ++i)
+          x[static_cast<std::size_t>(i)] = bias[static_cast<std::size_t>(p * d + i)];
       double norm2 = 0;
-      for (int32_t i = 0; i < m; ++i) norm2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
+      for (int32_t i = 0; i < m; ++i)
+        norm2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
       const double norm = std::sqrt(norm2);
       const double s = x[0] >= 0 ? 1.0 : -1.0;
       // u = x + s |x| e_0; H = I - 2 u u^T / |u|^2 maps x to -s |x| e_0.
       x[0] += s * norm;
       double u2 = 0;
-      for (int32_t i = 0; i < m; ++i) u2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
+      for (int32_t i = 0; i < m; ++i)
+        u2 += x[static_cast<std::size_t>(i)] * x[static_cast<std::size_t>(i)];
       // Q[:, k:] <- Q[:, k:] H; then multiply column k by D_k = -s.
       if (u2 > 0) {
         for (int32_t r = 0; r < d; ++r) {

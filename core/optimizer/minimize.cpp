@@ -34,10 +34,12 @@ class FunctionEvaluator final : public Evaluator {
       const auto coords = set.particles->particle(set.particle[c]);
       // Move, score, move back: O(d) per candidate instead of a copy of the vector.
       for (std::size_t j = 0; j < d; ++j)
-        if (coords[j] >= 0) point_[static_cast<std::size_t>(coords[j])] += set.displacement[c * d + j];
+        if (coords[j] >= 0)
+          point_[static_cast<std::size_t>(coords[j])] += set.displacement[c * d + j];
       losses[c] = record(objective_(point_));
       for (std::size_t j = 0; j < d; ++j)
-        if (coords[j] >= 0) point_[static_cast<std::size_t>(coords[j])] = base[static_cast<std::size_t>(coords[j])];
+        if (coords[j] >= 0)
+          point_[static_cast<std::size_t>(coords[j])] = base[static_cast<std::size_t>(coords[j])];
     }
   }
 
@@ -68,8 +70,9 @@ MinimizeResult minimize(const Objective& objective, std::span<const double> x0, 
   if (x0.empty()) throw Error("minimize: x0 is empty");
   if (budget < 1) throw Error("minimize: the budget must be at least one evaluation");
   if (config.multifidelity_screen)
-    throw Error("minimize: multifidelity_screen needs a batch to screen on; a plain function has "
-                "none, so turn it off");
+    throw Error(
+        "minimize: multifidelity_screen needs a batch to screen on; a plain function has "
+        "none, so turn it off");
   ParticleMap map = ParticleMap::contiguous(static_cast<int64_t>(x0.size()), config.particle_dim);
   const int64_t particles = map.count();
   detail::VectorSearch search(config, std::move(map), {{0, particles}}, nullptr);

@@ -48,8 +48,10 @@ void build_particles(const Model& model, const OptimizerConfig& config, const Su
         groups.emplace_back(e.offset, e.offset + e.size);
     }
   } else if (config.blocks == BlockStrategy::grouped) {
-    for (std::size_t i = 0; i < entries.size(); i += static_cast<std::size_t>(config.block_group_size)) {
-      const std::size_t last = std::min(entries.size(), i + static_cast<std::size_t>(config.block_group_size)) - 1;
+    for (std::size_t i = 0; i < entries.size();
+         i += static_cast<std::size_t>(config.block_group_size)) {
+      const std::size_t last =
+          std::min(entries.size(), i + static_cast<std::size_t>(config.block_group_size)) - 1;
       groups.emplace_back(entries[i].offset, entries[last].offset + entries[last].size);
     }
   }
@@ -98,8 +100,9 @@ class PolytopeOptimizer::Impl {
   detail::VectorSearch make_search() {
     config_.validate();
     if (subspace_ != nullptr && subspace_->parameter_count() != model_.num_parameters())
-      throw Error("PolytopeOptimizer: the subspace maps into " + std::to_string(subspace_->parameter_count()) +
-                  " parameters but the model has " + std::to_string(model_.num_parameters()));
+      throw Error("PolytopeOptimizer: the subspace maps into " +
+                  std::to_string(subspace_->parameter_count()) + " parameters but the model has " +
+                  std::to_string(model_.num_parameters()));
     ParticleMap map;
     std::vector<BlockRange> blocks;
     build_particles(model_, config_, subspace_, map, blocks);
@@ -124,12 +127,14 @@ PolytopeOptimizer& PolytopeOptimizer::operator=(PolytopeOptimizer&&) noexcept = 
 void PolytopeOptimizer::register_evaluator(Evaluator& evaluator, const Batch& batch) {
   evaluator.register_batch(batch);
   if (impl_->config_.multifidelity_screen && impl_->screen_ != nullptr) {
-    const auto rows = std::max<int64_t>(
-        1, static_cast<int64_t>(std::llround(impl_->config_.screen_fidelity * static_cast<double>(batch.size()))));
+    const auto rows =
+        std::max<int64_t>(1, static_cast<int64_t>(std::llround(impl_->config_.screen_fidelity *
+                                                               static_cast<double>(batch.size()))));
     Batch cheap;
     cheap.inputs = batch.inputs.topRows(rows);
     if (batch.targets.is_classification())
-      cheap.targets.labels.assign(batch.targets.labels.begin(), batch.targets.labels.begin() + rows);
+      cheap.targets.labels.assign(batch.targets.labels.begin(),
+                                  batch.targets.labels.begin() + rows);
     else
       cheap.targets.values = batch.targets.values.topRows(rows);
     impl_->screen_->register_batch(cheap);
@@ -144,7 +149,8 @@ void PolytopeOptimizer::set_screen_evaluator(Evaluator& screen_evaluator) {
 
 StepInfo PolytopeOptimizer::step(uint64_t objective_token) {
   if (impl_->evaluator_ == nullptr)
-    throw Error("PolytopeOptimizer::step: no evaluator; call register_evaluator(evaluator, batch) first");
+    throw Error(
+        "PolytopeOptimizer::step: no evaluator; call register_evaluator(evaluator, batch) first");
   return impl_->search_.step(impl_->model_.parameters(), *impl_->evaluator_, impl_->screen_,
                              mix(impl_->batch_key_, objective_token));
 }
@@ -177,7 +183,9 @@ const OptimizerConfig& PolytopeOptimizer::config() const { return impl_->config_
 const ParticleMap& PolytopeOptimizer::particles() const { return impl_->search_.particles(); }
 int64_t PolytopeOptimizer::steps() const { return impl_->search_.engine().step_index(); }
 int64_t PolytopeOptimizer::evaluations() const { return impl_->search_.evaluations(); }
-int64_t PolytopeOptimizer::screen_evaluations() const { return impl_->search_.screen_evaluations(); }
+int64_t PolytopeOptimizer::screen_evaluations() const {
+  return impl_->search_.screen_evaluations();
+}
 int64_t PolytopeOptimizer::next_step_cost() const { return impl_->search_.next_step_cost(); }
 bool PolytopeOptimizer::uses_trust_region() const {
   return impl_->config_.radius.kind == RadiusModelKind::trust_region;

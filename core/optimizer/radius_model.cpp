@@ -22,10 +22,14 @@ RadiusModelKind parse_radius_model(std::string_view name) {
 
 std::string_view to_string(RadiusModelKind kind) {
   switch (kind) {
-    case RadiusModelKind::fixed: return "fixed";
-    case RadiusModelKind::adaptive: return "adaptive";
-    case RadiusModelKind::quadratic: return "quadratic";
-    case RadiusModelKind::trust_region: return "trust_region";
+    case RadiusModelKind::fixed:
+      return "fixed";
+    case RadiusModelKind::adaptive:
+      return "adaptive";
+    case RadiusModelKind::quadratic:
+      return "quadratic";
+    case RadiusModelKind::trust_region:
+      return "trust_region";
   }
   return "?";
 }
@@ -37,8 +41,8 @@ double fit_particle_quadratic(std::span<const double> losses, double incumbent,
   const auto d = static_cast<std::size_t>(directions.cols());
   if (losses.size() != vertices || gradient.size() != d)
     throw Error("fit_particle_quadratic: " + std::to_string(losses.size()) + " losses and a " +
-                std::to_string(gradient.size()) + "-vector gradient for " + std::to_string(vertices) +
-                " directions of dimension " + std::to_string(d));
+                std::to_string(gradient.size()) + "-vector gradient for " +
+                std::to_string(vertices) + " directions of dimension " + std::to_string(d));
   double mean = 0;
   for (double l : losses) mean += l;
   mean /= static_cast<double>(vertices);
@@ -47,7 +51,8 @@ double fit_particle_quadratic(std::span<const double> losses, double incumbent,
   std::fill(gradient.begin(), gradient.end(), 0.0);
   for (std::size_t v = 0; v < vertices; ++v)
     for (std::size_t j = 0; j < d; ++j)
-      gradient[j] += (losses[v] - mean) * directions(static_cast<Eigen::Index>(v), static_cast<Eigen::Index>(j));
+      gradient[j] += (losses[v] - mean) *
+                     directions(static_cast<Eigen::Index>(v), static_cast<Eigen::Index>(j));
   const double scale = static_cast<double>(d) / (static_cast<double>(vertices) * scaled_radius);
   for (double& g : gradient) g *= scale;
   return 2 * (mean - incumbent) / (scaled_radius * scaled_radius);
@@ -197,10 +202,14 @@ class TrustRegion final : public QuadraticRadius {
 
 std::unique_ptr<RadiusModel> make_radius_model(const RadiusModelSettings& settings) {
   switch (settings.kind) {
-    case RadiusModelKind::fixed: return std::make_unique<FixedRadius>();
-    case RadiusModelKind::adaptive: return std::make_unique<AdaptiveRadius>(settings);
-    case RadiusModelKind::quadratic: return std::make_unique<QuadraticRadius>(settings);
-    case RadiusModelKind::trust_region: return std::make_unique<TrustRegion>(settings);
+    case RadiusModelKind::fixed:
+      return std::make_unique<FixedRadius>();
+    case RadiusModelKind::adaptive:
+      return std::make_unique<AdaptiveRadius>(settings);
+    case RadiusModelKind::quadratic:
+      return std::make_unique<QuadraticRadius>(settings);
+    case RadiusModelKind::trust_region:
+      return std::make_unique<TrustRegion>(settings);
   }
   throw Error("make_radius_model: unknown kind");
 }

@@ -23,11 +23,16 @@ ScheduleKind parse_schedule(std::string_view name) {
 
 std::string_view to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::constant: return "constant";
-    case ScheduleKind::linear: return "linear";
-    case ScheduleKind::cosine: return "cosine";
-    case ScheduleKind::power: return "power";
-    case ScheduleKind::progressive: return "progressive";
+    case ScheduleKind::constant:
+      return "constant";
+    case ScheduleKind::linear:
+      return "linear";
+    case ScheduleKind::cosine:
+      return "cosine";
+    case ScheduleKind::power:
+      return "power";
+    case ScheduleKind::progressive:
+      return "progressive";
   }
   return "?";
 }
@@ -43,13 +48,17 @@ double EpsilonSchedule::at(int64_t step) const {
           ? std::min(1.0, static_cast<double>(step) / static_cast<double>(settings_.total_steps))
           : 1.0;
   switch (settings_.kind) {
-    case ScheduleKind::constant: return start;
-    case ScheduleKind::linear: return start + (end - start) * progress;
+    case ScheduleKind::constant:
+      return start;
+    case ScheduleKind::linear:
+      return start + (end - start) * progress;
     case ScheduleKind::cosine:
       return end + 0.5 * (start - end) * (1 + std::cos(std::numbers::pi * progress));
     case ScheduleKind::power:
-      return start * std::pow(1 + static_cast<double>(step) / settings_.decay_steps, -settings_.power);
-    case ScheduleKind::progressive: return progressive_epsilon_;
+      return start *
+             std::pow(1 + static_cast<double>(step) / settings_.decay_steps, -settings_.power);
+    case ScheduleKind::progressive:
+      return progressive_epsilon_;
   }
   return start;
 }
@@ -60,7 +69,8 @@ void EpsilonSchedule::observe_solve(bool converged) {
   // temperature is already too low for the solver, so back off towards the start.
   progressive_epsilon_ = converged ? progressive_epsilon_ * settings_.decay_rate
                                    : progressive_epsilon_ / settings_.decay_rate;
-  progressive_epsilon_ = std::clamp(progressive_epsilon_, settings_.epsilon_final, settings_.epsilon);
+  progressive_epsilon_ =
+      std::clamp(progressive_epsilon_, settings_.epsilon_final, settings_.epsilon);
 }
 
 void EpsilonSchedule::save(std::ostream& out) const {

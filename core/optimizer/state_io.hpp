@@ -41,14 +41,14 @@ inline void get(std::istream& in, const std::string& tag, double& value) {
 }
 
 template <class I>
-  requires std::is_integral_v<I>
+requires std::is_integral_v<I>
 inline void put(std::ostream& out, const std::string& tag, I value) {
   put_tag(out, tag);
   out << static_cast<int64_t>(value) << '\n';
 }
 
 template <class I>
-  requires std::is_integral_v<I>
+requires std::is_integral_v<I>
 inline void get(std::istream& in, const std::string& tag, I& value) {
   expect_tag(in, tag);
   int64_t v = 0;

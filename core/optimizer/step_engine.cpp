@@ -90,7 +90,8 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
 
 double StepEngine::momentum_coefficient() const {
   const double progress =
-      std::min(1.0, static_cast<double>(step_) / static_cast<double>(std::max<int64_t>(1, config_.total_steps)));
+      std::min(1.0, static_cast<double>(step_) /
+                        static_cast<double>(std::max<int64_t>(1, config_.total_steps)));
   return config_.momentum_init + (config_.momentum_final - config_.momentum_init) * progress;
 }
 
@@ -117,8 +118,9 @@ void StepEngine::plan(uint64_t objective_key) {
   const auto P = particles_, V = vertices_;
   const auto K = probes_;
   rotations_.resize(idx(P * d_ * d_));
-  draw_rotations(rng_, P, d_, config_.rotation, rotations_,
-                 config_.biased_rotation ? std::span<const double>(last_move_) : std::span<const double>());
+  draw_rotations(
+      rng_, P, d_, config_.rotation, rotations_,
+      config_.biased_rotation ? std::span<const double>(last_move_) : std::span<const double>());
 
   std::fill(reused_.begin(), reused_.end(), 0);
   if (config_.adaptive_probes && key_ == cache_key_ && step_r_plan_ == cache_step_r_ &&
@@ -126,7 +128,8 @@ void StepEngine::plan(uint64_t objective_key) {
     for (int64_t i = 0; i < P; ++i) {
       if (!cache_valid_[idx(i)]) continue;
       double norm2 = 0;
-      for (int32_t j = 0; j < d_; ++j) norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
+      for (int32_t j = 0; j < d_; ++j)
+        norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
       if (norm2 >= config_.adaptive_probes_threshold) continue;
       reused_[idx(i)] = 1;
       // The cached costs were measured with the cached rotation: keep them together.
@@ -177,9 +180,11 @@ const std::vector<char>& StepEngine::screen(std::span<const double> screen_losse
       if (!std::isfinite(x)) x = std::numeric_limits<double>::infinity();
     order.resize(idx(units));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return score[idx(a)] > score[idx(b)]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return score[idx(a)] > score[idx(b)]; });
     const auto kept = std::max<int64_t>(
-        1, static_cast<int64_t>(std::llround(config_.screen_keep_ratio * static_cast<double>(units))));
+        1,
+        static_cast<int64_t>(std::llround(config_.screen_keep_ratio * static_cast<double>(units))));
     for (int64_t r = 0; r < kept; ++r) {
       const int64_t u = order[idx(r)];
       keep_[idx(i * V + u)] = 1;
@@ -208,10 +213,17 @@ void StepEngine::solve_block(const BlockRange& block, double temperature, StepIn
       info.transport_converged = info.transport_converged && r.converged;
       break;
     }
-    case TransportSolver::softmax: solve_softmax(scaled, temperature, weights); break;
-    case TransportSolver::greedy: solve_greedy(scaled, weights); break;
-    case TransportSolver::top_k: solve_top_k(scaled, config_.top_k, weights); break;
-    case TransportSolver::automatic: break;
+    case TransportSolver::softmax:
+      solve_softmax(scaled, temperature, weights);
+      break;
+    case TransportSolver::greedy:
+      solve_greedy(scaled, weights);
+      break;
+    case TransportSolver::top_k:
+      solve_top_k(scaled, config_.top_k, weights);
+      break;
+    case TransportSolver::automatic:
+      break;
   }
 }
 
@@ -221,10 +233,11 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   const auto P = particles_, V = vertices_;
   const auto K = probes_;
   if (static_cast<int64_t>(losses.size()) != P * V * K)
-    throw Error("finish: expected " + std::to_string(P * V * K) + " losses, got " + std::to_string(losses.size()));
+    throw Error("finish: expected " + std::to_string(P * V * K) + " losses, got " +
+                std::to_string(losses.size()));
   if (static_cast<int64_t>(moves.size()) != P * d_)
-    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) + " values, not P d = " +
-                std::to_string(P * d_));
+    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
+                " values, not P d = " + std::to_string(P * d_));
   const bool quadratic = radius_->needs_incumbent();
   if (quadratic && incumbents.size() != 1 && static_cast<int64_t>(incumbents.size()) != P)
     throw Error("finish: the " + std::string(to_string(radius_->kind())) +
@@ -282,7 +295,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     const bool comparable = prediction_valid_ && prediction_key_ == key_;
     radius_->observe_incumbent(incumbent_total, comparable);
     info.trust_ratio = last_trust_ratio(*radius_);
-    info.incumbent_loss = incumbents.size() == 1 ? incumbents[0] : incumbent_total / static_cast<double>(P);
+    info.incumbent_loss =
+        incumbents.size() == 1 ? incumbents[0] : incumbent_total / static_cast<double>(P);
     info.incumbent_measured = true;
   } else {
     info.incumbent_loss = info.mean_cost;
@@ -344,7 +358,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     for (std::size_t c = 0; c < moves.size(); ++c)
       moves[c] = velocity_[c] = mu * velocity_[c] + config_.velocity_lr * moves[c];
   }
-  const bool finite = std::all_of(moves.begin(), moves.end(), [](double x) { return std::isfinite(x); });
+  const bool finite =
+      std::all_of(moves.begin(), moves.end(), [](double x) { return std::isfinite(x); });
   if (!finite) {
     // A NaN step is reverted: nothing moves and the history that produced it is dropped.
     std::fill(moves.begin(), moves.end(), 0.0);
@@ -382,7 +397,8 @@ StepInfo StepEngine::coast(std::span<double> moves) {
   StepInfo info = begin_info();
   info.momentum_only = true;
   info.epsilon = schedule_.at(step_);
-  for (std::size_t c = 0; c < moves.size(); ++c) moves[c] = velocity_[c] = config_.amortize_ema * velocity_[c];
+  for (std::size_t c = 0; c < moves.size(); ++c)
+    moves[c] = velocity_[c] = config_.amortize_ema * velocity_[c];
   double norm2 = 0;
   for (double x : moves) norm2 += x * x;
   info.move_norm = std::sqrt(norm2);
@@ -445,10 +461,11 @@ void StepEngine::load(std::istream& in) {
   get(in, "engine.blocks", blocks);
   if (particles != particles_ || d != d_ || vertices != vertices_ ||
       blocks != static_cast<int64_t>(blocks_.size()))
-    throw Error("optimizer checkpoint: written for " + std::to_string(particles) + " particles of d = " +
-                std::to_string(d) + ", " + std::to_string(vertices) + " vertices, " + std::to_string(blocks) +
-                " blocks; this optimizer has " + std::to_string(particles_) + ", " + std::to_string(d_) +
-                ", " + std::to_string(vertices_) + ", " + std::to_string(blocks_.size()) +
+    throw Error("optimizer checkpoint: written for " + std::to_string(particles) +
+                " particles of d = " + std::to_string(d) + ", " + std::to_string(vertices) +
+                " vertices, " + std::to_string(blocks) + " blocks; this optimizer has " +
+                std::to_string(particles_) + ", " + std::to_string(d_) + ", " +
+                std::to_string(vertices_) + ", " + std::to_string(blocks_.size()) +
                 "; load it into an optimizer of the same configuration and model");
   get(in, "engine.step", step_);
   get(in, "engine.rng", rng_);

@@ -94,12 +94,12 @@ class StepEngine {
 
   // Persistent state (checkpointed).
   int64_t step_ = 0;
-  std::vector<SinkhornDuals> duals_;  // per block
-  std::vector<double> velocity_;      // [P d]
-  std::vector<double> last_move_;     // [P d]
-  std::vector<double> cache_costs_;   // [P V]
+  std::vector<SinkhornDuals> duals_;     // per block
+  std::vector<double> velocity_;         // [P d]
+  std::vector<double> last_move_;        // [P d]
+  std::vector<double> cache_costs_;      // [P V]
   std::vector<double> cache_rotations_;  // [P d d]
-  std::vector<char> cache_valid_;     // [P]
+  std::vector<char> cache_valid_;        // [P]
   uint64_t cache_key_ = 0;
   double cache_step_r_ = 0, cache_probe_r_ = 0;
   uint64_t prediction_key_ = 0;
@@ -110,14 +110,14 @@ class StepEngine {
   std::mt19937_64 rng_before_plan_;
   uint64_t key_ = 0;
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
-  std::vector<double> rotations_;     // [P d d]
-  std::vector<double> directions_;    // [P V d]: R_i t_v
-  std::vector<double> displacements_; // [P V K d]
-  std::vector<char> reused_;          // [P]
+  std::vector<double> rotations_;      // [P d d]
+  std::vector<double> directions_;     // [P V d]: R_i t_v
+  std::vector<double> displacements_;  // [P V K d]
+  std::vector<char> reused_;           // [P]
   bool screened_ = false;
   std::vector<double> screen_losses_;  // [P V]
-  std::vector<char> keep_;            // [P V]
-  Matrix<double> cost_, weights_;     // [P V]
+  std::vector<char> keep_;             // [P V]
+  Matrix<double> cost_, weights_;      // [P V]
 };
 
 }  // namespace polyprobe::detail

@@ -22,11 +22,16 @@ TransportSolver parse_transport_solver(std::string_view name) {
 
 std::string_view to_string(TransportSolver solver) {
   switch (solver) {
-    case TransportSolver::automatic: return "auto";
-    case TransportSolver::sinkhorn: return "sinkhorn";
-    case TransportSolver::softmax: return "softmax";
-    case TransportSolver::greedy: return "greedy";
-    case TransportSolver::top_k: return "top_k";
+    case TransportSolver::automatic:
+      return "auto";
+    case TransportSolver::sinkhorn:
+      return "sinkhorn";
+    case TransportSolver::softmax:
+      return "softmax";
+    case TransportSolver::greedy:
+      return "greedy";
+    case TransportSolver::top_k:
+      return "top_k";
   }
   return "?";
 }
@@ -36,15 +41,20 @@ CostScaling parse_cost_scaling(std::string_view name) {
   if (name == "mean") return CostScaling::mean;
   if (name == "max_cost") return CostScaling::max_cost;
   if (name == "min_max") return CostScaling::min_max;
-  throw Error("unknown cost scaling '" + std::string(name) + "' (use none, mean, max_cost or min_max)");
+  throw Error("unknown cost scaling '" + std::string(name) +
+              "' (use none, mean, max_cost or min_max)");
 }
 
 std::string_view to_string(CostScaling scaling) {
   switch (scaling) {
-    case CostScaling::none: return "none";
-    case CostScaling::mean: return "mean";
-    case CostScaling::max_cost: return "max_cost";
-    case CostScaling::min_max: return "min_max";
+    case CostScaling::none:
+      return "none";
+    case CostScaling::mean:
+      return "mean";
+    case CostScaling::max_cost:
+      return "max_cost";
+    case CostScaling::min_max:
+      return "min_max";
   }
   return "?";
 }
@@ -52,7 +62,8 @@ std::string_view to_string(CostScaling scaling) {
 void scale_cost(CostScaling scaling, MatrixRef<double> cost) {
   if (cost.size() == 0) return;
   switch (scaling) {
-    case CostScaling::none: return;
+    case CostScaling::none:
+      return;
     case CostScaling::mean: {
       const double m = cost.cwiseAbs().mean();
       if (m > 0) cost /= m;
@@ -83,17 +94,19 @@ void update_column_duals(ConstMatrixRef<double> cost, double eps, const std::vec
   std::fill(column_max.begin(), column_max.end(), -std::numeric_limits<double>::infinity());
   for (Eigen::Index i = 0; i < rows; ++i)
     for (Eigen::Index v = 0; v < cols; ++v)
-      column_max[static_cast<std::size_t>(v)] =
-          std::max(column_max[static_cast<std::size_t>(v)], f[static_cast<std::size_t>(i)] - cost(i, v));
+      column_max[static_cast<std::size_t>(v)] = std::max(
+          column_max[static_cast<std::size_t>(v)], f[static_cast<std::size_t>(i)] - cost(i, v));
   std::vector<double> sums(static_cast<std::size_t>(cols), 0.0);
   for (Eigen::Index i = 0; i < rows; ++i)
     for (Eigen::Index v = 0; v < cols; ++v)
-      sums[static_cast<std::size_t>(v)] +=
-          std::exp((f[static_cast<std::size_t>(i)] - cost(i, v) - column_max[static_cast<std::size_t>(v)]) / eps);
+      sums[static_cast<std::size_t>(v)] += std::exp(
+          (f[static_cast<std::size_t>(i)] - cost(i, v) - column_max[static_cast<std::size_t>(v)]) /
+          eps);
   const double log_rows = std::log(static_cast<double>(rows));
   for (Eigen::Index v = 0; v < cols; ++v)
     g[static_cast<std::size_t>(v)] =
-        -(column_max[static_cast<std::size_t>(v)] + eps * (std::log(sums[static_cast<std::size_t>(v)]) - log_rows));
+        -(column_max[static_cast<std::size_t>(v)] +
+          eps * (std::log(sums[static_cast<std::size_t>(v)]) - log_rows));
 }
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P.
@@ -103,9 +116,11 @@ void update_row_duals(ConstMatrixRef<double> cost, double eps, const std::vector
   const double log_cols = std::log(static_cast<double>(cols));
   for (Eigen::Index i = 0; i < cost.rows(); ++i) {
     double m = -std::numeric_limits<double>::infinity();
-    for (Eigen::Index v = 0; v < cols; ++v) m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
+    for (Eigen::Index v = 0; v < cols; ++v)
+      m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
     double s = 0;
-    for (Eigen::Index v = 0; v < cols; ++v) s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
+    for (Eigen::Index v = 0; v < cols; ++v)
+      s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
     f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
   }
 }
@@ -125,7 +140,8 @@ TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
   check_sizes(cost, weights);
   const auto rows = static_cast<std::size_t>(cost.rows());
   const auto cols = static_cast<std::size_t>(cost.cols());
-  if (!(epsilon > 0)) throw Error("sinkhorn: epsilon must be positive, got " + std::to_string(epsilon));
+  if (!(epsilon > 0))
+    throw Error("sinkhorn: epsilon must be positive, got " + std::to_string(epsilon));
   if (duals.f.size() != rows || duals.g.size() != cols) {
     duals.f.assign(rows, 0.0);
     duals.g.assign(cols, 0.0);
@@ -154,7 +170,8 @@ TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
   for (Eigen::Index i = 0; i < cost.rows(); ++i) {
     double m = -std::numeric_limits<double>::infinity();
-    for (Eigen::Index v = 0; v < cost.cols(); ++v) m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
+    for (Eigen::Index v = 0; v < cost.cols(); ++v)
+      m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
     double s = 0;
     for (Eigen::Index v = 0; v < cost.cols(); ++v) {
       weights(i, v) = std::exp((duals.g[static_cast<std::size_t>(v)] - cost(i, v) - m) / epsilon);
@@ -165,13 +182,15 @@ TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
   return result;
 }
 
-Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon, const SinkhornDuals& duals) {
+Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon,
+                             const SinkhornDuals& duals) {
   Matrix<double> plan(cost.rows(), cost.cols());
   const double mass = 1.0 / static_cast<double>(cost.rows() * cost.cols());
   for (Eigen::Index i = 0; i < cost.rows(); ++i)
     for (Eigen::Index v = 0; v < cost.cols(); ++v)
       plan(i, v) = mass * std::exp((duals.f[static_cast<std::size_t>(i)] +
-                                    duals.g[static_cast<std::size_t>(v)] - cost(i, v)) / epsilon);
+                                    duals.g[static_cast<std::size_t>(v)] - cost(i, v)) /
+                                   epsilon);
   return plan;
 }
 
@@ -196,7 +215,8 @@ void solve_top_k(ConstMatrixRef<double> cost, int32_t k, MatrixRef<double> weigh
   check_sizes(cost, weights);
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (k < 1 || static_cast<std::size_t>(k) > cols)
-    throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) + "]");
+    throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) +
+                "]");
   std::vector<int64_t> order(cols);
   weights.setZero();
   for (Eigen::Index i = 0; i < cost.rows(); ++i) {

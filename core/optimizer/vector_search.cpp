@@ -85,21 +85,28 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   int64_t screened = 0;
   if (config_.multifidelity_screen) {
     if (screen == nullptr)
-      throw Error("multifidelity_screen needs a screen evaluator: call "
-                  "PolytopeOptimizer::set_screen_evaluator() before register_evaluator()");
+      throw Error(
+          "multifidelity_screen needs a screen evaluator: call "
+          "PolytopeOptimizer::set_screen_evaluator() before register_evaluator()");
     // The screen scores the outer probe of every vertex on the cheap batch.
     std::vector<double> outer(static_cast<std::size_t>(P * V * K), 0.0);
-    score(*screen, [&](int64_t, int64_t, int32_t k) { return k == K - 1; }, outer,
-          screen_evaluations_);
+    score(
+        *screen, [&](int64_t, int64_t, int32_t k) { return k == K - 1; }, outer,
+        screen_evaluations_);
     std::vector<double> screen_losses(static_cast<std::size_t>(P * V));
     for (int64_t c = 0; c < P * V; ++c)
       screen_losses[static_cast<std::size_t>(c)] = outer[static_cast<std::size_t>(c * K + K - 1)];
     const auto& keep = engine_.screen(screen_losses);
     screened = static_cast<int64_t>(candidate_particle_.size());
-    score(evaluator, [&](int64_t i, int64_t v, int32_t) { return keep[static_cast<std::size_t>(i * V + v)] != 0; },
-          losses_, evaluations_);
+    score(
+        evaluator,
+        [&](int64_t i, int64_t v, int32_t) {
+          return keep[static_cast<std::size_t>(i * V + v)] != 0;
+        },
+        losses_, evaluations_);
   } else {
-    score(evaluator, [](int64_t, int64_t, int32_t) { return true; }, losses_, evaluations_);
+    score(
+        evaluator, [](int64_t, int64_t, int32_t) { return true; }, losses_, evaluations_);
   }
   const int64_t scored = static_cast<int64_t>(candidate_particle_.size());
 
@@ -109,9 +116,9 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     incumbent = evaluator.evaluate_base(params);
     ++evaluations_;
   }
-  StepInfo info = engine_.finish(losses_, with_incumbent ? std::span<const double>(&incumbent, 1)
-                                                         : std::span<const double>(),
-                                 moves_);
+  StepInfo info = engine_.finish(
+      losses_, with_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>(),
+      moves_);
   info.candidates = scored + (with_incumbent ? 1 : 0);
   info.screened = screened;
   if (!info.reverted) apply(params, moves_);

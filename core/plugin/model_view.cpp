@@ -12,8 +12,7 @@ template <class S>
 void host_forward_typed(const Layer& layer, const pp_tensor& in, const pp_tensor& params,
                         pp_tensor& out) {
   const int64_t rows = in.shape[0];
-  Eigen::Map<const Matrix<S>> x(static_cast<const S*>(in.data), rows,
-                                layer.input_shape().numel());
+  Eigen::Map<const Matrix<S>> x(static_cast<const S*>(in.data), rows, layer.input_shape().numel());
   Eigen::Map<Matrix<S>> y(static_cast<S*>(out.data), rows, layer.output_shape().numel());
   std::span<const S> p(static_cast<const S*>(params.data),
                        static_cast<std::size_t>(layer.parameter_count()));
@@ -32,9 +31,12 @@ int host_forward(const void* host_layer, const pp_tensor* in, const pp_tensor* p
       throw Error("host_forward: shapes do not match layer '" + layer.kind() + "'");
     if (in->strides != nullptr || out->strides != nullptr)
       throw Error("host_forward: strided tensors are not supported");
-    if (in->dtype == PP_DTYPE_F32) host_forward_typed<float>(layer, *in, *params, *out);
-    else if (in->dtype == PP_DTYPE_F64) host_forward_typed<double>(layer, *in, *params, *out);
-    else throw Error("host_forward: unsupported dtype " + dtype_label(in->dtype));
+    if (in->dtype == PP_DTYPE_F32)
+      host_forward_typed<float>(layer, *in, *params, *out);
+    else if (in->dtype == PP_DTYPE_F64)
+      host_forward_typed<double>(layer, *in, *params, *out);
+    else
+      throw Error("host_forward: unsupported dtype " + dtype_label(in->dtype));
     return PP_OK;
   } catch (const std::exception& e) {
     if (err != nullptr) {
@@ -67,7 +69,7 @@ ModelView::ModelView(const Model& model) {
     v.weight_transform = contract.weight_transform.fn;
     v.bias_transform = contract.bias_transform.fn;
     // One context serves all three: each layer passes itself.
-    v.fn_ctx = contract.elementwise_fn ? contract.elementwise_fn.ctx
+    v.fn_ctx = contract.elementwise_fn     ? contract.elementwise_fn.ctx
                : contract.weight_transform ? contract.weight_transform.ctx
                                            : contract.bias_transform.ctx;
     v.host_layer = &layer;

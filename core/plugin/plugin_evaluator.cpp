@@ -10,8 +10,13 @@ class PluginEvaluator final : public Evaluator {
  public:
   PluginEvaluator(const pp_plugin* plugin, const Model& model, const Loss& loss,
                   const EvaluatorOptions& options, const Subspace* subspace, std::string path)
-      : plugin_(plugin), model_(model), loss_(loss), model_view_(model), loss_view_(loss),
-        subspace_view_(subspace), path_(std::move(path)) {
+      : plugin_(plugin),
+        model_(model),
+        loss_(loss),
+        model_view_(model),
+        loss_view_(loss),
+        subspace_view_(subspace),
+        path_(std::move(path)) {
     if (subspace != nullptr && subspace_view_.get() == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
     const pp_eval_options opts = to_pp_options(options, PP_DEVICE_CPU, subspace_view_.get(),
@@ -40,13 +45,14 @@ class PluginEvaluator final : public Evaluator {
     target_shape_ = {batch_.targets.values.rows(), batch_.targets.values.cols()};
     pp_batch_view view{};
     view.struct_size = sizeof(view);
-    view.inputs = {batch_.inputs.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, input_shape_.data(), nullptr};
+    view.inputs = {batch_.inputs.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
+                   input_shape_.data(),  nullptr};
     if (batch_.targets.is_classification())
       view.labels = {batch_.targets.labels.data(), PP_DTYPE_I64, PP_DEVICE_CPU, 0, 1,
-                     label_shape_.data(), nullptr};
+                     label_shape_.data(),          nullptr};
     else
       view.targets = {batch_.targets.values.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
-                      target_shape_.data(), nullptr};
+                      target_shape_.data(),         nullptr};
     check(api_->register_batch(self_, &view, &err_), "register a batch");
   }
 
@@ -79,7 +85,8 @@ class PluginEvaluator final : public Evaluator {
 
  private:
   pp_candidates describe(std::span<const double> base, const ParticleMap& particles,
-                         std::span<const int64_t> particle, std::span<const double> displacement) const {
+                         std::span<const int64_t> particle,
+                         std::span<const double> displacement) const {
     if (static_cast<int64_t>(base.size()) != model_.num_parameters())
       throw Error("base parameter vector has " + std::to_string(base.size()) +
                   " entries, the model has " + std::to_string(model_.num_parameters()));
@@ -132,7 +139,8 @@ pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
-                                                 const Subspace* subspace, const std::string& path) {
+                                                 const Subspace* subspace,
+                                                 const std::string& path) {
   return std::make_unique<PluginEvaluator>(plugin, model, loss, options, subspace, path);
 }
 

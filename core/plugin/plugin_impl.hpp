@@ -2,12 +2,12 @@
 // that present plugin objects as core interfaces.
 #pragma once
 
+#include <polyprobe/plugin_abi.h>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
-#include <polyprobe/plugin_abi.h>
 #include <polyprobe/subspace.hpp>
 
 #include <deque>
@@ -70,8 +70,7 @@ class SubspaceView {
 };
 
 // A Layer whose implementation lives in a plugin.
-std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind,
-                                               const std::string& plugin,
+std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const std::string& plugin,
                                                const nlohmann::json& attrs, const Shape& input);
 
 // An Evaluator whose implementation lives in a plugin.
@@ -81,8 +80,8 @@ std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const 
                                                  const std::string& path = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
-std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin, const std::string& strategy,
-                                                     int threads);
+std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
+                                                     const std::string& strategy, int threads);
 
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,

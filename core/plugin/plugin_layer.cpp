@@ -13,12 +13,15 @@ class PluginLayer final : public Layer {
  public:
   PluginLayer(const pp_layer_kind* kind, std::string plugin, const nlohmann::json& attrs,
               const Shape& input)
-      : kind_(kind), plugin_(std::move(plugin)), attrs_(attrs.is_null() ? nlohmann::json::object() : attrs),
+      : kind_(kind),
+        plugin_(std::move(plugin)),
+        attrs_(attrs.is_null() ? nlohmann::json::object() : attrs),
         input_(input) {
     pp_error err{};
     const std::string attrs_text = attrs_.dump();
     if (kind_->create(attrs_text.c_str(), static_cast<int32_t>(input_.dims.size()),
-                      input_.dims.data(), &self_, &err) != PP_OK || self_ == nullptr)
+                      input_.dims.data(), &self_, &err) != PP_OK ||
+        self_ == nullptr)
       throw Error(where() + ": cannot create: " + error_text(err));
     pp_layer_info info{};
     info.struct_size = sizeof(info);
@@ -78,7 +81,9 @@ class PluginLayer final : public Layer {
   }
 
  private:
-  std::string where() const { return "layer '" + std::string(kind_->kind) + "' (plugin " + plugin_ + ")"; }
+  std::string where() const {
+    return "layer '" + std::string(kind_->kind) + "' (plugin " + plugin_ + ")";
+  }
 
   template <class S>
   void run(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {

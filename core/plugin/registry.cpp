@@ -26,31 +26,46 @@ namespace detail {
 
 std::string dtype_label(int32_t dtype) {
   switch (dtype) {
-    case PP_DTYPE_F32: return "float32";
-    case PP_DTYPE_F64: return "float64";
-    case PP_DTYPE_I64: return "int64";
-    case PP_DTYPE_BF16: return "bfloat16";
-    case PP_DTYPE_F16: return "float16";
-    default: return "dtype#" + std::to_string(dtype);
+    case PP_DTYPE_F32:
+      return "float32";
+    case PP_DTYPE_F64:
+      return "float64";
+    case PP_DTYPE_I64:
+      return "int64";
+    case PP_DTYPE_BF16:
+      return "bfloat16";
+    case PP_DTYPE_F16:
+      return "float16";
+    default:
+      return "dtype#" + std::to_string(dtype);
   }
 }
 
 std::string device_label(int32_t device) {
   switch (device) {
-    case PP_DEVICE_CPU: return "cpu";
-    case PP_DEVICE_CUDA: return "cuda";
-    default: return "device#" + std::to_string(device);
+    case PP_DEVICE_CPU:
+      return "cpu";
+    case PP_DEVICE_CUDA:
+      return "cuda";
+    default:
+      return "device#" + std::to_string(device);
   }
 }
 
 std::string component_label(int32_t component) {
   switch (component) {
-    case PP_COMPONENT_EVALUATOR: return "evaluator";
-    case PP_COMPONENT_ACCUMULATOR: return "accumulator";
-    case PP_COMPONENT_LAYER: return "layer";
-    case PP_COMPONENT_SUBSPACE: return "subspace";
-    case PP_COMPONENT_RADIUS_MODEL: return "radius_model";
-    default: return "component#" + std::to_string(component);
+    case PP_COMPONENT_EVALUATOR:
+      return "evaluator";
+    case PP_COMPONENT_ACCUMULATOR:
+      return "accumulator";
+    case PP_COMPONENT_LAYER:
+      return "layer";
+    case PP_COMPONENT_SUBSPACE:
+      return "subspace";
+    case PP_COMPONENT_RADIUS_MODEL:
+      return "radius_model";
+    default:
+      return "component#" + std::to_string(component);
   }
 }
 
@@ -183,9 +198,9 @@ void PluginRegistry::load_library(const fs::path& requested) {
     return record(reason);
   }
   if (desc->struct_size < kPluginV1Size) {
-    const std::string reason = "its descriptor is too small (struct_size " +
-                               std::to_string(desc->struct_size) + " < " +
-                               std::to_string(kPluginV1Size) + "): rebuild it against this polyprobe";
+    const std::string reason =
+        "its descriptor is too small (struct_size " + std::to_string(desc->struct_size) + " < " +
+        std::to_string(kPluginV1Size) + "): rebuild it against this polyprobe";
     desc = nullptr;
     return record(reason);
   }
@@ -213,8 +228,11 @@ void PluginRegistry::load_library(const fs::path& requested) {
   }
   for (int32_t i = 0; i < desc->n_caps; ++i) {
     const pp_capability& cap = desc->caps[i];
-    CapabilityInfo c{detail::component_label(cap.component), safe(cap.name),
-                     detail::device_label(cap.device), {}, safe(cap.summary)};
+    CapabilityInfo c{detail::component_label(cap.component),
+                     safe(cap.name),
+                     detail::device_label(cap.device),
+                     {},
+                     safe(cap.summary)};
     for (int32_t t = PP_DTYPE_F32; t <= PP_DTYPE_F16; ++t)
       if ((cap.dtypes & PP_DTYPE_BIT(t)) != 0) c.dtypes.push_back(detail::dtype_label(t));
     info.capabilities.push_back(std::move(c));
@@ -228,7 +246,8 @@ void PluginRegistry::load_library(const fs::path& requested) {
       desc = nullptr;
       return record("its layer kind #" + std::to_string(i) + " is incomplete");
     }
-    info.capabilities.push_back({"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});
+    info.capabilities.push_back(
+        {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});
   }
   if (desc->probe == nullptr) {
     info.score = 1;
@@ -261,10 +280,11 @@ void PluginRegistry::register_layers(LayerFactory& factory) {
                        "' skipped: already provided by " + factory.kinds().at(kind->kind).provider;
         continue;
       }
-      factory.add(kind->kind, {[kind, name = info.name](const nlohmann::json& attrs, const Shape& in) {
-                                 return detail::make_plugin_layer(kind, name, attrs, in);
-                               },
-                               safe(kind->summary), info.name});
+      factory.add(kind->kind,
+                  {[kind, name = info.name](const nlohmann::json& attrs, const Shape& in) {
+                     return detail::make_plugin_layer(kind, name, attrs, in);
+                   },
+                   safe(kind->summary), info.name});
     }
   }
 }
@@ -303,9 +323,9 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   const detail::LossView loss_view(loss);
   const int32_t device = request.device == "cuda" ? PP_DEVICE_CUDA : PP_DEVICE_CPU;
   const detail::SubspaceView subspace_view(request.subspace);
-  const pp_eval_options options = detail::to_pp_options(
-      request.options, device, subspace_view.get(),
-      request.path.empty() ? nullptr : request.path.c_str());
+  const pp_eval_options options =
+      detail::to_pp_options(request.options, device, subspace_view.get(),
+                            request.path.empty() ? nullptr : request.path.c_str());
   const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
 
   struct Candidate {
@@ -388,12 +408,13 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     sel.reasons.push_back(chosen->name + ": chosen: highest score among those that can serve");
   }
   sel.chosen = chosen->name;
-  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options,
-                                       request.subspace, request.path);
+  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, request.subspace,
+                                       request.path);
 }
 
 std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string& backend,
-                                                              const std::string& strategy, int threads,
+                                                              const std::string& strategy,
+                                                              int threads,
                                                               Selection* selection) const {
   Selection local;
   Selection& sel = selection != nullptr ? *selection : local;
@@ -413,8 +434,9 @@ std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string&
     bool declared = false;
     if (info.available && desc != nullptr && desc->accumulator_create != nullptr)
       for (int32_t c = 0; c < desc->n_caps; ++c)
-        declared = declared || (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
-                                desc->caps[c].device == PP_DEVICE_CPU && strategy == safe(desc->caps[c].name));
+        declared = declared ||
+                   (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
+                    desc->caps[c].device == PP_DEVICE_CPU && strategy == safe(desc->caps[c].name));
     if (!declared) {
       sel.reasons.push_back(info.name + ": declined: no cpu accumulator '" + strategy + "'" +
                             (info.available ? "" : " (" + info.reason + ")"));
@@ -425,7 +447,8 @@ std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string&
   }
   if (chosen == nullptr) {
     if (!automatic)
-      throw Error("backend '" + backend + "' has no accumulator '" + strategy + "'; `polyprobe plugins` lists them");
+      throw Error("backend '" + backend + "' has no accumulator '" + strategy +
+                  "'; `polyprobe plugins` lists them");
     sel.chosen = "reference";
     sel.reasons.push_back("reference: chosen: no plugin declares accumulator '" + strategy + "'");
     return make_reference_accumulator();

@@ -28,11 +28,13 @@ nlohmann::json parse_attrs(std::string_view text, const char* kind) {
 
 class TriangleWave {
  public:
-  static std::unique_ptr<TriangleWave> create(std::string_view attrs_json, std::span<const int64_t> in_shape) {
+  static std::unique_ptr<TriangleWave> create(std::string_view attrs_json,
+                                              std::span<const int64_t> in_shape) {
     const nlohmann::json attrs = parse_attrs(attrs_json, "triangle_wave");
     for (const auto& [key, value] : attrs.items())
       if (key != "period" && key != "amplitude")
-        throw std::invalid_argument("triangle_wave: unknown attribute '" + key + "' (period, amplitude)");
+        throw std::invalid_argument("triangle_wave: unknown attribute '" + key +
+                                    "' (period, amplitude)");
     auto layer = std::make_unique<TriangleWave>();
     layer->shape_.assign(in_shape.begin(), in_shape.end());
     layer->period_ = attrs.value("period", 2.0);
@@ -61,7 +63,9 @@ class TriangleWave {
     const T u = x / static_cast<T>(period_);
     return static_cast<T>(amplitude_) * (T(4) * std::abs(u - std::floor(u + T(0.5))) - T(1));
   }
-  static double scalar(const void* self, double x) { return static_cast<const TriangleWave*>(self)->apply(x); }
+  static double scalar(const void* self, double x) {
+    return static_cast<const TriangleWave*>(self)->apply(x);
+  }
 
   std::vector<int64_t> shape_;
   double period_ = 2.0, amplitude_ = 1.0;
@@ -69,7 +73,8 @@ class TriangleWave {
 
 class FeatureScale {
  public:
-  static std::unique_ptr<FeatureScale> create(std::string_view attrs_json, std::span<const int64_t> in_shape) {
+  static std::unique_ptr<FeatureScale> create(std::string_view attrs_json,
+                                              std::span<const int64_t> in_shape) {
     const nlohmann::json attrs = parse_attrs(attrs_json, "feature_scale");
     if (!attrs.empty()) throw std::invalid_argument("feature_scale: takes no attributes");
     auto layer = std::make_unique<FeatureScale>();
@@ -87,11 +92,14 @@ class FeatureScale {
   }
 
   template <class T>
-  void forward(std::span<const T> in, int64_t batch, std::span<const T> params, std::span<T> out) const {
+  void forward(std::span<const T> in, int64_t batch, std::span<const T> params,
+               std::span<T> out) const {
     if (static_cast<int64_t>(params.size()) != features_)
-      throw std::invalid_argument("feature_scale: expected " + std::to_string(features_) + " parameters");
+      throw std::invalid_argument("feature_scale: expected " + std::to_string(features_) +
+                                  " parameters");
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t i = 0; i < features_; ++i) out[b * features_ + i] = in[b * features_ + i] * params[i];
+      for (int64_t i = 0; i < features_; ++i)
+        out[b * features_ + i] = in[b * features_ + i] * params[i];
   }
 
   void init_params(uint64_t, std::span<double> params) const {

@@ -34,7 +34,7 @@ class AskTellOptimizer {
 
   const Matrix<double>& particles() const;
   int64_t evaluations() const;
-  double best_loss() const;                 // smallest loss told so far
+  double best_loss() const;  // smallest loss told so far
   std::span<const double> best_point() const;
   void save_state(std::ostream& out) const;
   void load_state(std::istream& in);

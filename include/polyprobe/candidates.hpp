@@ -30,8 +30,8 @@ struct ParticleMap {
 
 struct CandidateSet {
   const ParticleMap* particles = nullptr;
-  std::span<const int64_t> particle;      // [size()]
-  std::span<const double> displacement;   // [size() * particles->d]
+  std::span<const int64_t> particle;     // [size()]
+  std::span<const double> displacement;  // [size() * particles->d]
 
   int64_t size() const { return static_cast<int64_t>(particle.size()); }
   // Throws polyprobe::Error when spans disagree or a particle index is out of range.

@@ -22,10 +22,10 @@ class Loss {
   virtual ~Loss() = default;
   virtual std::string name() const = 0;
   // out[r] = loss of outputs row r against targets row first_row + r.
-  virtual void per_sample(ConstMatrixRef<float> outputs, const Targets& targets,
-                          int64_t first_row, std::span<float> out) const = 0;
-  virtual void per_sample(ConstMatrixRef<double> outputs, const Targets& targets,
-                          int64_t first_row, std::span<double> out) const = 0;
+  virtual void per_sample(ConstMatrixRef<float> outputs, const Targets& targets, int64_t first_row,
+                          std::span<float> out) const = 0;
+  virtual void per_sample(ConstMatrixRef<double> outputs, const Targets& targets, int64_t first_row,
+                          std::span<double> out) const = 0;
   // Whether targets are class labels (else a value matrix).
   virtual bool needs_labels() const { return true; }
   // Throws polyprobe::Error when targets do not fit outputs of `out_features` columns.

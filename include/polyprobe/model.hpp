@@ -58,7 +58,9 @@ class Model {
   template <class S>
   Matrix<S> forward(ConstMatrixRef<S> x, std::span<const double> params) const;
   template <class S>
-  Matrix<S> forward(ConstMatrixRef<S> x) const { return forward<S>(x, params_); }
+  Matrix<S> forward(ConstMatrixRef<S> x) const {
+    return forward<S>(x, params_);
+  }
 
  private:
   Shape input_shape_;

@@ -38,36 +38,36 @@ std::string_view to_string(BlockStrategy strategy);
 
 struct OptimizerConfig {
   // Geometry
-  int32_t particle_dim = 2;            // d in full space
-  int32_t subspace_particle_dim = 8;   // d when searching a subspace
+  int32_t particle_dim = 2;           // d in full space
+  int32_t subspace_particle_dim = 8;  // d when searching a subspace
   PolytopeKind polytope = PolytopeKind::simplex;
-  int32_t num_probe = 1;               // K probe radii k / (K + 1), k = 1 .. K
+  int32_t num_probe = 1;  // K probe radii k / (K + 1), k = 1 .. K
   RotationMethod rotation = RotationMethod::automatic;
-  bool biased_rotation = false;        // first axis along the particle's last move
+  bool biased_rotation = false;  // first axis along the particle's last move
 
   // Radii: step_r = step_radius * epsilon(t) * controller, same for probe_r
   double step_radius = 1.0;
   double probe_radius = 2.0;
   ScheduleKind schedule = ScheduleKind::constant;
-  double epsilon = 0.1;                // also the transport temperature unless ent_epsilon > 0
-  double epsilon_final = 0.01;         // linear, cosine
-  int64_t total_steps = 50;            // linear, cosine, momentum warm-up (max_iterations)
-  double schedule_decay_steps = 100;   // power
-  double schedule_power = 0.5;         // power
-  double schedule_decay_rate = 0.95;   // progressive
+  double epsilon = 0.1;               // also the transport temperature unless ent_epsilon > 0
+  double epsilon_final = 0.01;        // linear, cosine
+  int64_t total_steps = 50;           // linear, cosine, momentum warm-up (max_iterations)
+  double schedule_decay_steps = 100;  // power
+  double schedule_power = 0.5;        // power
+  double schedule_decay_rate = 0.95;  // progressive
 
   // Transport
   TransportSolver solver = TransportSolver::automatic;
-  double ent_epsilon = 0.0;            // > 0: a temperature independent of the radii
+  double ent_epsilon = 0.0;  // > 0: a temperature independent of the radii
   int32_t sinkhorn_max_iterations = 2000;
   double sinkhorn_tolerance = 1e-6;
-  int32_t top_k = 2;                   // top_k solver
+  int32_t top_k = 2;  // top_k solver
   CostScaling cost_scaling = CostScaling::none;
-  double nonfinite_margin = 10.0;      // non-finite cost -> max finite + margin (1 + |max|)
+  double nonfinite_margin = 10.0;  // non-finite cost -> max finite + margin (1 + |max|)
 
   // Blocks
   BlockStrategy blocks = BlockStrategy::monolithic;
-  int32_t block_group_size = 2;        // grouped: parameter tensors per block
+  int32_t block_group_size = 2;  // grouped: parameter tensors per block
 
   // Heavy-ball momentum: v = mu(t) v + velocity_lr * move, mu from momentum_init to
   // momentum_final linearly over total_steps
@@ -80,13 +80,13 @@ struct OptimizerConfig {
   RadiusModelSettings radius;
 
   // Budget controls
-  bool adaptive_probes = false;        // reuse stagnant particles' cost rows (see docs)
+  bool adaptive_probes = false;             // reuse stagnant particles' cost rows (see docs)
   double adaptive_probes_threshold = 1e-6;  // squared move norm of a stagnant particle
-  int32_t amortize_steps = 1;          // k: k - 1 momentum-only steps between scored steps
-  double amortize_ema = 0.7;           // decay of the velocity a momentum-only step applies
+  int32_t amortize_steps = 1;               // k: k - 1 momentum-only steps between scored steps
+  double amortize_ema = 0.7;                // decay of the velocity a momentum-only step applies
   bool multifidelity_screen = false;
-  double screen_fidelity = 0.25;       // fraction of the batch the screen scores on
-  double screen_keep_ratio = 0.5;      // fraction of vertices promoted to the full batch
+  double screen_fidelity = 0.25;   // fraction of the batch the screen scores on
+  double screen_keep_ratio = 0.5;  // fraction of vertices promoted to the full batch
 
   uint64_t seed = 0;
 
@@ -95,22 +95,22 @@ struct OptimizerConfig {
 };
 
 struct StepInfo {
-  int64_t step = 0;                // index of this step (0-based)
-  double incumbent_loss = 0;       // f(X) when measured, else the mean candidate cost
+  int64_t step = 0;           // index of this step (0-based)
+  double incumbent_loss = 0;  // f(X) when measured, else the mean candidate cost
   bool incumbent_measured = false;
-  double mean_cost = 0;            // mean of the cost matrix (NaN on momentum-only steps)
-  double best_cost = 0;            // smallest cost-matrix entry
-  int64_t candidates = 0;          // full-batch evaluations this step (incumbent included)
-  int64_t screened = 0;            // screen-fidelity evaluations this step
-  int64_t reused = 0;              // candidates whose loss adaptive_probes reused
-  bool reverted = false;           // the move was non-finite and was undone
-  bool momentum_only = false;      // an amortized step: no evaluation
+  double mean_cost = 0;        // mean of the cost matrix (NaN on momentum-only steps)
+  double best_cost = 0;        // smallest cost-matrix entry
+  int64_t candidates = 0;      // full-batch evaluations this step (incumbent included)
+  int64_t screened = 0;        // screen-fidelity evaluations this step
+  int64_t reused = 0;          // candidates whose loss adaptive_probes reused
+  bool reverted = false;       // the move was non-finite and was undone
+  bool momentum_only = false;  // an amortized step: no evaluation
   double step_radius = 0;
   double probe_radius = 0;
-  double epsilon = 0;              // schedule value this step
-  double move_norm = 0;            // |X_{t+1} - X_t| in search coordinates
-  double predicted_change = 0;     // quadratic models: sum of block predictions, else NaN
-  double trust_ratio = 0;          // trust_region: actual / predicted, NaN when none formed
+  double epsilon = 0;           // schedule value this step
+  double move_norm = 0;         // |X_{t+1} - X_t| in search coordinates
+  double predicted_change = 0;  // quadratic models: sum of block predictions, else NaN
+  double trust_ratio = 0;       // trust_region: actual / predicted, NaN when none formed
   int32_t transport_iterations = 0;
   bool transport_converged = true;
 };
@@ -150,7 +150,7 @@ class PolytopeOptimizer {
   int64_t screen_evaluations() const;  // screen-fidelity candidates scored so far
   // The most full-batch evaluations the next step can spend (to stay within a budget).
   int64_t next_step_cost() const;
-  bool uses_trust_region() const;      // train() refuses such optimizers
+  bool uses_trust_region() const;  // train() refuses such optimizers
 
  private:
   class Impl;

@@ -49,20 +49,30 @@ int guard(pp_error* err, Body&& body) noexcept {
 
 template <class T>
 constexpr int32_t dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return PP_DTYPE_F32;
-  else if constexpr (std::is_same_v<T, double>) return PP_DTYPE_F64;
-  else if constexpr (std::is_same_v<T, int64_t>) return PP_DTYPE_I64;
-  else static_assert(sizeof(T) == 0, "no pp_dtype for this type");
+  if constexpr (std::is_same_v<T, float>)
+    return PP_DTYPE_F32;
+  else if constexpr (std::is_same_v<T, double>)
+    return PP_DTYPE_F64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return PP_DTYPE_I64;
+  else
+    static_assert(sizeof(T) == 0, "no pp_dtype for this type");
 }
 
 inline const char* dtype_name(int32_t dtype) {
   switch (dtype) {
-    case PP_DTYPE_F32: return "float32";
-    case PP_DTYPE_F64: return "float64";
-    case PP_DTYPE_I64: return "int64";
-    case PP_DTYPE_BF16: return "bfloat16";
-    case PP_DTYPE_F16: return "float16";
-    default: return "unknown";
+    case PP_DTYPE_F32:
+      return "float32";
+    case PP_DTYPE_F64:
+      return "float64";
+    case PP_DTYPE_I64:
+      return "int64";
+    case PP_DTYPE_BF16:
+      return "bfloat16";
+    case PP_DTYPE_F16:
+      return "float16";
+    default:
+      return "unknown";
   }
 }
 
@@ -97,8 +107,8 @@ inline int64_t row_size(const pp_tensor& t) { return t.ndim == 0 ? 1 : numel(t) 
 // ---- Layer kinds ----------------------------------------------------------------------
 //
 // A layer class L provides:
-//   static std::unique_ptr<L> create(std::string_view attrs_json, std::span<const int64_t> in_shape);
-//   void describe(pp_layer_info& info) const;     // output shape, parameters, contract
+//   static std::unique_ptr<L> create(std::string_view attrs_json, std::span<const int64_t>
+//   in_shape); void describe(pp_layer_info& info) const;     // output shape, parameters, contract
 //   template <class T> void forward(std::span<const T> in, int64_t batch,
 //                                   std::span<const T> params, std::span<T> out) const;
 // and optionally
@@ -127,13 +137,16 @@ struct LayerAdapter {
     layer.template forward<T>(as_span<const T>(in), rows(in), as_span<const T>(params),
                               as_span<T>(out));
   }
-  static int forward(const void* self, const pp_tensor* in, const pp_tensor* params,
-                     pp_tensor* out, pp_error* err) {
+  static int forward(const void* self, const pp_tensor* in, const pp_tensor* params, pp_tensor* out,
+                     pp_error* err) {
     return guard(err, [&] {
       const L& layer = *static_cast<const L*>(self);
-      if (in->dtype == PP_DTYPE_F32) run<float>(layer, *in, *params, *out);
-      else if (in->dtype == PP_DTYPE_F64) run<double>(layer, *in, *params, *out);
-      else throw std::invalid_argument(std::string("unsupported dtype ") + dtype_name(in->dtype));
+      if (in->dtype == PP_DTYPE_F32)
+        run<float>(layer, *in, *params, *out);
+      else if (in->dtype == PP_DTYPE_F64)
+        run<double>(layer, *in, *params, *out);
+      else
+        throw std::invalid_argument(std::string("unsupported dtype ") + dtype_name(in->dtype));
     });
   }
   static int init_params(const void* self, uint64_t seed, double* params, int64_t count,

@@ -46,32 +46,32 @@ typedef enum pp_device_kind { PP_DEVICE_CPU = 0, PP_DEVICE_CUDA = 1 } pp_device_
 
 /* A strided view of memory owned by the caller. Strides count elements, not bytes. */
 typedef struct pp_tensor {
-  void *data;
-  int32_t dtype;        /* pp_dtype */
-  int32_t device;       /* pp_device_kind */
+  void* data;
+  int32_t dtype;  /* pp_dtype */
+  int32_t device; /* pp_device_kind */
   int32_t device_index;
   int32_t ndim;
-  const int64_t *shape;
-  const int64_t *strides; /* NULL = contiguous row-major */
+  const int64_t* shape;
+  const int64_t* strides; /* NULL = contiguous row-major */
 } pp_tensor;
 
 /* What a plugin can provide. */
 typedef enum pp_component {
-  PP_COMPONENT_EVALUATOR = 1,    /* scores candidate sets (name = the evaluation path) */
-  PP_COMPONENT_ACCUMULATOR = 2,  /* reduce-by-key (name = the strategy) */
-  PP_COMPONENT_LAYER = 3,        /* a layer kind (name = the kind, as in model files) */
-  PP_COMPONENT_SUBSPACE = 4,     /* a parameter subspace */
-  PP_COMPONENT_RADIUS_MODEL = 5  /* a radius model */
+  PP_COMPONENT_EVALUATOR = 1,   /* scores candidate sets (name = the evaluation path) */
+  PP_COMPONENT_ACCUMULATOR = 2, /* reduce-by-key (name = the strategy) */
+  PP_COMPONENT_LAYER = 3,       /* a layer kind (name = the kind, as in model files) */
+  PP_COMPONENT_SUBSPACE = 4,    /* a parameter subspace */
+  PP_COMPONENT_RADIUS_MODEL = 5 /* a radius model */
 } pp_component;
 
 /* One declared capability. */
 typedef struct pp_capability {
   int32_t component;   /* pp_component */
-  const char *name;    /* path, strategy, layer kind, ... */
+  const char* name;    /* path, strategy, layer kind, ... */
   int32_t device;      /* pp_device_kind */
   uint32_t dtypes;     /* OR of PP_DTYPE_BIT(...) */
   uint32_t flags;      /* component-specific; 0 for now */
-  const char *summary; /* one line for `polyprobe plugins` */
+  const char* summary; /* one line for `polyprobe plugins` */
 } pp_capability;
 
 /* Layer contracts: what a layer lets evaluators exploit (DESIGN.md section 3). A false
@@ -83,13 +83,13 @@ enum {
   PP_CONTRACT_PREFIX_REUSABLE = 1u << 3 /* output depends only on input and own parameters */
 };
 /* A scalar function with context (the layer that declared it): y = fn(ctx, x). */
-typedef double (*pp_scalar_fn)(const void *ctx, double x);
+typedef double (*pp_scalar_fn)(const void* ctx, double x);
 
 #define PP_MAX_DIMS 8
 #define PP_MAX_LAYER_PARAMS 8
 
 typedef struct pp_param_spec {
-  const char *name; /* PyTorch's name within the module: "weight", "bias", ... */
+  const char* name; /* PyTorch's name within the module: "weight", "bias", ... */
   int32_t ndim;
   int64_t shape[PP_MAX_DIMS];
 } pp_param_spec;
@@ -105,65 +105,64 @@ typedef struct pp_layer_info {
   pp_scalar_fn elementwise_fn;   /* (optional) elementwise: the scalar function f */
   pp_scalar_fn weight_transform; /* (optional) affine: Q; NULL = identity */
   pp_scalar_fn bias_transform;   /* (optional) affine: Qb; NULL = identity */
-  const void *fn_ctx;            /* the ctx passed to the three functions above */
+  const void* fn_ctx;            /* the ctx passed to the three functions above */
 } pp_layer_info;
 
 /* A layer kind provided by a plugin. Activations are [batch, features] row-major, the
  * features of one sample flattened from its per-sample shape. */
 typedef struct pp_layer_kind {
   uint32_t struct_size;
-  const char *kind;    /* as written in model files, e.g. "triangle_wave" */
-  const char *summary; /* one line */
+  const char* kind;    /* as written in model files, e.g. "triangle_wave" */
+  const char* summary; /* one line */
   /* Creates a layer for one per-sample input shape from JSON attributes ("{}" if none). */
-  int (*create)(const char *attrs_json, int32_t in_ndim, const int64_t *in_shape, void **self,
-                pp_error *err);
-  void (*destroy)(void *self);
-  int (*describe)(const void *self, pp_layer_info *info, pp_error *err);
+  int (*create)(const char* attrs_json, int32_t in_ndim, const int64_t* in_shape, void** self,
+                pp_error* err);
+  void (*destroy)(void* self);
+  int (*describe)(const void* self, pp_layer_info* info, pp_error* err);
   /* in [B, in_features], params [n] (flat, the layer's parameters in declared order), out
    * [B, out_features]; all three of one dtype, F32 or F64. */
-  int (*forward)(const void *self, const pp_tensor *in, const pp_tensor *params, pp_tensor *out,
-                 pp_error *err);
+  int (*forward)(const void* self, const pp_tensor* in, const pp_tensor* params, pp_tensor* out,
+                 pp_error* err);
   /* (optional) initial parameter values; NULL = zeros. */
-  int (*init_params)(const void *self, uint64_t seed, double *params, int64_t count,
-                     pp_error *err);
+  int (*init_params)(const void* self, uint64_t seed, double* params, int64_t count, pp_error* err);
 } pp_layer_kind;
 
 /* --- Candidate evaluation ------------------------------------------------------------ */
 
 /* One layer of a model as an evaluator sees it. */
 typedef struct pp_layer_view {
-  const char *kind;
-  const char *attrs_json;
+  const char* kind;
+  const char* attrs_json;
   int32_t in_ndim;
-  const int64_t *in_shape;
+  const int64_t* in_shape;
   int32_t out_ndim;
-  const int64_t *out_shape;
+  const int64_t* out_shape;
   int64_t param_offset; /* into the flat parameter vector */
   int64_t param_count;
   uint32_t contract; /* as declared; see pp_layer_info */
   pp_scalar_fn elementwise_fn;
   pp_scalar_fn weight_transform;
   pp_scalar_fn bias_transform;
-  const void *fn_ctx;
+  const void* fn_ctx;
   /* The host's own forward of this layer, so an evaluator can run kinds it does not know. */
-  const void *host_layer;
-  int (*host_forward)(const void *host_layer, const pp_tensor *in, const pp_tensor *params,
-                      pp_tensor *out, pp_error *err);
+  const void* host_layer;
+  int (*host_forward)(const void* host_layer, const pp_tensor* in, const pp_tensor* params,
+                      pp_tensor* out, pp_error* err);
 } pp_layer_view;
 
 typedef struct pp_model_view {
   uint32_t struct_size;
   int32_t n_layers;
-  const pp_layer_view *layers;
+  const pp_layer_view* layers;
   int64_t n_params;
   int32_t in_ndim;
-  const int64_t *in_shape;
+  const int64_t* in_shape;
 } pp_model_view;
 
 /* The objective: mean per-sample loss plus l2 * sum(theta^2). */
 typedef struct pp_loss_view {
   uint32_t struct_size;
-  const char *name; /* "cross_entropy", "mse", "hinge", "zero_one" */
+  const char* name; /* "cross_entropy", "mse", "hinge", "zero_one" */
   double l2;
 } pp_loss_view;
 
@@ -182,11 +181,11 @@ typedef struct pp_candidates {
   uint32_t struct_size;
   int64_t count;
   int32_t d;
-  const int64_t *particle;     /* [count] */
-  const double *displacement;  /* [count * d] */
+  const int64_t* particle;    /* [count] */
+  const double* displacement; /* [count * d] */
   int64_t n_particles;
-  const int64_t *coords;       /* [n_particles * d] */
-  const double *base_params;   /* [n_params], the incumbent */
+  const int64_t* coords;     /* [n_particles * d] */
+  const double* base_params; /* [n_params], the incumbent */
   int64_t n_params;
 } pp_candidates;
 
@@ -197,59 +196,59 @@ typedef struct pp_subspace_coord {
   int64_t offset;
   int64_t rows, cols;
   int64_t row, col;
-  const double *u;
-  const double *v;
+  const double* u;
+  const double* v;
 } pp_subspace_coord;
 
 /* A subspace as evaluators see it: candidates' coords index `coords`, their displacements
  * are in subspace coordinates, and the base parameters stay the model's. */
 typedef struct pp_subspace_view {
   uint32_t struct_size;
-  const char *kind;                /* "hybrid", "factored", ... */
+  const char* kind;                /* "hybrid", "factored", ... */
   int64_t dimension;               /* number of coordinates */
   int64_t n_params;                /* parameters it maps into */
-  const pp_subspace_coord *coords; /* [dimension] */
+  const pp_subspace_coord* coords; /* [dimension] */
 } pp_subspace_view;
 
 typedef struct pp_eval_options {
   uint32_t struct_size;
-  int32_t dtype;        /* compute dtype, pp_dtype */
-  int32_t device;       /* pp_device_kind */
+  int32_t dtype;  /* compute dtype, pp_dtype */
+  int32_t device; /* pp_device_kind */
   int32_t device_index;
-  int32_t threads;      /* 0 = all the process may use */
-  int64_t chunk_size;   /* candidates held at once; 0 = automatic */
+  int32_t threads;    /* 0 = all the process may use */
+  int64_t chunk_size; /* candidates held at once; 0 = automatic */
   /* Appended in API 1 (read only when struct_size covers it): */
-  const pp_subspace_view *subspace; /* (optional) NULL = candidates move raw parameters */
-  const char *path;     /* (optional) force one evaluation path; NULL or "auto" = choose */
+  const pp_subspace_view* subspace; /* (optional) NULL = candidates move raw parameters */
+  const char* path; /* (optional) force one evaluation path; NULL or "auto" = choose */
 } pp_eval_options;
 
 /* Whether the host sent an appended field of pp_eval_options (older hosts send fewer). */
-#define PP_EVAL_OPTIONS_HAS(options, field)                                   \
+#define PP_EVAL_OPTIONS_HAS(options, field) \
   ((options)->struct_size >= offsetof(pp_eval_options, field) + sizeof((options)->field))
 
 typedef struct pp_evaluator_api {
   uint32_t struct_size;
   /* Binds the evaluator to a minibatch; called before evaluate and after each batch change. */
-  int (*register_batch)(void *self, const pp_batch_view *batch, pp_error *err);
+  int (*register_batch)(void* self, const pp_batch_view* batch, pp_error* err);
   /* Writes losses[count]. With count == 0 it writes losses[0] = the base parameters' loss. */
-  int (*evaluate)(void *self, const pp_candidates *cands, double *losses, pp_error *err);
+  int (*evaluate)(void* self, const pp_candidates* cands, double* losses, pp_error* err);
   /* (optional) JSON describing the paths taken and declined, valid until the next call. */
-  const char *(*explain)(void *self);
-  void (*destroy)(void *self);
+  const char* (*explain)(void* self);
+  void (*destroy)(void* self);
 } pp_evaluator_api;
 
 typedef struct pp_accumulator_api {
   uint32_t struct_size;
   /* out[keys[i], :] += values[i, :] for rows of width `width`; out is [n_keys, width]. The
    * result must not depend on thread count when the strategy claims determinism. */
-  int (*accumulate)(void *self, int64_t n, const int64_t *keys, const pp_tensor *values,
-                    int64_t n_keys, pp_tensor *out, pp_error *err);
-  void (*destroy)(void *self);
+  int (*accumulate)(void* self, int64_t n, const int64_t* keys, const pp_tensor* values,
+                    int64_t n_keys, pp_tensor* out, pp_error* err);
+  void (*destroy)(void* self);
   /* Appended in API 1 (check struct_size): */
   /* (optional) threads for later calls; 0 = all the process may use. */
-  int (*set_threads)(void *self, int32_t threads, pp_error *err);
+  int (*set_threads)(void* self, int32_t threads, pp_error* err);
   /* (optional) the strategy that ran in the last call ("auto" resolves to one). */
-  const char *(*last_strategy)(void *self);
+  const char* (*last_strategy)(void* self);
 } pp_accumulator_api;
 
 /* --- The descriptor -------------------------------------------------------------------- */
@@ -257,31 +256,30 @@ typedef struct pp_accumulator_api {
 typedef struct pp_plugin {
   uint32_t api_version; /* PP_PLUGIN_API_VERSION the plugin was built with */
   uint32_t struct_size;
-  const char *name;    /* unique among loaded plugins, e.g. "cpu_tbb" */
-  const char *version;
-  const char *vendor;
-  const char *summary;
+  const char* name; /* unique among loaded plugins, e.g. "cpu_tbb" */
+  const char* version;
+  const char* vendor;
+  const char* summary;
   /* Scores the plugin on this machine; 0 = unusable, with the reason in *why. */
-  int32_t (*probe)(pp_error *why);
-  const pp_capability *caps;
+  int32_t (*probe)(pp_error* why);
+  const pp_capability* caps;
   int32_t n_caps;
-  const pp_layer_kind *layers;
+  const pp_layer_kind* layers;
   int32_t n_layers;
   /* (optional) 1 if evaluator `path` can serve this model and loss, else 0 and *why. */
-  int (*evaluator_supports)(const char *path, const pp_model_view *model,
-                            const pp_loss_view *loss, const pp_eval_options *options,
-                            pp_error *why);
+  int (*evaluator_supports)(const char* path, const pp_model_view* model, const pp_loss_view* loss,
+                            const pp_eval_options* options, pp_error* why);
   /* (optional) creates an evaluator of `path` (NULL = the plugin's automatic choice). */
-  int (*evaluator_create)(const char *path, const pp_model_view *model, const pp_loss_view *loss,
-                          const pp_eval_options *options, void **self,
-                          const pp_evaluator_api **api, pp_error *err);
+  int (*evaluator_create)(const char* path, const pp_model_view* model, const pp_loss_view* loss,
+                          const pp_eval_options* options, void** self, const pp_evaluator_api** api,
+                          pp_error* err);
   /* (optional) creates an accumulator of `strategy`. */
-  int (*accumulator_create)(const char *strategy, int32_t dtype, void **self,
-                            const pp_accumulator_api **api, pp_error *err);
+  int (*accumulator_create)(const char* strategy, int32_t dtype, void** self,
+                            const pp_accumulator_api** api, pp_error* err);
 } pp_plugin;
 
 /* The one exported symbol. Returns NULL when the plugin cannot serve host_api_version. */
-typedef const pp_plugin *(*pp_plugin_entry_fn)(uint32_t host_api_version);
+typedef const pp_plugin* (*pp_plugin_entry_fn)(uint32_t host_api_version);
 
 #ifdef __cplusplus
 }

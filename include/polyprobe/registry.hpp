@@ -14,8 +14,8 @@
 // reference and says so. Every decision is kept in a Selection for --explain.
 #pragma once
 
-#include <polyprobe/evaluator.hpp>
 #include <polyprobe/plugin_abi.h>
+#include <polyprobe/evaluator.hpp>
 
 #include <filesystem>
 #include <memory>
@@ -32,22 +32,22 @@ class Model;
 struct CapabilityInfo {
   std::string component;  // "evaluator", "accumulator", "layer", "subspace", "radius_model"
   std::string name;
-  std::string device;     // "cpu", "cuda"
+  std::string device;  // "cpu", "cuda"
   std::vector<std::string> dtypes;
   std::string summary;
 };
 
 struct PluginInfo {
-  std::string name;       // from the descriptor, or the file name when it never got that far
+  std::string name;  // from the descriptor, or the file name when it never got that far
   std::string version;
   std::string vendor;
   std::string summary;
   std::filesystem::path path;
-  uint32_t abi = 0;       // the descriptor's api_version (0 if unknown)
-  bool loaded = false;    // the descriptor was read
-  bool available = false; // loaded and its probe scored it above 0
+  uint32_t abi = 0;        // the descriptor's api_version (0 if unknown)
+  bool loaded = false;     // the descriptor was read
+  bool available = false;  // loaded and its probe scored it above 0
   int score = 0;
-  std::string reason;     // why not available (empty when available)
+  std::string reason;  // why not available (empty when available)
   std::vector<CapabilityInfo> capabilities;
 };
 
@@ -60,13 +60,13 @@ struct Selection {
 };
 
 struct EvaluatorRequest {
-  std::string backend;        // "" or "auto": choose; "reference"; or a plugin name
-  std::string device = "cpu"; // the policy: the device the user asked for
+  std::string backend;         // "" or "auto": choose; "reference"; or a plugin name
+  std::string device = "cpu";  // the policy: the device the user asked for
   EvaluatorOptions options;
   // (optional) candidates move subspace coordinates; must outlive the evaluator. Plugins
   // see rank-one subspaces (subspaces.hpp); any other kind is served by the reference.
   const Subspace* subspace = nullptr;
-  std::string path;           // "" or "auto": the plugin chooses; else force this path
+  std::string path;  // "" or "auto": the plugin chooses; else force this path
 };
 
 class PluginRegistry {
@@ -105,8 +105,9 @@ class PluginRegistry {
   // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
   // declares the strategy (else the core's reference), "reference" the reference, else the
   // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
-  std::unique_ptr<Accumulator> make_accumulator(const std::string& backend, const std::string& strategy,
-                                                int threads = 0, Selection* selection = nullptr) const;
+  std::unique_ptr<Accumulator> make_accumulator(const std::string& backend,
+                                                const std::string& strategy, int threads = 0,
+                                                Selection* selection = nullptr) const;
 
  private:
   struct Loaded;

@@ -44,7 +44,7 @@ struct SinkhornDuals {
 };
 
 struct TransportResult {
-  int32_t iterations = 0;   // Sinkhorn iterations run (0 for the closed-form rules)
+  int32_t iterations = 0;     // Sinkhorn iterations run (0 for the closed-form rules)
   double marginal_error = 0;  // Sinkhorn: max |column sum - 1/V| * V at exit
   bool converged = true;
 };

@@ -22,7 +22,8 @@ inline ProcessResult run_process(const std::string& command) {
   static int counter = 0;
   const fs::path dir = fs::temp_directory_path() / ("polyprobe-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const fs::path out = dir / ("out" + std::to_string(counter)), err = dir / ("err" + std::to_string(counter++));
+  const fs::path out = dir / ("out" + std::to_string(counter)),
+                 err = dir / ("err" + std::to_string(counter++));
   const std::string full = command + " >" + out.string() + " 2>" + err.string() + " </dev/null";
   const int status = std::system(full.c_str());
   ProcessResult r;

@@ -12,7 +12,8 @@ namespace {
 
 const std::string exe = POLYPROBE_EXE;
 
-ProcessResult polyprobe(const std::string& args, const std::string& env = "POLYPROBE_PLUGIN_PATH=") {
+ProcessResult polyprobe(const std::string& args,
+                        const std::string& env = "POLYPROBE_PLUGIN_PATH=") {
   return run_process(env + " " + exe + " " + args);
 }
 
@@ -23,7 +24,9 @@ std::string write_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-int lines(const std::string& text) { return static_cast<int>(std::count(text.begin(), text.end(), '\n')); }
+int lines(const std::string& text) {
+  return static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+}
 
 }  // namespace
 
@@ -41,7 +44,8 @@ TEST_CASE("every command has --help that names its options") {
     INFO(command);
     const auto r = polyprobe(std::string(command) + " --help");
     CHECK(r.exit_code == 0);
-    CHECK_THAT(r.out, Catch::Contains("usage: polyprobe " + std::string(command)) && Catch::Contains("--config"));
+    CHECK_THAT(r.out, Catch::Contains("usage: polyprobe " + std::string(command)) &&
+                          Catch::Contains("--config"));
   }
 }
 
@@ -59,7 +63,8 @@ TEST_CASE("an unknown command or option is a one-line usage error, exit 2") {
 TEST_CASE("config files: missing, unknown keys and valid ones") {
   const auto missing = polyprobe("plugins --config /nonexistent/polyprobe.cfg");
   CHECK(missing.exit_code == 2);
-  CHECK_THAT(missing.err, Catch::Contains("config file '/nonexistent/polyprobe.cfg' cannot be read"));
+  CHECK_THAT(missing.err,
+             Catch::Contains("config file '/nonexistent/polyprobe.cfg' cannot be read"));
   const auto bad = polyprobe("plugins --config " + write_file("bad.cfg", "colour = blue\n"));
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.err, Catch::Contains("colour"));
@@ -75,13 +80,15 @@ TEST_CASE("a --plugin-dir that does not exist is an error") {
 }
 
 TEST_CASE("plugins --json describes every plugin, broken ones with their reason") {
-  const auto r = polyprobe("plugins --json --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
+  const auto r =
+      polyprobe("plugins --json --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["plugin_api"] == 1);
   bool cpu_available = false, wrong_abi_reason = false, not_library_reason = false;
   for (const auto& p : j["plugins"]) {
-    for (const char* key : {"name", "version", "abi", "path", "available", "reason", "capabilities"})
+    for (const char* key :
+         {"name", "version", "abi", "path", "available", "reason", "capabilities"})
       CHECK(p.contains(key));
     if (p["name"] == "cpu_tbb") cpu_available = p["available"].get<bool>();
     // A descriptor of another API version is not read past its version, so the plugin
@@ -97,7 +104,8 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
 }
 
 TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
-  const auto r = polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
+  const auto r =
+      polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("fixture_no_device") && Catch::Contains("no CUDA device") &&
                         Catch::Contains("cpu_tbb") && Catch::Contains("available"));

@@ -17,7 +17,8 @@ TEST_CASE("the reference accumulator sums rows by key") {
   Matrix<double> out = Matrix<double>::Ones(10, 3);
   make_reference_accumulator()->accumulate(keys, values, out);
   Matrix<double> want = Matrix<double>::Ones(10, 3);
-  for (std::size_t i = 0; i < keys.size(); ++i) want.row(keys[i]) += values.row(static_cast<Eigen::Index>(i));
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    want.row(keys[i]) += values.row(static_cast<Eigen::Index>(i));
   CHECK((out - want).cwiseAbs().maxCoeff() == 0.0);
 }
 

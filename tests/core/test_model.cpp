@@ -31,7 +31,8 @@ TEST_CASE("layers whose shapes do not chain are rejected with both shapes named"
   const LayerFactory f = LayerFactory::with_builtins();
   Model model(Shape{{3}});
   auto wrong = f.create("relu", {}, Shape{{5}});
-  CHECK_THROWS_WITH(model.add(wrong), Catch::Contains("expects input [5]") && Catch::Contains("[3]"));
+  CHECK_THROWS_WITH(model.add(wrong),
+                    Catch::Contains("expects input [5]") && Catch::Contains("[3]"));
 }
 
 TEST_CASE("the linear forward is x W^T + b, with weight transforms applied") {
@@ -39,7 +40,8 @@ TEST_CASE("the linear forward is x W^T + b, with weight transforms applied") {
   for (const char* transform : {"identity", "sign", "int8"}) {
     INFO(transform);
     Model model(Shape{{2}});
-    model.add(f.create("linear", {{"out_features", 2}, {"weight_transform", transform}, {"quant_step", 0.25}},
+    model.add(f.create("linear",
+                       {{"out_features", 2}, {"weight_transform", transform}, {"quant_step", 0.25}},
                        model.output_shape()));
     auto p = model.parameters();
     const double w[4] = {0.3, -0.6, 1.1, 0.0}, b[2] = {0.05, -0.2};
@@ -101,10 +103,13 @@ TEST_CASE("bad layer attributes are errors naming the layer and attribute") {
   const LayerFactory f = LayerFactory::with_builtins();
   CHECK_THROWS_WITH(f.create("linear", {{"out_feature", 3}}, Shape{{2}}),
                     Catch::Contains("linear") && Catch::Contains("out_features"));
-  CHECK_THROWS_WITH(f.create("linear", {{"out_features", 3}, {"weight_transform", "ternary"}}, Shape{{2}}),
-                    Catch::Contains("unknown transform 'ternary'"));
+  CHECK_THROWS_WITH(
+      f.create("linear", {{"out_features", 3}, {"weight_transform", "ternary"}}, Shape{{2}}),
+      Catch::Contains("unknown transform 'ternary'"));
   CHECK_THROWS_WITH(f.create("linear", {{"out_features", "three"}}, Shape{{2}}),
                     Catch::Contains("wrong type"));
-  CHECK_THROWS_WITH(f.create("relu", {{"inplace", true}}, Shape{{2}}), Catch::Contains("unknown attribute 'inplace'"));
-  CHECK_THROWS_WITH(f.create("nonexistent", {}, Shape{{2}}), Catch::Contains("unknown layer kind 'nonexistent'"));
+  CHECK_THROWS_WITH(f.create("relu", {{"inplace", true}}, Shape{{2}}),
+                    Catch::Contains("unknown attribute 'inplace'"));
+  CHECK_THROWS_WITH(f.create("nonexistent", {}, Shape{{2}}),
+                    Catch::Contains("unknown layer kind 'nonexistent'"));
 }

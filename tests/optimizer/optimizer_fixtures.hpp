@@ -11,7 +11,8 @@
 
 namespace polyprobe::testing {
 
-inline Model small_mlp(uint64_t seed = 0, int64_t inputs = 4, int64_t hidden = 8, int64_t classes = 3) {
+inline Model small_mlp(uint64_t seed = 0, int64_t inputs = 4, int64_t hidden = 8,
+                       int64_t classes = 3) {
   const LayerFactory f = LayerFactory::with_builtins();
   Model m(Shape{{inputs}}, DType::f64);
   m.add(f.create("linear", {{"out_features", hidden}}, m.output_shape()));
@@ -21,7 +22,8 @@ inline Model small_mlp(uint64_t seed = 0, int64_t inputs = 4, int64_t hidden = 8
   return m;
 }
 
-inline Batch random_batch(uint64_t seed, int64_t rows = 24, int64_t inputs = 4, int64_t classes = 3) {
+inline Batch random_batch(uint64_t seed, int64_t rows = 24, int64_t inputs = 4,
+                          int64_t classes = 3) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<double> n;
   Batch b;

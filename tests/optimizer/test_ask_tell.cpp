@@ -13,7 +13,8 @@ namespace {
 
 std::vector<double> sphere(const Matrix<double>& x) {
   std::vector<double> out(static_cast<std::size_t>(x.rows()));
-  for (Eigen::Index r = 0; r < x.rows(); ++r) out[static_cast<std::size_t>(r)] = (x.row(r).array() - 0.5).square().sum();
+  for (Eigen::Index r = 0; r < x.rows(); ++r)
+    out[static_cast<std::size_t>(r)] = (x.row(r).array() - 0.5).square().sum();
   return out;
 }
 
@@ -63,7 +64,9 @@ TEST_CASE("ask/tell resumes bit-identically, even between ask and tell", "[optim
 TEST_CASE("ask/tell rejects what it cannot serve", "[optimizer][ask_tell]") {
   OptimizerConfig config;
   config.particle_dim = 2;
-  REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 4), config), Catch::Contains("particle_dim"));
+  REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 4), config),
+                      Catch::Contains("particle_dim"));
   config.adaptive_probes = true;
-  REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config), Catch::Contains("adaptive_probes"));
+  REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config),
+                      Catch::Contains("adaptive_probes"));
 }

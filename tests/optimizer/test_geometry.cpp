@@ -42,7 +42,8 @@ TEST_CASE("rotations are orthogonal with determinant one", "[optimizer][geometry
       draw_rotations(rng, count, d, method, r);
       for (int64_t p = 0; p < count; ++p) {
         Eigen::Map<const Matrix<double>> q(r.data() + p * d * d, d, d);
-        REQUIRE((q.transpose() * q - Eigen::MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff() < 1e-12);
+        REQUIRE((q.transpose() * q - Eigen::MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff() <
+                1e-12);
         REQUIRE(std::abs(Eigen::MatrixXd(q).determinant() - 1) < 1e-12);
       }
     }
@@ -81,7 +82,8 @@ TEST_CASE("rotations are Haar distributed", "[optimizer][geometry]") {
     for (int64_t p = 0; p < count; ++p)
       u[static_cast<std::size_t>(p)] =
           (std::atan2(r[static_cast<std::size_t>(p * 4 + 2)], r[static_cast<std::size_t>(p * 4)]) +
-           std::numbers::pi) / (2 * std::numbers::pi);
+           std::numbers::pi) /
+          (2 * std::numbers::pi);
     std::sort(u.begin(), u.end());
     double ks = 0;
     for (std::size_t i = 0; i < u.size(); ++i)

@@ -147,13 +147,14 @@ TEST_CASE("quadratic step length minimises the block model", "[optimizer][radius
   RadiusModelSettings s;
   s.kind = RadiusModelKind::quadratic;
   auto model = make_radius_model(s);
-  REQUIRE(model->move_scale({-2.0, 4.0}) == Approx(0.5));            // Newton step
-  REQUIRE(model->move_scale({-2.0, 0.1}) == s.quadratic_max_scale);  // capped
-  REQUIRE(model->move_scale({-2.0, -1.0}) == s.quadratic_max_scale); // concave: the cap
-  REQUIRE(model->move_scale({1.0, 1.0}) == 0.0);                     // uphill: stay
+  REQUIRE(model->move_scale({-2.0, 4.0}) == Approx(0.5));             // Newton step
+  REQUIRE(model->move_scale({-2.0, 0.1}) == s.quadratic_max_scale);   // capped
+  REQUIRE(model->move_scale({-2.0, -1.0}) == s.quadratic_max_scale);  // concave: the cap
+  REQUIRE(model->move_scale({1.0, 1.0}) == 0.0);                      // uphill: stay
 }
 
-TEST_CASE("adaptive radius grows after stagnation and shrinks while moving", "[optimizer][radius]") {
+TEST_CASE("adaptive radius grows after stagnation and shrinks while moving",
+          "[optimizer][radius]") {
   RadiusModelSettings s;
   s.kind = RadiusModelKind::adaptive;
   s.stagnation_patience = 3;

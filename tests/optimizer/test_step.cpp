@@ -160,8 +160,9 @@ TEST_CASE("trajectories do not depend on the evaluator's thread count", "[optimi
 
 TEST_CASE("per-layer and grouped blocks keep particles inside their block", "[optimizer][step]") {
   Model model = small_mlp(1);  // entries: 0.weight 0.bias 2.weight 2.bias
-  for (auto [strategy, group] : {std::pair{BlockStrategy::per_layer, 1}, std::pair{BlockStrategy::grouped, 1},
-                                 std::pair{BlockStrategy::grouped, 3}}) {
+  for (auto [strategy, group] :
+       {std::pair{BlockStrategy::per_layer, 1}, std::pair{BlockStrategy::grouped, 1},
+        std::pair{BlockStrategy::grouped, 3}}) {
     OptimizerConfig config;
     config.particle_dim = 3;
     config.blocks = strategy;
@@ -181,7 +182,9 @@ TEST_CASE("per-layer and grouped blocks keep particles inside their block", "[op
       for (int64_t c : coords) {
         if (c < 0) continue;
         const std::size_t e = entry_of(c);
-        const std::size_t block = strategy == BlockStrategy::per_layer ? entries[e].layer : e / static_cast<std::size_t>(group);
+        const std::size_t block = strategy == BlockStrategy::per_layer
+                                      ? entries[e].layer
+                                      : e / static_cast<std::size_t>(group);
         if (first_block == SIZE_MAX) first_block = block;
         REQUIRE(block == first_block);
       }
@@ -189,7 +192,8 @@ TEST_CASE("per-layer and grouped blocks keep particles inside their block", "[op
   }
 }
 
-TEST_CASE("multifidelity screen scores every vertex cheaply and the kept ones fully", "[optimizer][step]") {
+TEST_CASE("multifidelity screen scores every vertex cheaply and the kept ones fully",
+          "[optimizer][step]") {
   Model model = small_mlp(1);
   auto loss = make_loss("cross_entropy");
   auto evaluator = make_reference_evaluator(model, *loss);
@@ -233,7 +237,8 @@ TEST_CASE("minimize descends and never exceeds its budget", "[optimizer][minimiz
   const Objective f = [&](std::span<const double> x) {
     ++calls;
     double s = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) s += static_cast<double>(i + 1) * (x[i] - 1) * (x[i] - 1);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      s += static_cast<double>(i + 1) * (x[i] - 1) * (x[i] - 1);
     return s;
   };
   const std::vector<double> x0(n, 0.0);

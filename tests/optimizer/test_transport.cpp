@@ -28,14 +28,16 @@ Matrix<double> dense_sinkhorn(const Matrix<double>& cost, double eps) {
   Eigen::VectorXd u = Eigen::VectorXd::Ones(P), v = Eigen::VectorXd::Ones(V);
   for (int it = 0; it < 20000; ++it) {
     u = (Eigen::VectorXd::Constant(P, 1.0 / static_cast<double>(P))).cwiseQuotient(kernel * v);
-    v = (Eigen::VectorXd::Constant(V, 1.0 / static_cast<double>(V))).cwiseQuotient(kernel.transpose() * u);
+    v = (Eigen::VectorXd::Constant(V, 1.0 / static_cast<double>(V)))
+            .cwiseQuotient(kernel.transpose() * u);
   }
   return u.asDiagonal() * kernel * v.asDiagonal();
 }
 
 }  // namespace
 
-TEST_CASE("sinkhorn meets uniform marginals and matches a dense reference", "[optimizer][transport]") {
+TEST_CASE("sinkhorn meets uniform marginals and matches a dense reference",
+          "[optimizer][transport]") {
   for (auto [P, V, eps] : {std::tuple{7, 3, 0.2}, std::tuple{20, 4, 0.1}, std::tuple{5, 9, 0.5}}) {
     const Matrix<double> cost = random_cost(P, V, static_cast<uint64_t>(P * 31 + V));
     SinkhornDuals duals;
@@ -92,7 +94,8 @@ TEST_CASE("softmax, greedy and top-k rules", "[optimizer][transport]") {
   }
 }
 
-TEST_CASE("the barycentric move equals the explicit weighted sum of step points", "[optimizer][transport]") {
+TEST_CASE("the barycentric move equals the explicit weighted sum of step points",
+          "[optimizer][transport]") {
   for (PolytopeKind kind : {PolytopeKind::simplex, PolytopeKind::orthoplex}) {
     OptimizerConfig config;
     config.polytope = kind;
@@ -115,7 +118,8 @@ TEST_CASE("the barycentric move equals the explicit weighted sum of step points"
       Eigen::Vector3d explicit_sum = Eigen::Vector3d::Zero();
       for (int64_t v = 0; v < V; ++v)  // Y_iv - X_i = step_r R_i t_v
         explicit_sum += engine.weights()(i, v) * info.step_radius * (rot * t.row(v).transpose());
-      for (int j = 0; j < 3; ++j) REQUIRE(std::abs(moves[static_cast<std::size_t>(i * 3 + j)] - explicit_sum(j)) < 1e-14);
+      for (int j = 0; j < 3; ++j)
+        REQUIRE(std::abs(moves[static_cast<std::size_t>(i * 3 + j)] - explicit_sum(j)) < 1e-14);
       REQUIRE(std::abs(engine.weights().row(i).sum() - 1) < 1e-12);
     }
   }

@@ -19,7 +19,8 @@ struct Backends {
   PluginRegistry registry;
   LayerFactory factory = LayerFactory::with_builtins();
   Backends() {
-    registry.load_directories({PluginRegistry::executable_plugin_dir(), POLYPROBE_EXAMPLE_PLUGIN_DIR});
+    registry.load_directories(
+        {PluginRegistry::executable_plugin_dir(), POLYPROBE_EXAMPLE_PLUGIN_DIR});
     registry.register_layers(factory);
   }
   std::vector<std::string> evaluator_plugins() const {
@@ -64,18 +65,21 @@ Case random_case(std::mt19937_64& rng, bool discontinuous) {
   c.description = "in " + std::to_string(inputs);
   for (int h = 0; h <= hidden_layers; ++h) {
     const bool last = h == hidden_layers;
-    nlohmann::json attrs = {{"out_features", last ? outputs : pick(2, 9)}, {"bias", pick(0, 3) != 0}};
+    nlohmann::json attrs = {{"out_features", last ? outputs : pick(2, 9)},
+                            {"bias", pick(0, 3) != 0}};
     if (discontinuous && pick(0, 2) == 0) attrs["weight_transform"] = pick(0, 1) ? "sign" : "int8";
     c.model.add(f.create("linear", attrs, c.model.output_shape()));
     c.description += " linear" + attrs.dump();
     if (!last) {
-      const std::string act = activations[static_cast<std::size_t>(pick(0, static_cast<int>(activations.size()) - 1))];
+      const std::string act =
+          activations[static_cast<std::size_t>(pick(0, static_cast<int>(activations.size()) - 1))];
       c.model.add(f.create(act, {}, c.model.output_shape()));
       c.description += " " + act;
     }
   }
   c.model.initialize(rng());
-  const std::string loss = losses[static_cast<std::size_t>(pick(0, static_cast<int>(losses.size()) - 1))];
+  const std::string loss =
+      losses[static_cast<std::size_t>(pick(0, static_cast<int>(losses.size()) - 1))];
   c.loss = make_loss(loss, pick(0, 1) ? 1e-3 : 0.0);
   c.description += " loss " + loss;
 
@@ -83,7 +87,8 @@ Case random_case(std::mt19937_64& rng, bool discontinuous) {
   std::normal_distribution<double> normal;
   c.batch.inputs = Matrix<double>::NullaryExpr(rows, inputs, [&] { return normal(rng); });
   if (loss == "mse") {
-    c.batch.targets.values = Matrix<double>::NullaryExpr(rows, outputs, [&] { return normal(rng); });
+    c.batch.targets.values =
+        Matrix<double>::NullaryExpr(rows, outputs, [&] { return normal(rng); });
   } else {
     for (int r = 0; r < rows; ++r) c.batch.targets.labels.push_back(pick(0, outputs - 1));
   }
@@ -152,7 +157,8 @@ TEST_CASE("the core's reference evaluator materialises exactly what it is asked"
     for (int j = 0; j < c.particles.d; ++j)
       if (coords[static_cast<std::size_t>(j)] >= 0)
         params[static_cast<std::size_t>(coords[static_cast<std::size_t>(j)])] +=
-            c.displacement[i * static_cast<std::size_t>(c.particles.d) + static_cast<std::size_t>(j)];
+            c.displacement[i * static_cast<std::size_t>(c.particles.d) +
+                           static_cast<std::size_t>(j)];
     CHECK(losses[i] == objective(c.model, *c.loss, c.batch, params, DType::f64));
   }
 }

@@ -73,9 +73,11 @@ TEST_CASE("a model mixing core and plugin layers runs forward exactly") {
 TEST_CASE("a plugin layer's own errors reach the user with its name") {
   const LayerFactory& f = factory_with_examples();
   CHECK_THROWS_WITH(f.create("triangle_wave", {{"wavelength", 2}}, Shape{{3}}),
-                    Catch::Contains("triangle_wave") && Catch::Contains("unknown attribute 'wavelength'") &&
+                    Catch::Contains("triangle_wave") &&
+                        Catch::Contains("unknown attribute 'wavelength'") &&
                         Catch::Contains("plugin example_layers"));
-  CHECK_THROWS_WITH(f.create("triangle_wave", {{"period", -1}}, Shape{{3}}), Catch::Contains("positive"));
+  CHECK_THROWS_WITH(f.create("triangle_wave", {{"period", -1}}, Shape{{3}}),
+                    Catch::Contains("positive"));
 }
 
 TEST_CASE("a layer kind already provided is skipped with a reason, not replaced") {

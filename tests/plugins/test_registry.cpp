@@ -24,7 +24,8 @@ PluginRegistry& fixtures() {
   static PluginRegistry registry;
   static bool loaded = false;
   if (!loaded) {
-    registry.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR, PluginRegistry::executable_plugin_dir()});
+    registry.load_directories(
+        {POLYPROBE_FIXTURE_PLUGIN_DIR, PluginRegistry::executable_plugin_dir()});
     loaded = true;
   }
   return registry;
@@ -96,7 +97,8 @@ TEST_CASE("the same file reached twice is loaded once") {
   PluginRegistry registry;
   registry.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR, POLYPROBE_FIXTURE_PLUGIN_DIR});
   int count = 0;
-  for (const PluginInfo& info : registry.plugins()) count += info.path.filename() == "libpolyprobe_ok.so";
+  for (const PluginInfo& info : registry.plugins())
+    count += info.path.filename() == "libpolyprobe_ok.so";
   CHECK(count == 1);
 }
 
@@ -123,7 +125,8 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
     CHECK(sel.chosen == "cpu_tbb");
     CHECK(evaluator->name() == "cpu_tbb");
     bool mentions_no_device = false;
-    for (const auto& r : sel.reasons) mentions_no_device |= r.find("fixture_no_device") != std::string::npos;
+    for (const auto& r : sel.reasons)
+      mentions_no_device |= r.find("fixture_no_device") != std::string::npos;
     CHECK(mentions_no_device);
   }
   SECTION("an explicit reference request is honoured") {
@@ -136,8 +139,9 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
   SECTION("an unknown backend is an error naming the known ones") {
     EvaluatorRequest request;
     request.backend = "no_such_backend";
-    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
-                      Catch::Contains("unknown backend 'no_such_backend'") && Catch::Contains("cpu_tbb"));
+    CHECK_THROWS_WITH(
+        fixtures().make_evaluator(model, *loss, request),
+        Catch::Contains("unknown backend 'no_such_backend'") && Catch::Contains("cpu_tbb"));
   }
   SECTION("an explicit backend that cannot serve is an error with its reason") {
     EvaluatorRequest request;
@@ -168,6 +172,7 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
   SECTION("an unknown device is an error") {
     EvaluatorRequest request;
     request.device = "tpu";
-    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request), Catch::Contains("unknown device"));
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("unknown device"));
   }
 }

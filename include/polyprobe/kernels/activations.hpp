@@ -8,11 +8,15 @@
 namespace polyprobe::kernels {
 
 template <class S>
-S relu(S v) { return v > S(0) ? v : S(0); }
+S relu(S v) {
+  return v > S(0) ? v : S(0);
+}
 
 // Exact GELU (erf form, nn.GELU()).
 template <class S>
-S gelu(S v) { return S(0.5) * v * (S(1) + std::erf(v / std::numbers::sqrt2_v<S>)); }
+S gelu(S v) {
+  return S(0.5) * v * (S(1) + std::erf(v / std::numbers::sqrt2_v<S>));
+}
 
 // GELU, tanh form (nn.GELU(approximate="tanh")).
 template <class S>
@@ -22,10 +26,14 @@ S gelu_tanh(S v) {
 }
 
 template <class S>
-S sign(S v) { return v > S(0) ? S(1) : (v < S(0) ? S(-1) : S(0)); }
+S sign(S v) {
+  return v > S(0) ? S(1) : (v < S(0) ? S(-1) : S(0));
+}
 
 // step * floor(v / step).
 template <class S>
-S staircase(S v, S step) { return step * std::floor(v / step); }
+S staircase(S v, S step) {
+  return step * std::floor(v / step);
+}
 
 }  // namespace polyprobe::kernels

@@ -69,11 +69,16 @@ inline LossKind loss_kind(const char* name) {
 template <class S>
 S loss_row(LossKind kind, const S* x, int64_t n, int64_t label, const double* target) {
   switch (kind) {
-    case LossKind::cross_entropy: return cross_entropy_row(x, n, label);
-    case LossKind::mse: return mse_row(x, n, target);
-    case LossKind::hinge: return hinge_row(x, n, label);
-    case LossKind::zero_one: return zero_one_row(x, n, label);
-    case LossKind::unknown: break;
+    case LossKind::cross_entropy:
+      return cross_entropy_row(x, n, label);
+    case LossKind::mse:
+      return mse_row(x, n, target);
+    case LossKind::hinge:
+      return hinge_row(x, n, label);
+    case LossKind::zero_one:
+      return zero_one_row(x, n, label);
+    case LossKind::unknown:
+      break;
   }
   return S(0);
 }
