@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Runs clang-tidy (checks in .clang-tidy) on the first-party sources of a configured build
-# (its compile_commands.json); fails on any finding.
+# Runs clang-tidy (checks in .clang-tidy) on the sources listed in scripts/tidy-files.txt,
+# using a configured build's compile_commands.json; fails on any finding. The list grows
+# as each area is brought clean (see the file).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-mapfile -t files < <(git ls-files 'core/*.cpp' 'apps/*.cpp' 'plugins/*.cpp')
+mapfile -t files < <(grep -v -E '^\s*(#|$)' scripts/tidy-files.txt | xargs -r ls -1 2>/dev/null)
 log=$(mktemp)
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc)" -n 4 clang-tidy -p "$build" --quiet --warnings-as-errors='*' >"$log" 2>&1

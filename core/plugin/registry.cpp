@@ -308,7 +308,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     if (request.device != "cpu")
       throw Error("the reference evaluator runs on the cpu, not on " + request.device);
     sel.chosen = "reference";
-    sel.reasons.push_back("reference: requested with --backend reference");
+    sel.reasons.emplace_back("reference: requested with --backend reference");
     return make_reference_evaluator(model, loss, request.subspace, request.options);
   }
   if (!automatic && find(backend) == nullptr) {
@@ -400,7 +400,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
         throw Error("no plugin can evaluate on " + request.device +
                     "; `polyprobe plugins` lists what was found and why");
       sel.chosen = "reference";
-      sel.reasons.push_back(
+      sel.reasons.emplace_back(
           "reference: chosen: no plugin can serve, so the core's reference evaluator runs "
           "(correct but slow)");
       return make_reference_evaluator(model, loss, request.subspace, request.options);
@@ -421,7 +421,7 @@ std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string&
   sel = Selection{"accumulator", "", {}};
   if (backend == "reference") {
     sel.chosen = "reference";
-    sel.reasons.push_back("reference: requested");
+    sel.reasons.emplace_back("reference: requested");
     return make_reference_accumulator();
   }
   const bool automatic = backend.empty() || backend == "auto";
