@@ -5,7 +5,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
-mapfile -t files < <(grep -v -E '^\s*(#|$)' scripts/tidy-files.txt | xargs -r ls -1 2>/dev/null)
+files=()
+while read -r pattern; do
+  [[ -z $pattern || $pattern == \#* ]] && continue
+  for f in $pattern; do [[ -f $f ]] && files+=("$f"); done  # unquoted: globs expand here
+done <scripts/tidy-files.txt
 log=$(mktemp)
 printf '%s\n' "${files[@]}" |
   xargs -P "$(nproc)" -n 4 clang-tidy -p "$build" --quiet --warnings-as-errors='*' >"$log" 2>&1
