@@ -2,6 +2,7 @@
 #define BOOST_DLL_USE_STD_FS
 #include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
+#include <polyprobe/plugin.hpp>
 #include <polyprobe/registry.hpp>
 
 #include "plugin/plugin_impl.hpp"
@@ -25,20 +26,8 @@ namespace fs = std::filesystem;
 namespace detail {
 
 std::string dtype_label(int32_t dtype) {
-  switch (dtype) {
-    case PP_DTYPE_F32:
-      return "float32";
-    case PP_DTYPE_F64:
-      return "float64";
-    case PP_DTYPE_I64:
-      return "int64";
-    case PP_DTYPE_BF16:
-      return "bfloat16";
-    case PP_DTYPE_F16:
-      return "float16";
-    default:
-      return "dtype#" + std::to_string(dtype);
-  }
+  const std::string name = pp::dtype_name(dtype);
+  return name == "unknown" ? "dtype#" + std::to_string(dtype) : name;
 }
 
 std::string device_label(int32_t device) {
