@@ -116,3 +116,14 @@ TEST_CASE("version names the plugin API") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 1"));
 }
+
+TEST_CASE("an unknown --backend or an unservable --device fails with the reason, exit 1") {
+  const auto backend = polyprobe("train --backend no_such_backend --epochs 1 --quiet");
+  CHECK(backend.exit_code == 1);
+  CHECK_THAT(backend.err,
+             Catch::Contains("unknown backend 'no_such_backend'") && Catch::Contains("cpu_tbb"));
+  CHECK(lines(backend.err) == 1);
+  const auto device = polyprobe("train --device cuda --epochs 1 --quiet");
+  CHECK(device.exit_code == 1);
+  CHECK_THAT(device.err, Catch::Contains("no plugin can evaluate on cuda"));
+}
