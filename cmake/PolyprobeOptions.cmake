@@ -1,6 +1,7 @@
 # Every user-facing build option, in one place.
 option(POLYPROBE_BUILD_TESTS "Build the test suite" ON)
 option(POLYPROBE_WERROR "Treat compiler warnings as errors (CI turns this on)" OFF)
+option(POLYPROBE_FUZZ "Build the libFuzzer targets in fuzz/ (needs clang; fuzz/run.sh sets it)" OFF)
 option(POLYPROBE_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
 set(POLYPROBE_CUDA "AUTO" CACHE STRING "Build the CUDA plugins: AUTO (when nvcc is found), ON or OFF")
 set_property(CACHE POLYPROBE_CUDA PROPERTY STRINGS AUTO ON OFF)

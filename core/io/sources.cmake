@@ -18,9 +18,3 @@ configure_file(${CMAKE_CURRENT_LIST_DIR}/embedded_data.cpp.in
                ${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_data.cpp @ONLY)
 target_sources(polyprobe_core PRIVATE ${CMAKE_CURRENT_BINARY_DIR}/generated/embedded_data.cpp)
 
-# Fuzzing (fuzz/): the parsers' libFuzzer targets, built from their own instrumented copy of
-# the parser sources; fuzz/run.sh configures a clang build with this on.
-option(POLYPROBE_FUZZ "Build the libFuzzer targets in fuzz/ (needs clang)" OFF)
-if(POLYPROBE_FUZZ)
-  add_subdirectory(${PROJECT_SOURCE_DIR}/fuzz ${PROJECT_BINARY_DIR}/fuzz)
-endif()
