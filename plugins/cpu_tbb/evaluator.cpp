@@ -40,6 +40,8 @@ const char* path_name(Path path, bool subspace) {
       return "fallback";
     case Path::incumbent:
       return "incumbent";
+    case Path::site_local:
+      return "site-local";
     case Path::count:
       break;
   }
@@ -62,6 +64,20 @@ const char* decline_text(Decline why) {
       return "delta declined: the particle changes layers on both sides of a host layer";
     case Decline::forced:
       return "delta not used: another path was requested";
+    case Decline::site_not_declared:
+      return "site-local declined: the particle's layer does not declare the site-local contract";
+    case Decline::site_subspace:
+      return "site-local declined: it serves the full space, not subspace coordinates";
+    case Decline::site_spans_layers:
+      return "site-local declined: the particle spans more than one layer";
+    case Decline::site_unknown_kind:
+      return "site-local declined: the plugin has no per-site computation for this layer kind or "
+             "its attributes";
+    case Decline::site_probe_failed:
+      return "site-local probe failed: the per-site computation disagreed with the layer's "
+             "forward";
+    case Decline::site_forced:
+      return "site-local not used: another path was requested";
     case Decline::count:
       break;
   }
@@ -113,7 +129,7 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
   if (PP_EVAL_OPTIONS_HAS(&options, path) && options.path != nullptr && !is(options.path, "auto")) {
     forced_ = options.path;
     const bool known = forced_ == "sparse" || forced_ == "subspace-delta" || forced_ == "dense" ||
-                       forced_ == "inplace" || forced_ == "fallback";
+                       forced_ == "inplace" || forced_ == "fallback" || forced_ == "site-local";
     if (!known)
       throw std::invalid_argument("unknown path '" + forced_ + "' (paths: " + kPathNames + ")");
   }
@@ -132,6 +148,7 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
                         static_cast<double>(plan_.n_params) * sizeof(S);
   inplace_for_dense_ = copies > kParamCopiesBudgetBytes;
   kink_.resize(plan_.layers.size());
+  build_site_plans();
   layer_path_candidates_.resize(plan_.layers.size() + 1);
   layer_declines_.resize(plan_.layers.size() + 1);
 }
@@ -332,6 +349,7 @@ void EvaluatorImpl<S>::plan_groups(const pp_candidates& c) {
   first_layer_candidates_.assign(plan_.layers.size(), 0);
   const auto n_layers = static_cast<int32_t>(plan_.layers.size());
   const bool force_delta = forced_ == "sparse" || forced_ == "subspace-delta";
+  const bool force_site = forced_ == "site-local";
   for (int64_t begin = 0; begin < c.count;) {
     const int64_t particle = c.particle[begin];
     if (particle < 0 || particle >= c.n_particles)
@@ -352,20 +370,31 @@ void EvaluatorImpl<S>::plan_groups(const pp_candidates& c) {
     } else if (!plan_.no_prefix_reuse.empty()) {
       g.path = Path::fallback;
       g.why = Decline::no_prefix_reuse;
-    } else if (!forced_.empty() && !force_delta) {
+    } else if (!forced_.empty() && !force_delta && !force_site) {
       g.path = forced_ == "dense"     ? Path::dense
                : forced_ == "inplace" ? Path::inplace
                                       : Path::fallback;
       if (g.why == Decline::none) g.why = Decline::forced;
-    } else if (g.why == Decline::none) {
+      g.site_why = site_local_decline(g, true);
+    } else if (g.why == Decline::none && !force_site) {
       g.path = Path::delta;
       first_layer_candidates_[static_cast<std::size_t>(g.first_layer)] += run_end - begin;
     } else {
-      g.path = inplace_for_dense_ ? Path::inplace : Path::dense;
+      g.site_why = site_local_decline(g, force_delta);
+      if (g.site_why == Decline::none)
+        g.path = Path::site_local;
+      else
+        g.path = inplace_for_dense_ ? Path::inplace : Path::dense;
+      if (force_site && g.why == Decline::none) g.why = Decline::forced;
     }
+    // A particle outside site-local layers says nothing about the site-local path unless
+    // that path was requested.
+    if (g.site_why == Decline::site_not_declared && !force_site) g.site_why = Decline::none;
     const auto layer = static_cast<std::size_t>(g.first_layer);
     layer_path_candidates_[layer][static_cast<int>(g.path)] += run_end - begin;
     layer_declines_[layer][static_cast<int>(g.why)] += run_end - begin;
+    if (g.site_why != Decline::none)
+      layer_declines_[layer][static_cast<int>(g.site_why)] += run_end - begin;
     path_candidates_[static_cast<int>(g.path)] += run_end - begin;
     // Blocks of at most chunk_ candidates; they break at particle boundaries and only
     // split a particle whose candidates alone exceed the chunk.
@@ -407,6 +436,9 @@ void EvaluatorImpl<S>::evaluate_group(const pp_candidates& c, const Group& g, Sc
       return;
     case Path::fallback:
       evaluate_fallback(c, g, s, losses);
+      return;
+    case Path::site_local:
+      evaluate_site_local(c, g, s, losses);
       return;
     case Path::incumbent:
       std::fill(losses + g.begin, losses + g.end, base_loss_);
@@ -497,6 +529,7 @@ void EvaluatorImpl<S>::evaluate(const pp_candidates& c, double* losses) {
   for (;;) {
     try {
       plan_groups(c);
+      prepare_site_local();
       build_kink_tables();
       build_direction_tables();
       run_groups(c, losses);
@@ -537,6 +570,8 @@ const char* EvaluatorImpl<S>::explain() {
         {"declined", declined},
         {"kink_tables", kink_[l].built}};
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
+    if (site_[l].declared)
+      entry["site_local"] = site_[l].usable() ? std::string("yes (probed)") : site_[l].note;
     layers.push_back(entry);
   }
   json counts = json::object();
@@ -565,7 +600,10 @@ const char* EvaluatorImpl<S>::explain() {
                "the changed layers' weights materialised per candidate, later layers one "
                "GEMM over the particle's candidates"},
               {"inplace", "apply, score, revert on one shared parameter copy"},
-              {"fallback", "the whole forward of each materialised candidate"}}}};
+              {"fallback", "the whole forward of each materialised candidate"},
+              {"site-local",
+               "a particle in one conv or attention layer: only the output channels or heads "
+               "it owns recomputed per candidate, the suffix one pass over the group"}}}};
   explain_ = j.dump();
   return explain_.c_str();
 }

@@ -5,7 +5,9 @@
 // and explained: `sparse` / `subspace-delta` (propagate the particle's change as a delta
 // through verified affine and elementwise layers), `dense` (materialise the changed
 // layers' weights, then one GEMM per later layer over the whole group), `inplace` (apply,
-// score, revert on one shared parameter copy when per-thread copies would not fit) and
+// score, revert on one shared parameter copy when per-thread copies would not fit),
+// `site-local` (a particle in one conv or attention layer: only the channels or heads it
+// owns are recomputed, then the suffix once over the group) and
 // `fallback` (the whole forward of every materialised candidate through the host's
 // layers: always correct). The incumbent's activations are computed once per call (prefix
 // reuse). Work is split over particles with oneTBB; each candidate's loss is computed by
@@ -31,7 +33,8 @@ class CandidateEvaluator {
 };
 
 // The paths a caller may force (pp_eval_options.path); "auto" or null lets each group choose.
-inline constexpr const char* kPathNames = "auto, sparse, subspace-delta, dense, inplace, fallback";
+inline constexpr const char* kPathNames =
+    "auto, sparse, subspace-delta, site-local, dense, inplace, fallback";
 
 // Throws std::invalid_argument naming what it cannot serve.
 std::unique_ptr<CandidateEvaluator> make_candidate_evaluator(const pp_model_view& model,

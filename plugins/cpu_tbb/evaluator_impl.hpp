@@ -1,10 +1,12 @@
 // Internals of the cpu_tbb evaluator, shared by its path files (evaluator.cpp: set-up,
 // grouping, chunking and threads; delta_path.cpp: sparse and subspace deltas;
-// materialised_paths.cpp: dense, in-place and fallback; loss_kernels.cpp: losses).
+// materialised_paths.cpp: dense, in-place and fallback; site_local_path.cpp: conv and
+// attention layers per site; loss_kernels.cpp: losses).
 #pragma once
 
 #include "evaluator.hpp"
 #include "model_plan.hpp"
+#include "site_local.hpp"
 
 #include <polyprobe/kernels/losses.hpp>
 
@@ -36,7 +38,7 @@ using PacketMap = Eigen::Map<Packet<S>, Eigen::Unaligned>;
 template <class S>
 using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
 
-enum class Path : int { delta, dense, inplace, fallback, incumbent, count };
+enum class Path : int { delta, dense, inplace, fallback, incumbent, site_local, count };
 inline constexpr int kPathCount = static_cast<int>(Path::count);
 // "sparse" or "subspace-delta" for the delta path, by search space.
 const char* path_name(Path path, bool subspace);
@@ -49,6 +51,13 @@ enum class Decline : int {
   subspace_transform,  // a subspace coordinate moves a transformed weight (not rank one)
   across_host,         // the particle changes layers on both sides of a host layer
   forced,              // another path was requested
+  // why a group whose particle lies in a site-local layer did not take the site-local path
+  site_not_declared,  // a layer of the particle does not declare the site-local contract
+  site_subspace,      // subspace coordinates (the path serves the full space)
+  site_spans_layers,  // the particle's coordinates lie in more than one layer
+  site_unknown_kind,  // the plugin has no per-site computation for the kind (or attributes)
+  site_probe_failed,  // the per-site computation disagreed with the layer's forward
+  site_forced,        // another path was requested
   count
 };
 const char* decline_text(Decline why);
@@ -75,6 +84,7 @@ struct Group {
   Decline why = Decline::none;
   int32_t first_layer = 0;                 // the first layer the particle changes
   int64_t terms_begin = 0, terms_end = 0;  // into terms_
+  Decline site_why = Decline::none;        // why the site-local path declined (if it did)
 };
 
 template <class S>
@@ -112,6 +122,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     std::vector<double> coef;      // [touched * d]: d(param) / d(displacement component)
     std::vector<double> raw;       // [touched] per candidate
     std::vector<std::pair<int64_t, std::pair<int32_t, double>>> entries;  // collect_touched
+    SiteWork<S> site;                                                     // site-local path
   };
 
   // --- evaluator.cpp: set-up and orchestration
@@ -146,6 +157,15 @@ class EvaluatorImpl final : public CandidateEvaluator {
   void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
                      bool host_only = false) const;
   void set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s, S* eff) const;
+
+  // --- site_local_path.cpp
+  void build_site_plans();
+  // Decline::none when the group can take the site-local path, else why not
+  // (site_not_declared when its layers do not declare the contract at all).
+  Decline site_local_decline(const Group& g, bool other_forced) const;
+  void prepare_site_local();  // per call: the incumbent's attention internals
+  void evaluate_site_local(const pp_candidates& c, const Group& g, Scratch& s,
+                           double* losses) const;
 
   // --- loss_kernels.cpp
   // Mean loss of candidates whose outputs are the incumbent's plus `delta`
@@ -243,6 +263,8 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::array<int64_t, kPathCount> path_candidates_{};
   std::vector<std::array<int64_t, kPathCount>> layer_path_candidates_;
   std::vector<std::array<int64_t, static_cast<int>(Decline::count)>> layer_declines_;
+  std::vector<SiteLayer> site_;                // per layer (kind none unless site-local)
+  std::vector<Mat<S>> site_qkv_, site_mixed_;  // per call, attention layers in use
 
   tbb::enumerable_thread_specific<Scratch> scratch_;
   std::string explain_;

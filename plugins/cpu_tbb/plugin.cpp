@@ -35,7 +35,7 @@ bool known_path(const char* path) {
   if (path == nullptr) return true;
   const std::string_view p(path);
   return p == "auto" || p == "sparse" || p == "subspace-delta" || p == "dense" || p == "inplace" ||
-         p == "fallback";
+         p == "fallback" || p == "site-local";
 }
 
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
@@ -99,6 +99,9 @@ const pp_capability kCaps[] = {
      "dense one affine layer later; ReLU kink tables"},
     {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CPU, kFloats, 0,
      "rank-one subspace coordinates (hybrid, factored) propagate as deltas"},
+    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_CPU, kFloats, 0,
+     "a particle in one conv1d/conv2d/self_attention layer: only the channels or heads it owns "
+     "recomputed, the suffix batched over candidates"},
     {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_CPU, kFloats, 0,
      "changed layers materialised per candidate; later layers one GEMM per particle"},
     {PP_COMPONENT_EVALUATOR, "inplace", PP_DEVICE_CPU, kFloats, 0,
@@ -122,7 +125,7 @@ const pp_plugin kPlugin = [] {
   p.vendor = "polyprobe";
   p.summary =
       "CPU candidate evaluation on Eigen, parallel with oneTBB: sparse and subspace "
-      "deltas, dense, in-place and fallback paths; accumulators";
+      "deltas, site-local (conv, attention), dense, in-place and fallback paths; accumulators";
   p.probe = &probe;
   p.caps = kCaps;
   p.n_caps = static_cast<int32_t>(std::size(kCaps));

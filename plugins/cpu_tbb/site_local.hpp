@@ -1,0 +1,63 @@
+// The layers the site-local path knows (site_local_path.cpp): their geometry, parsed from
+// the layer's kind and attributes, and whether the plugin's per-site computation matched the
+// layer's own forward on a probe.
+#pragma once
+
+#include "model_plan.hpp"
+
+#include <Eigen/Core>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace polyprobe::cpu_tbb {
+
+struct SiteLayer {
+  enum class Kind { none, conv, attention };
+  Kind kind = Kind::none;
+  bool declared = false;  // the layer declares PP_CONTRACT_SITE_LOCAL
+  bool probed = false;    // the per-site computation matched host_forward on a probe
+  std::string note;       // why the path cannot serve the layer (empty when it can)
+
+  // conv1d / conv2d (a 1-D convolution is a 2-D one of height 1): input [c_in, h, w],
+  // weight [c_out, c_in / groups, kh, kw], then bias [c_out].
+  int64_t c_in = 0, h = 0, w = 0, c_out = 0, groups = 1;
+  int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, oh = 0, ow = 0;
+  bool bias = false;
+  // tap[k * oh * ow + p]: for kernel tap k = ki * kw + kj and output position p, the
+  // spatial input index it reads, or -1 in the padding.
+  std::vector<int32_t> tap;
+  int64_t patch() const { return c_in / groups * kh * kw; }
+  int64_t positions() const { return oh * ow; }
+
+  // self_attention on [length, embed]: in_proj_weight [3E, E], in_proj_bias [3E],
+  // out_proj.weight [E, E], out_proj.bias [E] (biases when `bias`).
+  int64_t length = 0, embed = 0, heads = 1;
+  bool argmax = false;
+  int64_t head_dim() const { return embed / heads; }
+  int64_t out_weight_offset() const { return 3 * embed * embed + (bias ? 3 * embed : 0); }
+
+  bool usable() const { return kind != Kind::none && probed; }
+};
+
+// One worker's buffers for the site-local path, sized on first use and reused.
+template <class S>
+struct SiteWork {
+  using M = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  std::vector<int64_t> param;  // the moved parameters, relative to the layer's first
+  std::vector<S> delta;        // per moved parameter: one candidate's change
+  std::vector<int64_t> heads;  // attention: the heads whose q/k/v rows move, ascending
+  std::vector<char> head_moved;
+  M cols;    // conv: per moved weight, its shifted input [moves, batch * positions]
+  M qkv;     // attention: one head's q | k | v [length, 3 head_dim]
+  M scores;  // [length, length]
+  M mix;     // the moved heads' new mix [length, embed] (other columns unused)
+  M diff;    // [length, head_dim]
+};
+
+// Parses the layer (kind, attributes, shapes, parameter count) and probes the per-site
+// computation against its host forward; never throws (a failure is a note).
+SiteLayer plan_site_layer(const LayerPlan& layer);
+
+}  // namespace polyprobe::cpu_tbb

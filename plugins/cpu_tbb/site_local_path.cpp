@@ -1,0 +1,521 @@
+// The site-local path: a particle whose coordinates all lie in one convolution or
+// self-attention layer.
+//
+// The incumbent's activations before the layer are reused (prefix reuse). The layer's
+// output for each candidate is the incumbent's with only what the moved parameters own
+// recomputed:
+//   - conv1d / conv2d: a moved weight W[o, c, ki, kj] adds delta * (the input of channel c
+//     shifted by the tap) to output channel o, a moved bias delta to the whole channel; the
+//     shifted inputs are gathered once per group;
+//   - self_attention: a moved q/k/v row (weight or bias) changes one head: its q/k/v columns
+//     are the incumbent's plus delta * x[:, i] (or + delta), its scores, weights (softmax or
+//     argmax) and mix are recomputed, and out += (mix_new - mix_old) W_o[:, head]^T; a moved
+//     out_proj weight W_o[e, j] adds delta * mix[:, j] to output column e (the new mix when
+//     head(j) moved as well), an out_proj bias delta to the column.
+// The rest of the model then runs once over the group's candidates stacked as
+// [candidates * batch, features] rows (one GEMM per affine layer, host forwards otherwise),
+// and each candidate's loss comes from its rows, plus the l2 term.
+//
+// The per-site computation is the plugin's reading of the layer's attributes, so it is
+// probed once when the evaluator is built: on a random input and random parameters, for
+// several random perturbations, it must agree with the layer's own forward. A layer that
+// fails (or whose kind or attributes the plugin does not know) is declined with the reason.
+#include "evaluator_impl.hpp"
+#include "site_local.hpp"
+
+#include <polyprobe/plugin.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+namespace polyprobe::cpu_tbb {
+namespace {
+
+template <class S>
+using MapMat = Eigen::Map<Mat<S>>;
+template <class S>
+using ConstMapMat = Eigen::Map<const Mat<S>>;
+
+// --- conv
+
+// The shifted input of every moved weight, for every sample: w.cols [moves, batch * P].
+template <class S>
+void conv_gather(const SiteLayer& L, const S* x, int64_t batch, SiteWork<S>& w) {
+  const int64_t positions = L.positions(), patch = L.patch(), taps = L.kh * L.kw;
+  const int64_t in_features = L.c_in * L.h * L.w, weights = L.c_out * patch;
+  const int64_t group_out = L.c_out / L.groups, group_in = L.c_in / L.groups;
+  w.cols.resize(static_cast<int64_t>(w.param.size()), batch * positions);
+  for (std::size_t t = 0; t < w.param.size(); ++t) {
+    const int64_t p = w.param[t];
+    if (p >= weights) continue;  // a bias: no input
+    const int64_t o = p / patch, rem = p % patch, c = rem / taps, k = rem % taps;
+    const int64_t channel = (o / group_out) * group_in + c;
+    const int32_t* tap = L.tap.data() + k * positions;
+    S* dst = w.cols.row(static_cast<int64_t>(t)).data();
+    for (int64_t b = 0; b < batch; ++b) {
+      const S* src = x + b * in_features + channel * L.h * L.w;
+      for (int64_t q = 0; q < positions; ++q) *dst++ = tap[q] >= 0 ? src[tap[q]] : S(0);
+    }
+  }
+}
+
+// out [batch, c_out * P] holds the incumbent's output; adds the moved parameters' change.
+template <class S>
+void conv_apply(const SiteLayer& L, int64_t batch, const SiteWork<S>& w, S* out) {
+  const int64_t positions = L.positions(), patch = L.patch(), weights = L.c_out * patch;
+  const int64_t out_features = L.c_out * positions;
+  for (std::size_t t = 0; t < w.param.size(); ++t) {
+    const int64_t p = w.param[t];
+    const S delta = w.delta[t];
+    if (delta == S(0)) continue;
+    const bool is_bias = p >= weights;
+    const int64_t o = is_bias ? p - weights : p / patch;
+    for (int64_t b = 0; b < batch; ++b) {
+      Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>> dst(out + b * out_features + o * positions,
+                                                         positions);
+      if (is_bias)
+        dst += delta;
+      else
+        dst += delta * Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(
+                           w.cols.row(static_cast<int64_t>(t)).data() + b * positions, positions);
+    }
+  }
+}
+
+// --- self-attention
+
+// Turns each row of scores into attention weights, as the layer does.
+template <class S>
+void weigh_rows(const SiteLayer& L, typename SiteWork<S>::M& scores) {
+  for (Eigen::Index r = 0; r < scores.rows(); ++r) {
+    auto row = scores.row(r);
+    Eigen::Index best = 0;
+    for (Eigen::Index c = 1; c < row.size(); ++c)
+      if (row(c) > row(best)) best = c;
+    if (L.argmax) {
+      row.setZero();
+      row(best) = S(1);
+    } else {
+      const S top = row(best);
+      row = (row.array() - top).exp().matrix();
+      row /= row.sum();
+    }
+  }
+}
+
+template <class S>
+S attention_scale(const SiteLayer& L) {
+  return S(1) / std::sqrt(static_cast<S>(L.head_dim()));
+}
+
+// The incumbent's q|k|v [batch * L, 3E] and mix [batch * L, E] of every sample.
+template <class S>
+void attention_base(const SiteLayer& L, const S* x, int64_t batch, const S* params, Mat<S>& qkv,
+                    Mat<S>& mixed, SiteWork<S>& w) {
+  const int64_t len = L.length, e = L.embed, hd = L.head_dim();
+  const S scale = attention_scale<S>(L);
+  const ConstMapMat<S> in_weight(params, 3 * e, e);
+  qkv.resize(batch * len, 3 * e);
+  mixed.resize(batch * len, e);
+  qkv.noalias() = ConstMapMat<S>(x, batch * len, e) * in_weight.transpose();
+  if (L.bias)
+    qkv.rowwise() +=
+        Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(params + 3 * e * e, 3 * e);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < L.heads; ++h) {
+      const auto rows = qkv.middleRows(b * len, len);
+      w.scores.noalias() =
+          (rows.middleCols(h * hd, hd) * scale) * rows.middleCols(e + h * hd, hd).transpose();
+      weigh_rows<S>(L, w.scores);
+      mixed.block(b * len, h * hd, len, hd).noalias() =
+          w.scores * rows.middleCols(2 * e + h * hd, hd);
+    }
+}
+
+// The heads whose q/k/v rows (weights or biases) move, from w.param.
+template <class S>
+void attention_setup(const SiteLayer& L, SiteWork<S>& w) {
+  const int64_t e = L.embed, hd = L.head_dim(), in_end = 3 * e * e + (L.bias ? 3 * e : 0);
+  w.head_moved.assign(static_cast<std::size_t>(L.heads), 0);
+  for (const int64_t p : w.param) {
+    if (p >= in_end) continue;
+    const int64_t row = p < 3 * e * e ? p / e : p - 3 * e * e;
+    w.head_moved[static_cast<std::size_t>((row % e) / hd)] = 1;
+  }
+  w.heads.clear();
+  for (int64_t h = 0; h < L.heads; ++h)
+    if (w.head_moved[static_cast<std::size_t>(h)] != 0) w.heads.push_back(h);
+}
+
+// out [batch, L * E] holds the incumbent's output; adds the moved parameters' change.
+template <class S>
+void attention_apply(const SiteLayer& L, const S* x, int64_t batch, const S* params,
+                     const Mat<S>& qkv, const Mat<S>& mixed, SiteWork<S>& w, S* out) {
+  const int64_t len = L.length, e = L.embed, hd = L.head_dim();
+  const int64_t in_w_end = 3 * e * e, in_end = in_w_end + (L.bias ? 3 * e : 0);
+  const int64_t out_w = L.out_weight_offset(), out_w_end = out_w + e * e;
+  const S scale = attention_scale<S>(L);
+  const ConstMapMat<S> out_weight(params + out_w, e, e);
+  w.qkv.resize(len, 3 * hd);
+  w.mix.resize(len, e);
+  w.diff.resize(len, hd);
+  for (int64_t b = 0; b < batch; ++b) {
+    const ConstMapMat<S> tokens(x + b * len * e, len, e);
+    MapMat<S> y(out + b * len * e, len, e);
+    const auto base_qkv = qkv.middleRows(b * len, len);
+    const auto base_mix = mixed.middleRows(b * len, len);
+    for (const int64_t h : w.heads) {
+      w.qkv.leftCols(hd) = base_qkv.middleCols(h * hd, hd);
+      w.qkv.middleCols(hd, hd) = base_qkv.middleCols(e + h * hd, hd);
+      w.qkv.rightCols(hd) = base_qkv.middleCols(2 * e + h * hd, hd);
+      for (std::size_t t = 0; t < w.param.size(); ++t) {
+        const int64_t p = w.param[t];
+        if (p >= in_end) continue;
+        const bool is_bias = p >= in_w_end;
+        const int64_t row = is_bias ? p - in_w_end : p / e;
+        if ((row % e) / hd != h) continue;
+        const int64_t col = (row / e) * hd + row % hd;  // part (q, k, v) * hd + within the head
+        if (is_bias)
+          w.qkv.col(col).array() += w.delta[t];
+        else
+          w.qkv.col(col) += w.delta[t] * tokens.col(p % e);
+      }
+      w.scores.noalias() = (w.qkv.leftCols(hd) * scale) * w.qkv.middleCols(hd, hd).transpose();
+      weigh_rows<S>(L, w.scores);
+      w.mix.middleCols(h * hd, hd).noalias() = w.scores * w.qkv.rightCols(hd);
+      w.diff = w.mix.middleCols(h * hd, hd) - base_mix.middleCols(h * hd, hd);
+      y.noalias() += w.diff * out_weight.middleCols(h * hd, hd).transpose();
+    }
+    for (std::size_t t = 0; t < w.param.size(); ++t) {
+      const int64_t p = w.param[t];
+      if (p < out_w) continue;
+      if (p < out_w_end) {
+        const int64_t row = (p - out_w) / e, j = (p - out_w) % e;
+        if (w.head_moved[static_cast<std::size_t>(j / hd)] != 0)
+          y.col(row) += w.delta[t] * w.mix.col(j);
+        else
+          y.col(row) += w.delta[t] * base_mix.col(j);
+      } else {
+        y.col(p - out_w_end).array() += w.delta[t];
+      }
+    }
+  }
+}
+
+// --- planning and the probe
+
+int64_t numel(int32_t ndim, const int64_t* shape) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+// An attribute that is an integer or a list of `dims` integers, as [height, width]
+// (a 1-D layer has height 1 and `fallback_h` for its height).
+std::array<int64_t, 2> spatial(const nlohmann::json& attrs, const char* name, int dims,
+                               int64_t fallback, int64_t fallback_h) {
+  std::array<int64_t, 2> v{dims == 1 ? fallback_h : fallback, fallback};
+  if (!attrs.contains(name)) return v;
+  const nlohmann::json& a = attrs.at(name);
+  if (a.is_number_integer()) {
+    v[1] = a.get<int64_t>();
+    if (dims == 2) v[0] = v[1];
+  } else if (a.is_array() && a.size() == static_cast<std::size_t>(dims)) {
+    v[1] = a.back().get<int64_t>();
+    if (dims == 2) v[0] = a.front().get<int64_t>();
+  } else {
+    throw std::invalid_argument(std::string("attribute '") + name + "' is not understood");
+  }
+  return v;
+}
+
+// Fills the conv geometry from the attributes; empty or why not.
+std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int dims,
+                       SiteLayer& L) {
+  if (v.in_ndim != dims + 1) return "an input of " + std::to_string(v.in_ndim) + " dimensions";
+  L.c_in = v.in_shape[0];
+  L.h = dims == 1 ? 1 : v.in_shape[1];
+  L.w = v.in_shape[dims];
+  L.c_out = attrs.at("out_channels").get<int64_t>();
+  L.groups = attrs.value("groups", int64_t{1});
+  L.bias = attrs.value("bias", true);
+  const auto kernel = spatial(attrs, "kernel_size", dims, 0, 1);
+  const auto stride = spatial(attrs, "stride", dims, 1, 1);
+  const auto padding = spatial(attrs, "padding", dims, 0, 0);
+  const auto dilation = spatial(attrs, "dilation", dims, 1, 1);
+  L.kh = kernel[0], L.kw = kernel[1], L.sh = stride[0], L.sw = stride[1];
+  L.ph = padding[0], L.pw = padding[1], L.dh = dilation[0], L.dw = dilation[1];
+  if (L.groups <= 0 || L.c_out <= 0 || L.c_in % L.groups != 0 || L.c_out % L.groups != 0 ||
+      L.kh <= 0 || L.kw <= 0 || L.sh <= 0 || L.sw <= 0 || L.ph < 0 || L.pw < 0 || L.dh <= 0 ||
+      L.dw <= 0)
+    return "attributes out of range";
+  const int64_t span_h = L.dh * (L.kh - 1) + 1, span_w = L.dw * (L.kw - 1) + 1;
+  if (L.h + 2 * L.ph < span_h || L.w + 2 * L.pw < span_w) return "a window larger than the input";
+  L.oh = (L.h + 2 * L.ph - span_h) / L.sh + 1;
+  L.ow = (L.w + 2 * L.pw - span_w) / L.sw + 1;
+  if (numel(v.out_ndim, v.out_shape) != L.c_out * L.oh * L.ow || v.out_shape[0] != L.c_out)
+    return "an output shape that differs from the attributes";
+  if (v.param_count != L.c_out * L.patch() + (L.bias ? L.c_out : 0))
+    return "a parameter count that differs from the attributes";
+  if (L.h * L.w > INT32_MAX) return "too large an input";
+  L.tap.resize(static_cast<std::size_t>(L.kh * L.kw * L.positions()));
+  for (int64_t ki = 0; ki < L.kh; ++ki)
+    for (int64_t kj = 0; kj < L.kw; ++kj)
+      for (int64_t oi = 0; oi < L.oh; ++oi)
+        for (int64_t oj = 0; oj < L.ow; ++oj) {
+          const int64_t i = oi * L.sh + ki * L.dh - L.ph, j = oj * L.sw + kj * L.dw - L.pw;
+          const bool inside = i >= 0 && i < L.h && j >= 0 && j < L.w;
+          L.tap[static_cast<std::size_t>(((ki * L.kw + kj) * L.oh + oi) * L.ow + oj)] =
+              inside ? static_cast<int32_t>(i * L.w + j) : -1;
+        }
+  return {};
+}
+
+std::string parse_attention(const pp_layer_view& v, const nlohmann::json& attrs, SiteLayer& L) {
+  if (v.in_ndim != 2) return "an input of " + std::to_string(v.in_ndim) + " dimensions";
+  L.length = v.in_shape[0];
+  L.embed = v.in_shape[1];
+  L.heads = attrs.at("num_heads").get<int64_t>();
+  L.bias = attrs.value("bias", true);
+  const std::string weighting = attrs.value("attention", std::string("softmax"));
+  if (weighting != "softmax" && weighting != "argmax")
+    return "attention weighting '" + weighting + "'";
+  L.argmax = weighting == "argmax";
+  if (L.heads <= 0 || L.embed % L.heads != 0) return "attributes out of range";
+  if (numel(v.out_ndim, v.out_shape) != L.length * L.embed)
+    return "an output shape that differs from the input's";
+  if (v.param_count != 4 * L.embed * L.embed + (L.bias ? 4 * L.embed : 0))
+    return "a parameter count that differs from the attributes";
+  return {};
+}
+
+bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * (1.0 + std::abs(b)); }
+
+// The layer's host forward in float64; empty or the error.
+std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, int64_t rows,
+                         const std::vector<double>& params, std::vector<double>& y) {
+  y.assign(static_cast<std::size_t>(rows * layer.out), 0.0);
+  const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
+                p_shape[1] = {static_cast<int64_t>(params.size())};
+  pp_tensor tin{
+      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tp{
+      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+  pp_error err{};
+  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
+    return std::string("its forward failed on the probe: ") + err.message;
+  return {};
+}
+
+// Empty when the per-site computation agrees with the host forward on random inputs,
+// parameters and perturbations (each tensor of the layer moved at least once), else why not.
+std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {
+  std::mt19937_64 rng(0x517e);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int64_t rows = 2;
+  std::vector<double> x(static_cast<std::size_t>(rows * layer.in)),
+      params(static_cast<std::size_t>(layer.count)), y0, y1;
+  for (double& v : x) v = gauss(rng);
+  for (double& v : params) v = 0.5 * gauss(rng);
+  if (std::string why = host_forward(layer, x, rows, params, y0); !why.empty()) return why;
+  // The tensors' ranges within the layer's parameters.
+  std::vector<std::pair<int64_t, int64_t>> tensors;
+  if (L.kind == SiteLayer::Kind::conv) {
+    const int64_t weights = L.c_out * L.patch();
+    tensors.push_back({0, weights});
+    if (L.bias) tensors.push_back({weights, layer.count});
+  } else {
+    const int64_t e = L.embed, in_w = 3 * e * e, out_w = L.out_weight_offset();
+    tensors.push_back({0, in_w});
+    if (L.bias) tensors.push_back({in_w, out_w});
+    tensors.push_back({out_w, out_w + e * e});
+    if (L.bias) tensors.push_back({out_w + e * e, layer.count});
+  }
+  tensors.push_back({0, layer.count});
+  tensors.push_back({0, layer.count});
+  SiteWork<double> w;
+  Mat<double> qkv, mixed;
+  if (L.kind == SiteLayer::Kind::attention)
+    attention_base(L, x.data(), rows, params.data(), qkv, mixed, w);
+  for (const auto& [first, end] : tensors) {
+    // Two parameters of this tensor and one anywhere.
+    w.param.clear();
+    for (int i = 0; i < 3; ++i) {
+      const int64_t lo = i < 2 ? first : 0, hi = i < 2 ? end : layer.count;
+      const int64_t p = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo));
+      if (std::find(w.param.begin(), w.param.end(), p) == w.param.end()) w.param.push_back(p);
+    }
+    std::sort(w.param.begin(), w.param.end());
+    w.delta.resize(w.param.size());
+    std::vector<double> moved = params;
+    for (std::size_t t = 0; t < w.param.size(); ++t) {
+      w.delta[t] = 0.7 * gauss(rng);
+      moved[static_cast<std::size_t>(w.param[t])] += w.delta[t];
+    }
+    if (std::string why = host_forward(layer, x, rows, moved, y1); !why.empty()) return why;
+    std::vector<double> mine = y0;
+    if (L.kind == SiteLayer::Kind::conv) {
+      conv_gather(L, x.data(), rows, w);
+      conv_apply(L, rows, w, mine.data());
+    } else {
+      attention_setup(L, w);
+      attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
+    }
+    for (std::size_t i = 0; i < mine.size(); ++i)
+      if (!close(mine[i], y1[i]))
+        return "output " + std::to_string(i) + " is " + std::to_string(y1[i]) +
+               " where the per-site computation gives " + std::to_string(mine[i]) + " (parameter " +
+               std::to_string(w.param.front()) + " moved)";
+  }
+  return {};
+}
+
+}  // namespace
+
+SiteLayer plan_site_layer(const LayerPlan& layer) {
+  SiteLayer L;
+  const pp_layer_view& v = *layer.view;
+  L.declared = (v.contract & PP_CONTRACT_SITE_LOCAL) != 0;
+  const std::string kind = v.kind != nullptr ? v.kind : "";
+  const int dims = kind == "conv1d" ? 1 : kind == "conv2d" ? 2 : 0;
+  if (dims == 0 && kind != "self_attention") {
+    L.note = "site-local declined: the plugin has no per-site computation for kind '" + kind + "'";
+    return L;
+  }
+  L.kind = dims > 0 ? SiteLayer::Kind::conv : SiteLayer::Kind::attention;
+  std::string why;
+  try {
+    const nlohmann::json attrs =
+        nlohmann::json::parse(v.attrs_json != nullptr && *v.attrs_json ? v.attrs_json : "{}");
+    if (!attrs.is_object()) throw std::invalid_argument("attributes are not an object");
+    why = dims > 0 ? parse_conv(v, attrs, dims, L) : parse_attention(v, attrs, L);
+  } catch (const std::exception& e) {
+    why = std::string("attributes not understood (") + e.what() + ")";
+  }
+  if (why.empty() && v.host_forward == nullptr) why = "it has no host forward to probe";
+  if (why.empty()) {
+    try {
+      why = probe_site(layer, L);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (!why.empty()) {
+      L.note = "site-local probe failed: " + why;
+      return L;
+    }
+  }
+  if (!why.empty()) {
+    L.note = "site-local declined: the " + kind + " layer has " + why;
+    L.kind = SiteLayer::Kind::none;
+    return L;
+  }
+  L.probed = true;
+  return L;
+}
+
+// --- the evaluator's side
+
+template <class S>
+void EvaluatorImpl<S>::build_site_plans() {
+  site_.resize(plan_.layers.size());
+  for (std::size_t l = 0; l < plan_.layers.size(); ++l)
+    if ((plan_.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0)
+      site_[l] = plan_site_layer(plan_.layers[l]);
+}
+
+template <class S>
+Decline EvaluatorImpl<S>::site_local_decline(const Group& g, bool other_forced) const {
+  bool declared = false, one_layer = true;
+  const int32_t layer = terms_[static_cast<std::size_t>(g.terms_begin)].layer;
+  for (int64_t t = g.terms_begin; t < g.terms_end; ++t) {
+    const int32_t l = terms_[static_cast<std::size_t>(t)].layer;
+    declared = declared || site_[static_cast<std::size_t>(l)].declared;
+    one_layer = one_layer && l == layer;
+  }
+  if (!declared) return Decline::site_not_declared;
+  if (subspace_mode_) return Decline::site_subspace;
+  if (!one_layer) return Decline::site_spans_layers;
+  const SiteLayer& site = site_[static_cast<std::size_t>(layer)];
+  if (site.kind == SiteLayer::Kind::none) return Decline::site_unknown_kind;
+  if (!site.probed) return Decline::site_probe_failed;
+  if (other_forced) return Decline::site_forced;
+  return Decline::none;
+}
+
+template <class S>
+void EvaluatorImpl<S>::prepare_site_local() {
+  site_qkv_.resize(plan_.layers.size());
+  site_mixed_.resize(plan_.layers.size());
+  SiteWork<S> w;
+  for (std::size_t l = 0; l < plan_.layers.size(); ++l) {
+    const SiteLayer& site = site_[l];
+    if (site.kind != SiteLayer::Kind::attention ||
+        layer_path_candidates_[l][static_cast<int>(Path::site_local)] == 0)
+      continue;
+    attention_base(site, acts_[l].data(), batch_, eff_.data() + plan_.layers[l].offset,
+                   site_qkv_[l], site_mixed_[l], w);
+  }
+}
+
+template <class S>
+void EvaluatorImpl<S>::evaluate_site_local(const pp_candidates& c, const Group& g, Scratch& s,
+                                           double* losses) const {
+  collect_touched(c, g.particle, s);
+  const auto l = static_cast<std::size_t>(plan_.layer_of(s.touched.front()));
+  const LayerPlan& layer = plan_.layers[l];
+  const SiteLayer& site = site_[l];
+  SiteWork<S>& w = s.site;
+  const int32_t d = c.d;
+  const int64_t n = g.end - g.begin, batch = batch_, moves = static_cast<int64_t>(s.touched.size());
+  w.param.resize(s.touched.size());
+  w.delta.resize(s.touched.size());
+  for (std::size_t t = 0; t < s.touched.size(); ++t) w.param[t] = s.touched[t] - layer.offset;
+  const S* params = eff_.data() + layer.offset;
+  if (site.kind == SiteLayer::Kind::conv)
+    conv_gather(site, acts_[l].data(), batch, w);
+  else
+    attention_setup(site, w);
+  s.stack.resize(n * batch, layer.out);
+  for (int64_t i = 0; i < n; ++i) {
+    const double* delta = c.displacement + (g.begin + i) * d;
+    for (int64_t t = 0; t < moves; ++t) {
+      const auto ut = static_cast<std::size_t>(t);
+      double raw = base_[static_cast<std::size_t>(s.touched[ut])];
+      for (int32_t k = 0; k < d; ++k)
+        raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+      // Host layers see the raw parameter in S (no transform): the change as they see it.
+      w.delta[ut] = static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
+    }
+    S* out = s.stack.data() + i * batch * layer.out;
+    s.stack.middleRows(i * batch, batch) = acts_[l + 1];
+    if (site.kind == SiteLayer::Kind::conv)
+      conv_apply(site, batch, w, out);
+    else
+      attention_apply(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w, out);
+  }
+  // The suffix shares the incumbent's weights: once over the whole group.
+  for (std::size_t m = l + 1; m < plan_.layers.size(); ++m) {
+    forward_layer(plan_.layers[m], s.stack, eff_.data(), s.stack_next);
+    s.stack.swap(s.stack_next);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+}
+
+#define POLYPROBE_INSTANTIATE(S)                                                          \
+  template void EvaluatorImpl<S>::build_site_plans();                                     \
+  template Decline EvaluatorImpl<S>::site_local_decline(const Group&, bool) const;        \
+  template void EvaluatorImpl<S>::prepare_site_local();                                   \
+  template void EvaluatorImpl<S>::evaluate_site_local(const pp_candidates&, const Group&, \
+                                                      Scratch&, double*) const;
+POLYPROBE_INSTANTIATE(float)
+POLYPROBE_INSTANTIATE(double)
+#undef POLYPROBE_INSTANTIATE
+
+}  // namespace polyprobe::cpu_tbb
