@@ -218,7 +218,7 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         r.extra["us_per_candidate"] = 1e3 * t.median_ms / static_cast<double>(count);
         // FLOP estimates exist for the full-space paths (bench_workloads.cpp); subspace
         // steps mix sparse and dense directions per particle and are not estimated.
-        if (!w.subspace) {
+        if (!w.subspace && !w.spec.sizes.empty()) {
           const double flops = path == "auto" ? w.delta_flops() : w.dense_flops();
           r.extra["flops_estimate"] = flops;
           r.extra["gflops"] = flops / (t.median_ms * 1e6);
@@ -252,13 +252,13 @@ BenchSuite step_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
-                    "mnist128-sub256, mnist64-full) or all")(
+                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens) or all")(
         "bench-threads", po::value<std::string>()->default_value("1,all"),
         "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
-        "step: evaluation paths to time (auto, sparse, subspace-delta, dense, inplace, fallback)")(
-        "bench-backend", po::value<std::string>()->default_value("cpu_tbb"),
-        "step/forward: the evaluator backend")(
+        "step: evaluation paths to time (auto, sparse, subspace-delta, site-local, dense, "
+        "inplace, fallback)")("bench-backend", po::value<std::string>()->default_value("cpu_tbb"),
+                              "step/forward: the evaluator backend")(
         "parity-sample", po::value<int64_t>()->default_value(512),
         "step: candidates checked against the float64 reference")(
         "no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak");

@@ -1,5 +1,6 @@
 #include "bench_workloads.hpp"
 
+#include <polyprobe/data.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/layer.hpp>
 
@@ -19,6 +20,8 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mlp256-sub512", {64, 256, 256, 10}, 32, 512, 8},
       {"mnist128-sub256", {784, 128, 10}, 64, 256, 8},
       {"mnist64-full", {784, 64, 10}, 64, 0, 2},
+      {"conv-digits", {}, 32, 0, 2},
+      {"attn-tokens", {}, 32, 0, 2},
   };
   return specs;
 }
@@ -31,29 +34,75 @@ const WorkloadSpec& find_workload(const std::string& name) {
   throw Error("unknown workload '" + name + "' (workloads: " + known + ")");
 }
 
+namespace {
+
+// The structured workloads (empty sizes): model, batch and labels.
+void build_structured(Workload& w, std::mt19937_64& rng) {
+  const LayerFactory factory = LayerFactory::with_builtins();
+  const auto add = [&](const char* kind, const nlohmann::json& attrs) {
+    w.model->add(factory.create(kind, attrs, w.model->output_shape()));
+  };
+  const int64_t batch = w.spec.batch;
+  if (w.spec.name == "conv-digits") {
+    w.model = std::make_unique<Model>(Shape{{1, 8, 8}}, DType::f32);
+    add("conv2d", {{"out_channels", 8}, {"kernel_size", 3}, {"padding", 1}});
+    add("relu", nlohmann::json::object());
+    add("conv2d", {{"out_channels", 16}, {"kernel_size", 3}, {"stride", 2}, {"padding", 1}});
+    add("relu", nlohmann::json::object());
+    add("flatten", nlohmann::json::object());
+    add("linear", {{"out_features", 10}});
+    // The first `batch` digits, grey levels scaled to [0, 1].
+    const Dataset digits = embedded_digits();
+    w.batch.inputs = digits.features.topRows(batch) / 16.0;
+    w.batch.targets.labels.assign(digits.labels.begin(), digits.labels.begin() + batch);
+  } else if (w.spec.name == "attn-tokens") {
+    w.model = std::make_unique<Model>(Shape{{16, 32}}, DType::f32);
+    add("self_attention", {{"num_heads", 4}});
+    add("flatten", nlohmann::json::object());
+    add("linear", {{"out_features", 10}});
+    std::normal_distribution<double> gauss;
+    w.batch.inputs.resize(batch, 16 * 32);
+    for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
+      w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
+    for (int64_t r = 0; r < batch; ++r)
+      w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % 10));
+  } else {
+    throw Error("workload '" + w.spec.name + "' has no layer sizes and no structured model");
+  }
+}
+
+}  // namespace
+
 Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
   Workload w;
   w.spec = spec;
-  const LayerFactory factory = LayerFactory::with_builtins();
-  w.model = std::make_unique<Model>(Shape{{spec.sizes[0]}}, DType::f32);
-  for (std::size_t i = 1; i < spec.sizes.size(); ++i) {
-    if (i > 1)
-      w.model->add(factory.create("relu", nlohmann::json::object(), w.model->output_shape()));
-    w.model->add(
-        factory.create("linear", {{"out_features", spec.sizes[i]}}, w.model->output_shape()));
-  }
-  w.model->initialize(seed);
-  // The network's float32 weights, as the reference workloads hold them.
-  for (double& p : w.model->parameters()) p = static_cast<double>(static_cast<float>(p));
-  w.loss = make_loss("cross_entropy");
   std::mt19937_64 rng(seed + 1);
   std::normal_distribution<double> gauss;
-  w.batch.inputs.resize(spec.batch, spec.sizes[0]);
-  for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
-    w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
-  for (int64_t r = 0; r < spec.batch; ++r)
-    w.batch.targets.labels.push_back(
-        static_cast<int64_t>(rng() % static_cast<uint64_t>(spec.sizes.back())));
+  if (spec.sizes.empty()) {
+    build_structured(w, rng);
+    w.model->initialize(seed);
+    for (double& p : w.model->parameters()) p = static_cast<double>(static_cast<float>(p));
+    w.loss = make_loss("cross_entropy");
+  } else {
+    const LayerFactory factory = LayerFactory::with_builtins();
+    w.model = std::make_unique<Model>(Shape{{spec.sizes[0]}}, DType::f32);
+    for (std::size_t i = 1; i < spec.sizes.size(); ++i) {
+      if (i > 1)
+        w.model->add(factory.create("relu", nlohmann::json::object(), w.model->output_shape()));
+      w.model->add(
+          factory.create("linear", {{"out_features", spec.sizes[i]}}, w.model->output_shape()));
+    }
+    w.model->initialize(seed);
+    // The network's float32 weights, as the reference workloads hold them.
+    for (double& p : w.model->parameters()) p = static_cast<double>(static_cast<float>(p));
+    w.loss = make_loss("cross_entropy");
+    w.batch.inputs.resize(spec.batch, spec.sizes[0]);
+    for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
+      w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
+    for (int64_t r = 0; r < spec.batch; ++r)
+      w.batch.targets.labels.push_back(
+          static_cast<int64_t>(rng() % static_cast<uint64_t>(spec.sizes.back())));
+  }
 
   const int32_t d = spec.d;
   int64_t dimension = w.model->num_parameters();
@@ -152,6 +201,7 @@ Dims dims(const WorkloadSpec& s) {
 }  // namespace
 
 double Workload::dense_flops() const {
+  if (spec.sizes.empty()) return 0.0;  // structured models: not estimated
   // Every candidate: the GEMMs of its first changed layer and all later ones.
   const Dims dm = dims(spec);
   const double b = static_cast<double>(spec.batch), v = vertices;
@@ -173,6 +223,7 @@ double Workload::dense_flops() const {
 }
 
 double Workload::delta_flops() const {
+  if (spec.sizes.empty()) return 0.0;
   // Per candidate of a particle in layer l (one or two units change): its own terms
   // (2 d B), the ReLU delta (3 B), then to the logits: a column outer product (2 B out) when
   // the next affine layer is the last, the kink tables (2 B out + 2 B) when it is not, and

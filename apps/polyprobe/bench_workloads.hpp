@@ -17,13 +17,17 @@ namespace polyprobe::app {
 
 struct WorkloadSpec {
   std::string name;
-  std::vector<int64_t> sizes;  // layer widths, input first
+  std::vector<int64_t> sizes;  // layer widths, input first; empty: a structured model (below)
   int64_t batch;
   int64_t subspace_dim;  // 0 = full space
   int32_t d;
 };
 
-// mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full.
+// mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full (the PyTorch
+// reference's MLPs), then the structured models of the site-local path: conv-digits (the
+// embedded 8x8 digits as [1, 8, 8]: conv2d 1->8 k3 pad 1, relu, conv2d 8->16 k3 stride 2
+// pad 1, relu, flatten, linear -> 10) and attn-tokens (seeded random tokens [16, 32]:
+// self_attention with 4 heads, flatten, linear -> 10); batch 32, full space, d = 2.
 const std::vector<WorkloadSpec>& reference_workloads();
 const WorkloadSpec& find_workload(const std::string& name);
 
