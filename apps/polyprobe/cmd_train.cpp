@@ -134,6 +134,8 @@ int run(Context& ctx) {
   options.batch_size = vm["batch"].as<int64_t>();
   options.seed = seed;
   options.patience = vm["patience"].as<int64_t>();
+  options.validate_every = vm["validate-every"].as<int64_t>();
+  if (options.validate_every < 0) throw UsageError("--validate-every must be >= 0");
   options.time_limit_s = vm["time-limit"].as<double>();
   if (options.batch_size <= 0) throw UsageError("--batch must be positive");
   if (options.epochs <= 0) throw UsageError("--epochs must be positive");
@@ -184,7 +186,7 @@ int run(Context& ctx) {
   out << "trained " << result.steps << " steps (" << result.epochs_completed << " epochs, "
       << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
-  if (result.stopped_early) out << "; stopped early (no validation gain for --patience epochs)";
+  if (result.stopped_early) out << "; stopped early (no validation gain for --patience validations)";
   if (result.reached_time_limit) out << "; reached --time-limit";
   out << "\n";
   if (result.interrupted) {
@@ -195,8 +197,8 @@ int run(Context& ctx) {
     return 130;
   }
   if (result.best_epoch >= 0)
-    out << "best validation accuracy: " << percent(result.best_validation_accuracy) << " (epoch "
-        << result.best_epoch + 1 << ", restored)\n";
+    out << "best validation accuracy: " << percent(result.best_validation_accuracy) << " (step "
+        << result.best_step << ", epoch " << result.best_epoch + 1 << ", restored)\n";
   if (!save.empty()) {
     TensorFile weights = model_tensors(model);
     weights.metadata["polyprobe.standardize"] = data.standardizer.to_text();
@@ -221,8 +223,9 @@ Command train_command() {
       "Trains a model file (--model; default: an MLP with one hidden ReLU layer) on a data set\n"
       "(--data: digits, fashion-mnist, a .csv/.csv.gz file or an IDX images file), with the\n"
       "polytope optimizer and the chosen evaluator backend. Features are standardised with\n"
-      "statistics of the training split; validation runs after every epoch and the best\n"
-      "validation state is restored at the end. The last line is the test accuracy.\n\n"
+      "statistics of the training split; validation runs after every epoch (or every\n"
+      "--validate-every steps) and when --time-limit ends the run, and the best validation\n"
+      "state is restored at the end. The last line is the test accuracy.\n\n"
       "examples:\n"
       "  polyprobe train\n"
       "  polyprobe train --model examples/models/step_mlp.json --epochs 20 --save "
@@ -245,7 +248,10 @@ Command train_command() {
         "batch", po::value<int64_t>()->default_value(128), "minibatch size")(
         "seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")(
         "patience", po::value<int64_t>()->default_value(0),
-        "stop after this many epochs without validation gain (0: never)")(
+        "stop after this many validations without gain (0: never)")(
+        "validate-every", po::value<int64_t>()->default_value(0),
+        "measure the validation split every this many steps (0: after every epoch); the best "
+        "validated state is restored at the end")(
         "time-limit", po::value<double>()->default_value(0),
         "stop after this many seconds (0: none)")(
         "validation-fraction", po::value<double>()->default_value(0.15),

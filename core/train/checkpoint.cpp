@@ -62,6 +62,8 @@ void write_checkpoint(const std::filesystem::path& path, const Checkpoint& c) {
                                {"epochs_completed", c.epochs_completed},
                                {"epochs_without_improvement", c.epochs_without_improvement},
                                {"best_epoch", c.best_epoch},
+                               {"best_step", c.best_step},
+                               {"validations", c.validations},
                                {"best_accuracy", c.best_accuracy},
                                {"best_loss", c.best_loss},
                                {"seconds", c.seconds},
@@ -93,6 +95,9 @@ Checkpoint read_checkpoint(const std::filesystem::path& path) {
     c.epochs_completed = meta.at("epochs_completed");
     c.epochs_without_improvement = meta.at("epochs_without_improvement");
     c.best_epoch = meta.at("best_epoch");
+    // Absent from checkpoints written before validate_every existed.
+    c.best_step = meta.value("best_step", int64_t{-1});
+    c.validations = meta.value("validations", c.epochs_completed);
     c.best_accuracy = meta.at("best_accuracy");
     c.best_loss = meta.at("best_loss");
     c.seconds = meta.at("seconds");

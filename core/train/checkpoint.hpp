@@ -15,8 +15,10 @@ struct Checkpoint {
   int64_t epoch = 0;     // epoch of the next step
   int64_t position = 0;  // rows of that epoch already served
   int64_t epochs_completed = 0;
-  int64_t epochs_without_improvement = 0;
+  int64_t epochs_without_improvement = 0;  // validations without improvement
   int64_t best_epoch = -1;
+  int64_t best_step = -1;
+  int64_t validations = 0;
   double best_accuracy = 0, best_loss = 0;
   double seconds = 0;
   int64_t evaluations = 0;

@@ -94,6 +94,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
         "(PolytopeOptimizer::register_evaluator and step with objective tokens)");
   if (options.epochs < 0) throw Error("epochs must be >= 0");
   if (options.patience < 0) throw Error("patience must be >= 0");
+  if (options.validate_every < 0) throw Error("validate_every must be >= 0");
   if (options.resume && options.checkpoint_path.empty())
     throw Error("resuming needs a checkpoint file (--save or --checkpoint)");
   check_compatible(model, loss, data);
@@ -141,6 +142,34 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
 
   TrainResult result;
   const int64_t steps_per_epoch = stream.batches_per_epoch();
+  // Measures the validation split and keeps the parameters if they are the best so far.
+  const auto validate = [&](int64_t epoch) {
+    const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
+    const EvaluationResult v = evaluate_model(model, loss, check, options.dtype);
+    ++state.validations;
+    metrics.write({{"step", state.step},
+                   {"epoch", epoch},
+                   {"split", "validation"},
+                   {"loss", v.loss},
+                   {"accuracy", v.accuracy},
+                   {"candidates", state.evaluations},
+                   {"seconds", elapsed()}});
+    const bool better = state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
+                        (v.accuracy == state.best_accuracy && v.loss < state.best_loss);
+    if (better) {
+      state.best_epoch = epoch;
+      state.best_step = state.step;
+      state.best_accuracy = v.accuracy;
+      state.best_loss = v.loss;
+      state.best_parameters.assign(model.parameters().begin(), model.parameters().end());
+      state.epochs_without_improvement = 0;
+    } else {
+      ++state.epochs_without_improvement;
+    }
+    if (options.patience > 0 && state.epochs_without_improvement >= options.patience)
+      result.stopped_early = true;
+    return v.accuracy;
+  };
   bool stop = state.epochs_completed >= options.epochs;
   while (!stop) {
     const Batch batch = stream.next();
@@ -159,48 +188,32 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                    {"candidates", progress.candidates},
                    {"seconds", progress.seconds}});
     const bool epoch_done = stream.position() == data.train.size();
-    if (epoch_done) {
-      ++state.epochs_completed;
-      const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
-      const EvaluationResult v = evaluate_model(model, loss, check, options.dtype);
-      progress.validation_accuracy = v.accuracy;
-      metrics.write({{"step", state.step},
-                     {"epoch", progress.epoch},
-                     {"split", "validation"},
-                     {"loss", v.loss},
-                     {"accuracy", v.accuracy},
-                     {"candidates", state.evaluations},
-                     {"seconds", elapsed()}});
-      const bool better = state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
-                          (v.accuracy == state.best_accuracy && v.loss < state.best_loss);
-      if (better) {
-        state.best_epoch = progress.epoch;
-        state.best_accuracy = v.accuracy;
-        state.best_loss = v.loss;
-        state.best_parameters.assign(model.parameters().begin(), model.parameters().end());
-        state.epochs_without_improvement = 0;
-      } else {
-        ++state.epochs_without_improvement;
-      }
-      if (options.patience > 0 && state.epochs_without_improvement >= options.patience)
-        result.stopped_early = true;
+    if (epoch_done) ++state.epochs_completed;
+    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
+      result.reached_time_limit = true;
+    const bool periodic = options.validate_every > 0 && state.step % options.validate_every == 0;
+    // Validate at every epoch end (unless validate_every replaces it), every validate_every
+    // steps, and at the time limit, so the last stretch of a timed run is not thrown away.
+    if ((epoch_done && (options.validate_every == 0 || state.epochs_completed >= options.epochs)) ||
+        periodic || result.reached_time_limit) {
+      progress.validation_accuracy = validate(progress.epoch);
       save_checkpoint();
     }
     if (options.on_progress) options.on_progress(progress);
-    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
-      result.reached_time_limit = true;
     if (options.stop != nullptr && options.stop->load()) result.interrupted = true;
     stop = state.epochs_completed >= options.epochs || result.stopped_early ||
            result.reached_time_limit || result.interrupted;
   }
   // A run cut short between validations still leaves a checkpoint to resume from.
-  if (result.interrupted || result.reached_time_limit) save_checkpoint();
+  if (result.interrupted) save_checkpoint();
 
   result.steps = state.step;
   result.epochs_completed = state.epochs_completed;
   result.evaluations = state.evaluations;
   result.seconds = elapsed();
   result.best_epoch = state.best_epoch;
+  result.best_step = state.best_step;
+  result.validations = state.validations;
   result.best_validation_accuracy = state.best_accuracy;
   result.best_validation_loss = state.best_loss;
   if (state.best_epoch >= 0 && !result.interrupted) {

@@ -2,11 +2,12 @@
 // best state, early stopping, metrics, checkpoints.
 //
 // train() runs PolytopeOptimizer::step once per minibatch (registering the evaluator on each
-// new batch), measures the validation split after every epoch, keeps the parameters with the
-// best validation accuracy (ties: lower validation loss) and restores them at the end, so the
-// model it leaves behind is the best one seen, not the last. It stops after `epochs`, after
-// `patience` epochs without improvement, at the time limit, or when `stop` becomes true (e.g.
-// on Ctrl-C), always between two steps. Checkpoints hold everything needed to continue exactly
+// new batch), measures the validation split after every epoch (or every `validate_every`
+// steps) and when the time limit ends the run, keeps the parameters with the best validation
+// accuracy (ties: lower validation loss) and restores them at the end, so the model it leaves
+// behind is the best one seen, not the last: a late collapse never costs the best state. It
+// stops after `epochs`, after `patience` validations without improvement, at the time limit,
+// or when `stop` becomes true (e.g. on Ctrl-C), always between two steps. Checkpoints hold everything needed to continue exactly
 // (parameters, best state, optimizer state, data position) and are written atomically
 // (temporary file, then rename), so an interrupted run keeps its last complete checkpoint.
 // train() refuses an optimizer whose radius model is trust_region: its deferred comparisons
@@ -38,14 +39,15 @@ struct TrainProgress {
   double accuracy = 0;     // their accuracy on this minibatch
   int64_t candidates = 0;  // candidates scored so far
   double seconds = 0;      // since the start (of this run and the ones it resumes)
-  std::optional<double> validation_accuracy;  // set when this step ended an epoch
+  std::optional<double> validation_accuracy;  // set when the validation split was measured
 };
 
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 64;
   uint64_t seed = 0;         // minibatch order
-  int64_t patience = 0;      // epochs without validation improvement before stopping; 0 = off
+  int64_t patience = 0;      // validations without improvement before stopping; 0 = off
+  int64_t validate_every = 0;  // steps between validations; 0 = at the end of every epoch
   double time_limit_s = 0;   // stop (between steps) after this long; 0 = no limit
   DType dtype = DType::f32;  // precision of validation forwards
   std::filesystem::path metrics_path;     // JSON lines; empty = none
@@ -63,6 +65,8 @@ struct TrainResult {
   double best_validation_accuracy = 0;
   double best_validation_loss = 0;
   int64_t best_epoch = -1;     // -1: no validation happened; the final state is kept
+  int64_t best_step = -1;      // steps done when the best state was measured
+  int64_t validations = 0;
   bool stopped_early = false;  // patience ran out
   bool reached_time_limit = false;
   bool interrupted = false;  // `stop` was set; the checkpoint (if any) holds the state

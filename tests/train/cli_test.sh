@@ -18,6 +18,16 @@ last=$(printf '%s\n' "$out" | tail -n 1)
 eval_last=$("$polyprobe" eval --weights run.safetensors | tail -n 1) || fail "eval failed"
 [[ $eval_last == "$last" ]] || fail "eval says '$eval_last', train said '$last'"
 
+# A config file, periodic validation and the restored best state named by its step.
+printf 'epochs = 3\nvalidate-every = 10\nbatch = 256\n' > quick.ini
+out=$("$polyprobe" train --quiet --config quick.ini --metrics v.jsonl) || fail "config train exited $?"
+[[ $out =~ best\ validation\ accuracy:\ [0-9.]+%\ \(step\ [0-9]+,\ epoch\ [0-9]+,\ restored\) ]] ||
+  fail "no restored best state in: $out"
+# 1298 training rows in batches of 256: 6 steps an epoch, 18 in all; validated at 10 and 18.
+(( $(grep -c '"split":"validation"' v.jsonl) == 2 )) || fail "expected 2 validations in v.jsonl"
+"$polyprobe" train --quiet --validate-every -1 > /dev/null 2> err.txt
+[[ $? == 2 ]] && grep -q "validate-every" err.txt || fail "--validate-every -1 is not a usage error"
+
 expect_error() {  # expect_error NEEDLE ARGS...: status 1, NEEDLE on stderr, no out.safetensors
   local needle=$1; shift
   "$polyprobe" "$@" --save out.safetensors > /dev/null 2> err.txt

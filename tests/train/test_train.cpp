@@ -77,6 +77,55 @@ TEST_CASE("training learns and restores the best validation state", "[train]") {
   CHECK(after == result.best_validation_accuracy);  // the restored state is the best one
 }
 
+TEST_CASE("validate_every and the time limit add validations; the best one is restored",
+          "[train]") {
+  const DataSplits data = small_digits();
+  Run run;
+  TrainOptions options;
+  options.epochs = 2;
+  options.batch_size = 100;  // 4 steps per epoch
+  options.validate_every = 3;
+  std::vector<std::pair<int64_t, double>> validated;  // (step, accuracy)
+  options.on_progress = [&](const TrainProgress& p) {
+    if (p.validation_accuracy) validated.emplace_back(p.step, *p.validation_accuracy);
+  };
+  const TrainResult result =
+      train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options);
+  // Every third step, and the final state at the end of the last epoch.
+  REQUIRE(validated.size() == 3);
+  CHECK(validated[0].first == 3);
+  CHECK(validated[1].first == 6);
+  CHECK(validated[2].first == 8);
+  CHECK(result.validations == 3);
+  double best = 0;
+  int64_t best_step = -1;
+  for (const auto& [step, accuracy] : validated)
+    if (accuracy > best) best = accuracy, best_step = step;
+  CHECK(result.best_validation_accuracy == best);
+  CHECK(result.best_step == best_step);
+  CHECK(evaluate_model(run.model, *run.loss, data.validation).accuracy == best);
+
+  // A time limit that has passed after the first step still validates that step's state.
+  Run timed;
+  TrainOptions limited;
+  limited.epochs = 5;
+  limited.batch_size = 100;
+  limited.time_limit_s = 1e-9;
+  const TrainResult cut =
+      train(timed.model, *timed.loss, timed.optimizer, *timed.evaluator, data, limited);
+  CHECK(cut.reached_time_limit);
+  CHECK(cut.steps == 1);
+  CHECK(cut.validations == 1);
+  CHECK(cut.best_step == 1);
+  CHECK(evaluate_model(timed.model, *timed.loss, data.validation).accuracy ==
+        cut.best_validation_accuracy);
+
+  TrainOptions bad;
+  bad.validate_every = -1;
+  CHECK_THROWS_WITH(train(timed.model, *timed.loss, timed.optimizer, *timed.evaluator, data, bad),
+                    Catch::Contains("validate_every"));
+}
+
 TEST_CASE("train() refuses the trust-region radius model", "[train][errors]") {
   const DataSplits data = small_digits();
   Model model = linear_model();
