@@ -59,7 +59,7 @@ void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width,
   auto reference = make_reference_accumulator();
   record(*reference, "reference", 1);
   for (const int threads : bench_thread_counts(ctx))
-    for (const std::string strategy : {"scatter", "segment", "auto"}) {
+    for (const std::string strategy : {"sequential", "scatter", "segment", "auto"}) {
       auto acc = ctx.registry.make_accumulator(ctx.vm["bench-backend"].as<std::string>(), strategy,
                                                threads);
       record(*acc, strategy, threads);

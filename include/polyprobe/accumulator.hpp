@@ -1,11 +1,11 @@
 // Reduce-by-key: out[keys[i], :] += values[i, :] for rows of a fixed width.
 //
 // Used wherever contributions are summed (per-sample into per-candidate losses,
-// barycentric moves, kernel sums). Strategies: `scatter` (in input order, or atomics or
-// per-thread partials on parallel backends), `segment` (owner-computes: contributions
-// grouped by key, each key's sum formed in input order and placed once; deterministic for
-// any thread count) and `auto` (chosen from measurement). The reference adds in input
-// order, sequentially, and is the yardstick.
+// barycentric moves, kernel sums). Strategies: `sequential` (one pass in input order),
+// `scatter` (atomics or per-thread partials on parallel backends), `segment`
+// (owner-computes: contributions grouped by key, each key's owner adding them to its row in
+// input order; deterministic for any thread count) and `auto` (chosen from measurement).
+// The reference adds in input order, sequentially, and is the yardstick.
 #pragma once
 
 #include <polyprobe/tensor.hpp>

@@ -15,7 +15,7 @@
 namespace polyprobe::cpu_tbb {
 namespace {
 
-enum class Strategy { scatter, segment, automatic };
+enum class Strategy { sequential, scatter, segment, automatic };
 
 // Chunks of the counting sort: fixed, so the grouped order is the same for any thread count.
 constexpr int64_t kSortChunks = 64;
@@ -41,8 +41,9 @@ class Accumulator {
       if (keys[i] < 0 || keys[i] >= n_keys)
         throw std::invalid_argument("key " + std::to_string(keys[i]) + " at " + std::to_string(i) +
                                     " is outside [0, " + std::to_string(n_keys) + ")");
-    last_ = strategy_ == Strategy::automatic ? choose_strategy(n, n_keys, width) : strategy_;
     if (!arena_) set_threads(0);
+    last_ = strategy_ == Strategy::automatic ? choose_strategy(arena_->max_concurrency())
+                                             : strategy_;
     arena_->execute([&] {
       if (dtype_ == PP_DTYPE_F32)
         run<float>(n, keys, values, n_keys, width, out);
@@ -51,19 +52,38 @@ class Accumulator {
     });
   }
 
-  const char* last_strategy() const { return last_ == Strategy::scatter ? "scatter" : "segment"; }
+  const char* last_strategy() const {
+    switch (last_) {
+      case Strategy::sequential: return "sequential";
+      case Strategy::scatter: return "scatter";
+      default: return "segment";
+    }
+  }
 
  private:
-  // Measured on the 2-core Zen 5 VM (docs/benchmarks.md, "Accumulators"): atomic scatter
-  // never won (about equal at width 3, 5-10x slower at width 64, where every element is a
-  // compare-and-swap), so auto takes the deterministic segment strategy everywhere.
-  static Strategy choose_strategy(int64_t, int64_t, int64_t) { return Strategy::segment; }
+  // Measured (docs/benchmarks.md, "Accumulators"): atomic scatter never won (about equal at
+  // width 3, 5-10x slower at width 64, where every element is a compare-and-swap), and the
+  // segment strategy's counting sort and gathers only pay for themselves with several
+  // cores; below that one pass in input order is fastest. Both are bit-identical, so the
+  // choice never changes a result.
+  static constexpr int kSegmentMinThreads = 4;
+  static Strategy choose_strategy(int threads) {
+    return threads >= kSegmentMinThreads ? Strategy::segment : Strategy::sequential;
+  }
 
   template <class S>
   void run(int64_t n, const int64_t* keys, const pp_tensor& values, int64_t n_keys, int64_t width,
            pp_tensor& out) {
     const S* v = pp::as_span<const S>(values).data();
     S* o = pp::as_span<S>(out).data();
+    if (last_ == Strategy::sequential) {
+      for (int64_t i = 0; i < n; ++i) {
+        S* dst = o + keys[i] * width;
+        const S* src = v + i * width;
+        for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+      }
+      return;
+    }
     if (last_ == Strategy::scatter) {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, n, 1024), [&](const tbb::blocked_range<int64_t>& r) {
@@ -76,23 +96,20 @@ class Accumulator {
           });
       return;
     }
+    // Each key's owner adds its contributions to its row in input order: the same
+    // additions in the same order as one sequential pass, so the bits are those of the
+    // reference for any thread count.
     group_by_key(n, keys, n_keys);
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, n_keys, 256),
                       [&](const tbb::blocked_range<int64_t>& r) {
-                        std::vector<S> sum(static_cast<std::size_t>(width));
                         for (int64_t k = r.begin(); k != r.end(); ++k) {
-                          const int64_t begin = starts_[static_cast<std::size_t>(k)],
-                                        end = starts_[static_cast<std::size_t>(k) + 1];
-                          if (begin == end) continue;
-                          std::fill(sum.begin(), sum.end(), S(0));
-                          for (int64_t p = begin; p < end; ++p) {
-                            const S* src = v + order_[static_cast<std::size_t>(p)] * width;
-                            for (int64_t j = 0; j < width; ++j)
-                              sum[static_cast<std::size_t>(j)] += src[j];
-                          }
                           S* dst = o + k * width;
-                          for (int64_t j = 0; j < width; ++j)
-                            dst[j] += sum[static_cast<std::size_t>(j)];
+                          for (int64_t p = starts_[static_cast<std::size_t>(k)],
+                                       end = starts_[static_cast<std::size_t>(k) + 1];
+                               p < end; ++p) {
+                            const S* src = v + order_[static_cast<std::size_t>(p)] * width;
+                            for (int64_t j = 0; j < width; ++j) dst[j] += src[j];
+                          }
                         }
                       });
   }
@@ -154,7 +171,9 @@ void create_accumulator(const char* strategy, int32_t dtype, void** self,
                         const pp_accumulator_api** api) {
   const std::string name = strategy == nullptr ? "auto" : strategy;
   Strategy s;
-  if (name == "scatter")
+  if (name == "sequential")
+    s = Strategy::sequential;
+  else if (name == "scatter")
     s = Strategy::scatter;
   else if (name == "segment")
     s = Strategy::segment;
@@ -162,7 +181,7 @@ void create_accumulator(const char* strategy, int32_t dtype, void** self,
     s = Strategy::automatic;
   else
     throw std::invalid_argument("unknown accumulator strategy '" + name +
-                                "' (scatter, segment, auto)");
+                                "' (sequential, scatter, segment, auto)");
   if (dtype != PP_DTYPE_F32 && dtype != PP_DTYPE_F64)
     throw std::invalid_argument(std::string("accumulators sum float32 or float64, not ") +
                                 pp::dtype_name(dtype));

@@ -108,12 +108,14 @@ const pp_capability kCaps[] = {
      "apply, score, revert on one shared parameter copy; bounded memory"},
     {PP_COMPONENT_EVALUATOR, "fallback", PP_DEVICE_CPU, kFloats, 0,
      "the whole forward of each materialised candidate; relies on no contract"},
+    {PP_COMPONENT_ACCUMULATOR, "sequential", PP_DEVICE_CPU, kFloats, 0,
+     "one pass in input order on the calling thread; the reference's bits"},
     {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CPU, kFloats, 0,
      "atomic adds into the output; not deterministic"},
     {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_CPU, kFloats, 0,
-     "owner computes over a stable grouping by key; deterministic"},
+     "owner computes over a stable grouping by key; the reference's bits, any thread count"},
     {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_CPU, kFloats, 0,
-     "segment or scatter, chosen from measurement"},
+     "sequential below 4 threads, segment from 4, chosen from measurement"},
 };
 
 const pp_plugin kPlugin = [] {

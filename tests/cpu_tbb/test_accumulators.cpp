@@ -26,7 +26,7 @@ void check_strategy(const std::string& strategy, int64_t width) {
 }
 
 TEST_CASE("cpu_tbb accumulators agree with the reference", "[cpu_tbb][accumulator]") {
-  for (const std::string strategy : {"scatter", "segment", "auto"})
+  for (const std::string strategy : {"sequential", "scatter", "segment", "auto"})
     for (const int64_t width : {1, 3, 64}) {
       INFO(strategy << ", width " << width);
       check_strategy<double>(strategy, width);
@@ -34,17 +34,25 @@ TEST_CASE("cpu_tbb accumulators agree with the reference", "[cpu_tbb][accumulato
     }
 }
 
-TEST_CASE("cpu_tbb segment accumulation is identical for any thread count",
+TEST_CASE("cpu_tbb sequential, segment and auto give the reference's bits for any thread count",
           "[cpu_tbb][accumulator]") {
   std::mt19937_64 rng(9);
   const int64_t n = 50000, n_keys = 101;
   std::vector<int64_t> keys(static_cast<std::size_t>(n));
   for (auto& k : keys) k = static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
   const Matrix<float> values = Matrix<float>::Random(n, 3);
-  Matrix<float> one = Matrix<float>::Zero(n_keys, 3), two = one;
-  cpu_registry().make_accumulator("cpu_tbb", "segment", 1)->accumulate(keys, values, one);
-  cpu_registry().make_accumulator("cpu_tbb", "segment", 2)->accumulate(keys, values, two);
-  CHECK(one == two);
+  // A non-zero start, so "add to the row in input order" is what is tested.
+  const Matrix<float> start = Matrix<float>::Random(n_keys, 3);
+  Matrix<float> expect = start;
+  make_reference_accumulator()->accumulate(keys, values, expect);
+  for (const std::string strategy : {"sequential", "segment", "auto"})
+    for (const int threads : {1, 2, 3, 4, 8}) {
+      INFO(strategy << ", " << threads << " threads");
+      Matrix<float> got = start;
+      auto acc = cpu_registry().make_accumulator("cpu_tbb", strategy, threads);
+      acc->accumulate(keys, values, got);
+      CHECK(got == expect);
+    }
 }
 
 TEST_CASE("an unknown accumulator strategy is an error", "[cpu_tbb][accumulator]") {
