@@ -49,6 +49,7 @@ void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width,
         t);
     const double scale = 1.0 + expect.cwiseAbs().maxCoeff();
     r.max_rel_diff = (out.template cast<double>() - expect).cwiseAbs().maxCoeff() / scale;
+    r.extra["strategy_used"] = acc.last_strategy();
     r.extra["gbytes_per_s"] =
         static_cast<double>(values.size()) * sizeof(S) / (r.timing.median_ms * 1e6);
     records.push_back(r);

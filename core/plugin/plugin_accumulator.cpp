@@ -21,6 +21,7 @@ class PluginAccumulator final : public Accumulator {
   PluginAccumulator& operator=(const PluginAccumulator&) = delete;
 
   std::string name() const override { return std::string(plugin_->name) + "/" + strategy_; }
+  std::string last_strategy() const override { return last_.empty() ? strategy_ : last_; }
   void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values,
                   MatrixRef<double> out) override {
     run(keys, values, out);
@@ -70,10 +71,14 @@ class PluginAccumulator final : public Accumulator {
       throw Error("plugin " + std::string(plugin_->name) +
                   " failed to accumulate: " + error_text(err));
     if (!contiguous) out = out_copy;
+    if (api->struct_size >= offsetof(pp_accumulator_api, last_strategy) + sizeof(void*) &&
+        api->last_strategy != nullptr)
+      if (const char* used = api->last_strategy(self)) last_ = used;
   }
 
   const pp_plugin* plugin_;
   std::string strategy_;
+  std::string last_;  // what the plugin reported for the last call
   int threads_;
   std::pair<void*, const pp_accumulator_api*> by_dtype_[2] = {{nullptr, nullptr},
                                                               {nullptr, nullptr}};

@@ -21,6 +21,9 @@ class Accumulator {
  public:
   virtual ~Accumulator() = default;
   virtual std::string name() const = 0;
+  // The strategy the last call used: `auto` reports the one it chose; before any call, and
+  // for single-strategy accumulators, the configured one.
+  virtual std::string last_strategy() const { return name(); }
   // out must be [n_keys, width] (already holding what to add to), values [keys.size(), width].
   // Throws polyprobe::Error for a key out of range or mismatched shapes.
   virtual void accumulate(std::span<const int64_t> keys, ConstMatrixRef<double> values,

@@ -3,6 +3,8 @@
 
 #include <polyprobe/accumulator.hpp>
 
+#include <tuple>
+
 namespace polyprobe::test {
 namespace {
 
@@ -53,6 +55,23 @@ TEST_CASE("cpu_tbb sequential, segment and auto give the reference's bits for an
       acc->accumulate(keys, values, got);
       CHECK(got == expect);
     }
+}
+
+TEST_CASE("cpu_tbb auto takes sequential on few threads or narrow rows, else segment",
+          "[cpu_tbb][accumulator]") {
+  const std::vector<int64_t> keys{0, 1, 0, 2};
+  for (const auto& [threads, width, expect] :
+       {std::tuple{1, 64, "sequential"}, std::tuple{2, 64, "sequential"},
+        std::tuple{4, 64, "segment"}, std::tuple{8, 16, "segment"}, std::tuple{8, 3, "sequential"},
+        std::tuple{16, 15, "sequential"}}) {
+    INFO(threads << " threads, width " << width);
+    auto acc = cpu_registry().make_accumulator("cpu_tbb", "auto", threads);
+    const Matrix<float> values = Matrix<float>::Ones(4, width);
+    Matrix<float> out = Matrix<float>::Zero(3, width);
+    acc->accumulate(keys, values, out);
+    CHECK(acc->last_strategy() == expect);
+    CHECK(out(0, 0) == 2.0f);
+  }
 }
 
 TEST_CASE("an unknown accumulator strategy is an error", "[cpu_tbb][accumulator]") {
