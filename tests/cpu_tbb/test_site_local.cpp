@@ -189,6 +189,38 @@ TEST_CASE("cpu_tbb: site-local, a particle spanning two layers declines and stay
   }
 }
 
+TEST_CASE("cpu_tbb: site-local, attention particles across q/k/v rows, heads and out_proj",
+          "[cpu_tbb]") {
+  // E = 8, 2 heads: in_proj_weight [0, 192), in_proj_bias [192, 216), out_proj.weight
+  // [216, 280), out_proj.bias [280, 288). Each particle mixes tensors; the first two move an
+  // out_proj column of a head whose q/k/v also moves (the new mix feeds it).
+  Candidates cands;
+  cands.particles.d = 3;
+  cands.particles.coords = {10, 259, 282, 205, 176, 223, 0, 73, 229};
+  for (int64_t p = 0; p < 3; ++p)
+    for (int v = 0; v < 3; ++v) {
+      cands.particle.push_back(p);
+      for (int k = 0; k < 3; ++k)
+        cands.displacement.push_back(0.4 * std::sin(static_cast<double>(7 * p + 3 * v + k)));
+    }
+  for (const char* weighting : {"softmax", "argmax"}) {
+    const Model model = spatial_model(
+        Shape{{5, 8}}, {{"self_attention", {{"num_heads", 2}, {"attention", weighting}}},
+                        {"flatten", {}},
+                        {"linear", {{"out_features", 3}}}});
+    REQUIRE(model.layer_offset(1) == 288);
+    const auto loss = make_loss("cross_entropy", 1e-3);
+    const Batch batch = make_batch(model, 6);
+    const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(weighting << ", " << to_string(dtype));
+      const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype));
+      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+      CHECK(candidates_on(got.explain, "site-local") == 9);
+    }
+  }
+}
+
 // Delegates to a real conv2d, then bends the output: the per-site computation cannot match.
 class BentConv final : public LayerBase<BentConv> {
  public:
