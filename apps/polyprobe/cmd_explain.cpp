@@ -110,6 +110,8 @@ int run(Context& ctx) {
     if (layer.contains("contract_not_trusted"))
       out << "    declared contract not trusted: "
           << layer["contract_not_trusted"].get<std::string>() << "\n";
+    if (layer.contains("site_local"))
+      out << "    site-local path: " << layer["site_local"].get<std::string>() << "\n";
     for (const auto& [path, count] : layer["candidates_starting_here"].items())
       out << "    " << path << ": " << count << " candidates\n";
     for (const auto& why : layer["declined"])
@@ -144,7 +146,7 @@ Command explain_command() {
                                           "rows of the random batch (model files)")(
         "d", po::value<int32_t>()->default_value(2), "particle dimension (model files)")(
         "path", po::value<std::string>()->default_value(""),
-        "force a path (auto, sparse, subspace-delta, dense, inplace, fallback)")(
+        "force a path (auto, sparse, subspace-delta, site-local, dense, inplace, fallback)")(
         "chunk-size", po::value<int64_t>()->default_value(0),
         "candidates held at once (0 = automatic)")("json", po::bool_switch(), "print the raw JSON");
     p.add("model", 1);
