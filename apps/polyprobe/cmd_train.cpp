@@ -186,7 +186,8 @@ int run(Context& ctx) {
   out << "trained " << result.steps << " steps (" << result.epochs_completed << " epochs, "
       << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
-  if (result.stopped_early) out << "; stopped early (no validation gain for --patience validations)";
+  if (result.stopped_early)
+    out << "; stopped early (no validation gain for --patience validations)";
   if (result.reached_time_limit) out << "; reached --time-limit";
   out << "\n";
   if (result.interrupted) {
@@ -251,9 +252,9 @@ Command train_command() {
         "stop after this many validations without gain (0: never)")(
         "validate-every", po::value<int64_t>()->default_value(0),
         "measure the validation split every this many steps (0: after every epoch); the best "
-        "validated state is restored at the end")(
-        "time-limit", po::value<double>()->default_value(0),
-        "stop after this many seconds (0: none)")(
+        "validated state is restored at the end")("time-limit",
+                                                  po::value<double>()->default_value(0),
+                                                  "stop after this many seconds (0: none)")(
         "validation-fraction", po::value<double>()->default_value(0.15),
         "share of the training data held out for validation")(
         "test-fraction", po::value<double>()->default_value(0.15),

@@ -7,11 +7,12 @@
 // accuracy (ties: lower validation loss) and restores them at the end, so the model it leaves
 // behind is the best one seen, not the last: a late collapse never costs the best state. It
 // stops after `epochs`, after `patience` validations without improvement, at the time limit,
-// or when `stop` becomes true (e.g. on Ctrl-C), always between two steps. Checkpoints hold everything needed to continue exactly
-// (parameters, best state, optimizer state, data position) and are written atomically
-// (temporary file, then rename), so an interrupted run keeps its last complete checkpoint.
-// train() refuses an optimizer whose radius model is trust_region: its deferred comparisons
-// assume a stationary objective, which a minibatch stream is not (use the manual step API).
+// or when `stop` becomes true (e.g. on Ctrl-C), always between two steps. Checkpoints hold
+// everything needed to continue exactly (parameters, best state, optimizer state, data position)
+// and are written atomically (temporary file, then rename), so an interrupted run keeps its last
+// complete checkpoint. train() refuses an optimizer whose radius model is trust_region: its
+// deferred comparisons assume a stationary objective, which a minibatch stream is not (use the
+// manual step API).
 #pragma once
 
 #include <polyprobe/data.hpp>
@@ -45,12 +46,12 @@ struct TrainProgress {
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 64;
-  uint64_t seed = 0;         // minibatch order
-  int64_t patience = 0;      // validations without improvement before stopping; 0 = off
-  int64_t validate_every = 0;  // steps between validations; 0 = at the end of every epoch
-  double time_limit_s = 0;   // stop (between steps) after this long; 0 = no limit
-  DType dtype = DType::f32;  // precision of validation forwards
-  std::filesystem::path metrics_path;     // JSON lines; empty = none
+  uint64_t seed = 0;                   // minibatch order
+  int64_t patience = 0;                // validations without improvement before stopping; 0 = off
+  int64_t validate_every = 0;          // steps between validations; 0 = at the end of every epoch
+  double time_limit_s = 0;             // stop (between steps) after this long; 0 = no limit
+  DType dtype = DType::f32;            // precision of validation forwards
+  std::filesystem::path metrics_path;  // JSON lines; empty = none
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
   bool resume = false;                    // continue from checkpoint_path
   const std::atomic<bool>* stop = nullptr;
@@ -64,8 +65,8 @@ struct TrainResult {
   double seconds = 0;
   double best_validation_accuracy = 0;
   double best_validation_loss = 0;
-  int64_t best_epoch = -1;     // -1: no validation happened; the final state is kept
-  int64_t best_step = -1;      // steps done when the best state was measured
+  int64_t best_epoch = -1;  // -1: no validation happened; the final state is kept
+  int64_t best_step = -1;   // steps done when the best state was measured
   int64_t validations = 0;
   bool stopped_early = false;  // patience ran out
   bool reached_time_limit = false;

@@ -54,9 +54,12 @@ class Accumulator {
 
   const char* last_strategy() const {
     switch (last_) {
-      case Strategy::sequential: return "sequential";
-      case Strategy::scatter: return "scatter";
-      default: return "segment";
+      case Strategy::sequential:
+        return "sequential";
+      case Strategy::scatter:
+        return "scatter";
+      default:
+        return "segment";
     }
   }
 
@@ -64,7 +67,7 @@ class Accumulator {
   // Measured on a 16-core Xeon and the 2-core Zen 5 VM (docs/benchmarks.md, "Accumulators"):
   // atomic scatter never won (every element a compare-and-swap), and the segment strategy's
   // counting sort and gathers pay for themselves only with 4 or more threads and rows of at
-  // least 64 bytes (width 64: 2.2x to 5.6x faster than one pass at 4 and 16 threads; width 3:
+  // least 64 bytes (width 64: 1.6x to 5.6x faster than one pass at 4 and 16 threads; width 3:
   // one pass in input order stays fastest or within 30 %). Both give the reference's bits,
   // so the choice never changes a result.
   static constexpr int kSegmentMinThreads = 4;
