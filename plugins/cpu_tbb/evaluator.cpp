@@ -221,14 +221,16 @@ void EvaluatorImpl<S>::set_base(const double* base) {
   const auto n = static_cast<std::size_t>(plan_.n_params);
   base_.assign(base, base + n);
   eff_.resize(n);
-  base_sq_ = 0.0;
-  for (std::size_t i = 0; i < n; ++i) {
-    base_sq_ += base[i] * base[i];
-    eff_[i] = static_cast<S>(base[i]);
-  }
+  // Vectorised: this runs once per call over every parameter, and on small candidate sets
+  // (subspace steps) it is a visible share of the call.
+  const Eigen::Map<const Eigen::VectorXd> all(base, plan_.n_params);
+  base_sq_ = all.squaredNorm();
+  Eigen::Map<Eigen::Matrix<S, Eigen::Dynamic, 1>>(eff_.data(), plan_.n_params) =
+      all.template cast<S>();
   // Transforms, layer by layer (no owner lookup per parameter).
   for (const LayerPlan& layer : plan_.layers) {
-    if (layer.op != LayerOp::affine) continue;
+    if (layer.op != LayerOp::affine || (layer.weight_q == nullptr && layer.bias_q == nullptr))
+      continue;
     for (int64_t i = 0; i < layer.count; ++i) {
       const pp_scalar_fn q = i < layer.weight_count ? layer.weight_q : layer.bias_q;
       S& e = eff_[static_cast<std::size_t>(layer.offset + i)];
