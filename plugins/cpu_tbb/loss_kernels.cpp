@@ -116,31 +116,40 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
   const int64_t classes = plan_.out_features, batch = batch_;
   for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread})
     m->resize(directions, batch);
-  std::vector<double> values(static_cast<std::size_t>(classes));
-  for (int64_t u = 0; u < directions; ++u)
-    for (int64_t b = 0; b < batch; ++b) {
-      double mean = 0;
-      for (int64_t k = 0; k < classes; ++k) {
-        values[static_cast<std::size_t>(k)] = static_cast<double>(g[u * su + k * sk + b * sb]);
-        mean += static_cast<double>(probs_t_(k, b)) * values[static_cast<std::size_t>(k)];
-      }
-      double m2 = 0, m3 = 0, m4 = 0, spread = 0;
-      for (int64_t k = 0; k < classes; ++k) {
-        const double c = values[static_cast<std::size_t>(k)] - mean,
-                     p = static_cast<double>(probs_t_(k, b));
-        m2 += p * c * c;
-        m3 += p * c * c * c;
-        m4 += p * c * c * c * c;
-        spread = std::max(spread, std::abs(c));
-      }
-      // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
-      table.c1(u, b) = static_cast<S>(
-          mean - values[static_cast<std::size_t>(labels_[static_cast<std::size_t>(b)])]);
-      table.c2(u, b) = static_cast<S>(m2 / 2);
-      table.c3(u, b) = static_cast<S>(m3 / 6);
-      table.c4(u, b) = static_cast<S>((m4 - 3 * m2 * m2) / 24);
-      table.spread(u, b) = static_cast<S>(spread);
+  // Class-major rows over the batch, so every loop below runs over samples in vector
+  // registers (this table is rebuilt on every call: hundreds of directions x the batch).
+  using Rows = Eigen::Array<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Rows p = probs_t_.template cast<double>().array();  // [classes, batch]
+  Rows values(classes, batch);
+  Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch), m4(batch),
+      spread(batch), c(batch), pc2(batch), label_value(batch);
+  for (int64_t u = 0; u < directions; ++u) {
+    for (int64_t k = 0; k < classes; ++k)
+      for (int64_t b = 0; b < batch; ++b)
+        values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
+    mean.setZero();
+    for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
+    m2.setZero();
+    m3.setZero();
+    m4.setZero();
+    spread.setZero();
+    for (int64_t k = 0; k < classes; ++k) {
+      c = values.row(k) - mean;
+      pc2 = p.row(k) * c * c;
+      m2 += pc2;
+      m3 += pc2 * c;
+      m4 += pc2 * c * c;
+      spread = spread.max(c.abs());
     }
+    for (int64_t b = 0; b < batch; ++b)
+      label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
+    // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
+    table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
+    table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
+    table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
+    table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
+    table.spread.row(u) = spread.template cast<S>().matrix();
+  }
   table.built = true;
 }
 
