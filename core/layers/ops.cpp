@@ -62,7 +62,7 @@ Window Window::parse(const nlohmann::json& attrs, const char* kind, int dims,
 }
 
 SpatialInput spatial_input(const Shape& input, const char* kind, int dims) {
-  if (input.dims.size() != static_cast<std::size_t>(dims + 1))
+  if (input.dims.size() != static_cast<std::size_t>(dims) + 1)
     throw Error(std::string("layer '") + kind + "' needs a per-sample input of shape " +
                 (dims == 1 ? "[C, L]" : "[C, H, W]") + ", got " + input.str());
   SpatialInput s;
