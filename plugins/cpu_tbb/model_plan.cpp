@@ -18,24 +18,6 @@ int64_t numel(int32_t ndim, const int64_t* shape) {
 
 bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * (1.0 + std::abs(b)); }
 
-// Runs the host forward of `layer` in float64 on rows x layer.in values; "" or the error.
-std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, int64_t rows,
-                         const std::vector<double>& params, std::vector<double>& y) {
-  if (layer.view->host_forward == nullptr) return "it has no host forward to probe";
-  y.assign(static_cast<std::size_t>(rows * layer.out), 0.0);
-  const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
-                p_shape[1] = {static_cast<int64_t>(params.size())};
-  pp_tensor tin{
-      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-  pp_tensor tp{
-      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
-  pp_error err{};
-  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
-    return std::string("its forward failed on the probe: ") + err.message;
-  return {};
-}
-
 // Probe inputs: ordinary values, exact zeros, kink and step points, large magnitudes.
 std::vector<double> probe_values(int64_t n, std::mt19937_64& rng) {
   std::normal_distribution<double> gauss(0.0, 1.5);
@@ -131,6 +113,23 @@ std::string probe_elementwise(LayerPlan& layer) {
 }
 
 }  // namespace
+
+std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, int64_t rows,
+                         const std::vector<double>& params, std::vector<double>& y) {
+  if (layer.view->host_forward == nullptr) return "it has no host forward to probe";
+  y.assign(static_cast<std::size_t>(rows * layer.out), 0.0);
+  const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
+                p_shape[1] = {static_cast<int64_t>(params.size())};
+  pp_tensor tin{
+      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tp{
+      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+  pp_error err{};
+  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
+    return std::string("its forward failed on the probe: ") + err.message;
+  return {};
+}
 
 int32_t ModelPlan::layer_of(int64_t param) const {
   auto it =

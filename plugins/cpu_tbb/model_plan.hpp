@@ -54,6 +54,11 @@ struct ModelPlan {
 // Builds the plan and probes every declared contract; never throws for a false claim.
 ModelPlan build_model_plan(const pp_model_view& model);
 
+// Runs the host forward of `layer` in float64 on rows x layer.in values into y; returns ""
+// or why it could not (contract probes use it as the ground truth).
+std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, int64_t rows,
+                         const std::vector<double>& params, std::vector<double>& y);
+
 // The one-word name of a layer op, for explain.
 const char* op_name(LayerOp op);
 

@@ -296,23 +296,6 @@ std::string parse_attention(const pp_layer_view& v, const nlohmann::json& attrs,
 
 bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * (1.0 + std::abs(b)); }
 
-// The layer's host forward in float64; empty or the error.
-std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, int64_t rows,
-                         const std::vector<double>& params, std::vector<double>& y) {
-  y.assign(static_cast<std::size_t>(rows * layer.out), 0.0);
-  const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
-                p_shape[1] = {static_cast<int64_t>(params.size())};
-  pp_tensor tin{
-      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-  pp_tensor tp{
-      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
-  pp_error err{};
-  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
-    return std::string("its forward failed on the probe: ") + err.message;
-  return {};
-}
-
 // Empty when the per-site computation agrees with the host forward on random inputs,
 // parameters and perturbations (each tensor of the layer moved at least once), else why not.
 std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {

@@ -35,13 +35,14 @@ inline const PluginRegistry& cpu_registry() {
   return *registry;
 }
 
-// A model from (kind, attributes) pairs, initialised from `seed`.
-inline Model make_model(int64_t inputs,
+// A model from (kind, attributes) pairs on a per-sample input shape, initialised from `seed`;
+// "*" takes the next layer of `extra`.
+inline Model make_model(const Shape& input,
                         const std::vector<std::pair<std::string, nlohmann::json>>& layers,
                         uint64_t seed = 1,
                         const std::vector<std::shared_ptr<const Layer>>& extra = {}) {
   const LayerFactory factory = LayerFactory::with_builtins();
-  Model model(Shape{{inputs}});
+  Model model(input);
   std::size_t next_extra = 0;
   for (const auto& [kind, attrs] : layers) {
     if (kind == "*")
@@ -51,6 +52,12 @@ inline Model make_model(int64_t inputs,
   }
   model.initialize(seed);
   return model;
+}
+inline Model make_model(int64_t inputs,
+                        const std::vector<std::pair<std::string, nlohmann::json>>& layers,
+                        uint64_t seed = 1,
+                        const std::vector<std::shared_ptr<const Layer>>& extra = {}) {
+  return make_model(Shape{{inputs}}, layers, seed, extra);
 }
 
 inline Batch make_batch(const Model& model, int64_t rows, uint64_t seed = 2) {

@@ -11,17 +11,7 @@ double tolerance(DType dtype) { return dtype == DType::f64 ? 1e-12 : 1e-5; }
 
 Model spatial_model(const Shape& input, const Layers& layers, uint64_t seed = 5,
                     const std::vector<std::shared_ptr<const Layer>>& extra = {}) {
-  const LayerFactory factory = LayerFactory::with_builtins();
-  Model model(input);
-  std::size_t next_extra = 0;
-  for (const auto& [kind, attrs] : layers) {
-    if (kind == "*")
-      model.add(extra.at(next_extra++));
-    else
-      model.add(factory.create(kind, attrs, model.output_shape()));
-  }
-  model.initialize(seed);
-  return model;
+  return make_model(input, layers, seed, extra);
 }
 
 // Candidates whose particle lies wholly in a layer of one of `kinds` (the site-local ones).
