@@ -33,6 +33,10 @@ class AskTellOptimizer::Impl {
       throw Error(
           "AskTellOptimizer: adaptive_probes would leave asked rows unused; turn it off "
           "for ask/tell");
+    if (config.radius.trust_reject)
+      throw Error(
+          "AskTellOptimizer: radius.trust_reject scores the trial point before the candidates, "
+          "which one batched ask cannot do; turn it off for ask/tell");
     return config;
   }
 

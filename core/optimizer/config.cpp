@@ -120,6 +120,9 @@ void OptimizerConfig::validate() const {
         positive(r.trust_min) && r.trust_min <= 1 && r.trust_max >= 1 && std::isfinite(r.trust_max),
         "trust region needs 0 < trust_min <= 1 <= trust_max");
   }
+  require(!r.trust_reject || r.kind == RadiusModelKind::trust_region,
+          "radius.trust_reject needs radius.kind = trust_region (it undoes steps the trust "
+          "region judged)");
 
   require(std::isfinite(adaptive_probes_threshold) && adaptive_probes_threshold >= 0,
           "adaptive_probes_threshold must be >= 0");

@@ -147,24 +147,36 @@ class TrustRegion final : public QuadraticRadius {
   }
   void observe_incumbent(double loss, bool comparable) override {
     last_ratio_ = std::numeric_limits<double>::quiet_NaN();
-    if (pending_ && comparable && pending_prediction_ < 0 && std::isfinite(loss)) {
+    rejected_ = false;
+    const bool judged = pending_ && comparable && pending_prediction_ < 0;
+    if (judged && std::isfinite(loss)) {
       const double actual = loss - pending_incumbent_;
       last_ratio_ = actual / pending_prediction_;
       if (last_ratio_ < s_.trust_shrink_below)
         multiplier_ = std::max(multiplier_ * s_.trust_shrink, s_.trust_min);
       else if (last_ratio_ > s_.trust_grow_above && pending_at_boundary_)
         multiplier_ = std::min(multiplier_ * s_.trust_grow, s_.trust_max);
+    } else if (judged && s_.trust_reject) {
+      multiplier_ = std::max(multiplier_ * s_.trust_shrink, s_.trust_min);  // a non-finite trial
     }
     pending_ = false;
-    incumbent_ = loss;
+    // trust_reject: a trial no lower than the incumbent it left (NaN included) is undone.
+    rejected_ = judged && s_.trust_reject && std::isfinite(pending_incumbent_) &&
+                !(loss < pending_incumbent_);
+    incumbent_ = rejected_ ? pending_incumbent_ : loss;
   }
+  bool rejected() const override { return rejected_; }
+  double incumbent() const override { return incumbent_; }
   void record_prediction(double predicted_change, bool at_boundary) override {
     pending_ = std::isfinite(predicted_change) && std::isfinite(incumbent_);
     pending_prediction_ = predicted_change;
     pending_incumbent_ = incumbent_;
     pending_at_boundary_ = at_boundary;
   }
-  void invalidate() override { pending_ = false; }
+  void invalidate() override {
+    pending_ = false;
+    rejected_ = false;
+  }
   void save(std::ostream& out) const override {
     state_io::put(out, "trust.multiplier", multiplier_);
     state_io::put(out, "trust.incumbent", incumbent_);
@@ -185,6 +197,7 @@ class TrustRegion final : public QuadraticRadius {
     state_io::get(in, "trust.last_ratio", last_ratio_);
     pending_ = pending != 0;
     pending_at_boundary_ = boundary != 0;
+    rejected_ = false;
   }
   double last_ratio() const { return last_ratio_; }
 
@@ -196,6 +209,7 @@ class TrustRegion final : public QuadraticRadius {
   double pending_incumbent_ = 0;
   bool pending_at_boundary_ = false;
   double last_ratio_ = std::numeric_limits<double>::quiet_NaN();
+  bool rejected_ = false;  // of the last observe_incumbent(); consumed within the step
 };
 
 }  // namespace

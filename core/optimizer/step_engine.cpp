@@ -155,6 +155,23 @@ void StepEngine::plan(uint64_t objective_key) {
   planned_ = true;
 }
 
+bool StepEngine::review(double loss, uint64_t objective_key) {
+  if (!reviews_steps()) throw Error("StepEngine::review without trust_reject");
+  if (!next_is_scored()) throw Error("StepEngine::review on a momentum-only step");
+  const bool comparable = prediction_valid_ && prediction_key_ == objective_key;
+  radius_->observe_incumbent(loss, comparable);
+  prediction_valid_ = false;
+  reviewed_ = true;
+  reviewed_incumbent_ = radius_->incumbent();
+  const bool rejected = radius_->rejected();
+  if (rejected) {
+    // Back at the previous incumbent: the move that left it carries no momentum.
+    std::fill(velocity_.begin(), velocity_.end(), 0.0);
+    std::fill(last_move_.begin(), last_move_.end(), 0.0);
+  }
+  return rejected;
+}
+
 const std::vector<char>& StepEngine::screen(std::span<const double> screen_losses) {
   if (!planned_) throw Error("StepEngine::screen before plan()");
   const auto P = particles_, V = vertices_;
@@ -239,6 +256,15 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
                 " values, not P d = " + std::to_string(P * d_));
   const bool quadratic = radius_->needs_incumbent();
+  const bool reviewed = reviewed_;
+  reviewed_ = false;
+  if (reviewed) {
+    if (!incumbents.empty())
+      throw Error("finish: the step was reviewed, so the engine already has f(X)");
+    incumbents = std::span<const double>(&reviewed_incumbent_, 1);
+  } else if (reviews_steps()) {
+    throw Error("finish: trust_reject needs review() with f(X) before plan()");
+  }
   if (quadratic && incumbents.size() != 1 && static_cast<int64_t>(incumbents.size()) != P)
     throw Error("finish: the " + std::string(to_string(radius_->kind())) +
                 " radius model needs f(X): one shared incumbent loss or one per particle");
@@ -293,7 +319,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   if (quadratic) {
     incumbent_total = std::accumulate(incumbents.begin(), incumbents.end(), 0.0);
     const bool comparable = prediction_valid_ && prediction_key_ == key_;
-    radius_->observe_incumbent(incumbent_total, comparable);
+    if (!reviewed) radius_->observe_incumbent(incumbent_total, comparable);
+    info.rejected = reviewed && radius_->rejected();
     info.trust_ratio = last_trust_ratio(*radius_);
     info.incumbent_loss =
         incumbents.size() == 1 ? incumbents[0] : incumbent_total / static_cast<double>(P);
@@ -418,6 +445,7 @@ void StepEngine::forget_history() {
   prediction_valid_ = false;
   radius_->invalidate();
   planned_ = false;
+  reviewed_ = false;
 }
 
 void StepEngine::save(std::ostream& out) const {
@@ -493,6 +521,7 @@ void StepEngine::load(std::istream& in) {
   get(in, "engine.planned", planned);
   schedule_.load(in);
   radius_->load(in);
+  reviewed_ = false;
   planned_ = false;
   if (planned != 0) plan(planned_key);
 }

@@ -41,6 +41,8 @@ class StepEngine {
   const Matrix<double>& polytope() const { return template_; }
   bool next_is_scored() const { return step_ % amortize_ == 0; }
   bool needs_incumbent() const { return radius_->needs_incumbent(); }
+  // trust_reject: the incumbent is scored before plan() and passed to review() first.
+  bool reviews_steps() const { return config_.radius.trust_reject && needs_incumbent(); }
   const RadiusModel& radius_model() const { return *radius_; }
 
   // Phase 1 of a scored step: draws rotations and fills displacements() in candidate order
@@ -54,6 +56,12 @@ class StepEngine {
   // of the last finished step [P V] (for tests and diagnostics).
   std::span<const double> rotations() const { return rotations_; }
   const Matrix<double>& weights() const { return weights_; }
+
+  // Phase 0 of a scored step when reviews_steps(): the loss of the current point (the last
+  // step's trial). Returns true when the trust region rejects that step: the caller must put
+  // the search vector back where it was before the last move. finish() then takes no
+  // incumbent (the engine knows it).
+  bool review(double loss, uint64_t objective_key);
 
   // Optional phase 1b (multifidelity_screen): the losses of the outer probe of every vertex
   // on the screen batch, [P V]. Returns the (i, v) pairs to score on the full batch, [P V].
@@ -104,6 +112,10 @@ class StepEngine {
   double cache_step_r_ = 0, cache_probe_r_ = 0;
   uint64_t prediction_key_ = 0;
   bool prediction_valid_ = false;
+  // review() of the step in flight: the incumbent it settled on (not checkpointed: a step
+  // is reviewed and finished within one call of the driver).
+  bool reviewed_ = false;
+  double reviewed_incumbent_ = 0;
 
   // The step in flight (rebuilt by plan()).
   bool planned_ = false;

@@ -50,6 +50,19 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     apply(params, moves_);
     return info;
   }
+  // trust_reject: score the last step's trial point first; when the trust region rejects it,
+  // go back to the point it left (kept exactly in previous_) and probe around that instead.
+  const bool with_incumbent = engine_.needs_incumbent();
+  const bool review = engine_.reviews_steps();
+  if (review) {
+    const double trial = evaluator.evaluate_base(params);
+    ++evaluations_;
+    if (engine_.review(trial, objective_key)) {
+      if (previous_.size() != params.size())
+        throw Error("trust_reject: no previous point to return to");
+      std::copy(previous_.begin(), previous_.end(), params.begin());
+    }
+  }
   engine_.plan(objective_key);
   const auto displacement = engine_.displacements();
   const auto& reused = engine_.reused();
@@ -111,29 +124,34 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   const int64_t scored = static_cast<int64_t>(candidate_particle_.size());
 
   double incumbent = 0;
-  const bool with_incumbent = engine_.needs_incumbent();
-  if (with_incumbent) {
+  if (with_incumbent && !review) {
     incumbent = evaluator.evaluate_base(params);
     ++evaluations_;
   }
-  StepInfo info = engine_.finish(
-      losses_, with_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>(),
-      moves_);
+  StepInfo info = engine_.finish(losses_,
+                                 with_incumbent && !review ? std::span<const double>(&incumbent, 1)
+                                                           : std::span<const double>(),
+                                 moves_);
   info.candidates = scored + (with_incumbent ? 1 : 0);
   info.screened = screened;
-  if (!info.reverted) apply(params, moves_);
+  if (!info.reverted) {
+    if (review) previous_.assign(params.begin(), params.end());
+    apply(params, moves_);
+  }
   return info;
 }
 
 void VectorSearch::save(std::ostream& out) const {
   state_io::put(out, "search.evaluations", evaluations_);
   state_io::put(out, "search.screen_evaluations", screen_evaluations_);
+  if (engine_.reviews_steps()) state_io::put(out, "search.previous", previous_);
   engine_.save(out);
 }
 
 void VectorSearch::load(std::istream& in) {
   state_io::get(in, "search.evaluations", evaluations_);
   state_io::get(in, "search.screen_evaluations", screen_evaluations_);
+  if (engine_.reviews_steps()) state_io::get(in, "search.previous", previous_);
   engine_.load(in);
 }
 

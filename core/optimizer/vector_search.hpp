@@ -50,6 +50,8 @@ class VectorSearch {
   // Buffers reused between steps.
   std::vector<int64_t> candidate_particle_, candidate_index_;
   std::vector<double> candidate_displacement_, candidate_losses_, losses_, moves_;
+  // trust_reject: the search vector before the last applied move (checkpointed).
+  std::vector<double> previous_;
 };
 
 // The solver polystep picks when none is named: Sinkhorn in full space, softmax in a subspace.

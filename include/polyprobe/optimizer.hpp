@@ -104,6 +104,7 @@ struct StepInfo {
   int64_t screened = 0;        // screen-fidelity evaluations this step
   int64_t reused = 0;          // candidates whose loss adaptive_probes reused
   bool reverted = false;       // the move was non-finite and was undone
+  bool rejected = false;       // trust_reject: the previous step was undone before this one
   bool momentum_only = false;  // an amortized step: no evaluation
   double step_radius = 0;
   double probe_radius = 0;

@@ -12,6 +12,7 @@
 #include <polyprobe/tensor.hpp>
 
 #include <iosfwd>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -45,6 +46,12 @@ struct RadiusModelSettings {
   // (false); shrinking both lets finite differences resolve the small scales that accurate
   // convergence on smooth problems needs (docs/optimizer.md).
   bool trust_scales_probe = false;
+  // Whether a step that did not lower the incumbent is undone (not in polystep, which always
+  // moves). The optimizer then scores the trial point first, before the candidates: when
+  // f(X_new) >= f(X_old) (or is not finite) it returns to X_old, the radius shrinks as the
+  // ratio rule says, and the step probes around X_old again. Needs a stationary objective,
+  // the manual step API or minimize(); the ask/tell interface refuses it.
+  bool trust_reject = false;
 };
 
 // The quadratic model of one block along its transport move m: the predicted change of the
@@ -80,6 +87,10 @@ class RadiusModel {
   virtual void observe_costs(double /*mean_cost*/) {}
   // Forget any deferred comparison (objective changed, momentum-only step, resync).
   virtual void invalidate() {}
+  // Whether the last observe_incumbent() rejected the step it judged (trust_reject): the
+  // caller returns to the previous incumbent, whose loss incumbent() then gives.
+  virtual bool rejected() const { return false; }
+  virtual double incumbent() const { return std::numeric_limits<double>::quiet_NaN(); }
   virtual void save(std::ostream& out) const = 0;
   virtual void load(std::istream& in) = 0;
 };

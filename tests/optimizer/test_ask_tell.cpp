@@ -69,4 +69,9 @@ TEST_CASE("ask/tell rejects what it cannot serve", "[optimizer][ask_tell]") {
   config.adaptive_probes = true;
   REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config),
                       Catch::Contains("adaptive_probes"));
+  config.adaptive_probes = false;
+  config.radius.kind = RadiusModelKind::trust_region;
+  config.radius.trust_reject = true;
+  REQUIRE_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config),
+                      Catch::Contains("trust_reject"));
 }

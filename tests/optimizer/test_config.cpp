@@ -143,6 +143,7 @@ TEST_CASE("invalid configurations are rejected with their reason", "[optimizer][
          c.radius.kind = RadiusModelKind::trust_region;
          c.radius.trust_min = 0;
        }},
+      {"trust_reject needs", [](auto& c) { c.radius.trust_reject = true; }},
       {"adaptive_probes_threshold", [](auto& c) { c.adaptive_probes_threshold = -1; }},
       {"adaptive_probes cannot run with the quadratic",
        [](auto& c) {

@@ -143,6 +143,49 @@ TEST_CASE("trust-region ratio rules", "[optimizer][radius]") {
   REQUIRE(model->multipliers().step == Approx(s.trust_min));
 }
 
+TEST_CASE("trust_reject rejects a trial no lower than its incumbent", "[optimizer][radius]") {
+  RadiusModelSettings s;
+  s.kind = RadiusModelKind::trust_region;
+  s.trust_reject = true;
+  auto model = make_radius_model(s);
+  model->observe_incumbent(10.0, true);  // nothing pending: nothing judged
+  REQUIRE(!model->rejected());
+  REQUIRE(model->incumbent() == 10.0);
+  // A decrease is accepted.
+  model->record_prediction(-1.0, false);
+  model->observe_incumbent(9.5, true);
+  REQUIRE(!model->rejected());
+  REQUIRE(model->incumbent() == 9.5);
+  // An increase is rejected: the incumbent stays, the radius shrinks.
+  model->record_prediction(-1.0, false);
+  model->observe_incumbent(9.6, true);
+  REQUIRE(model->rejected());
+  REQUIRE(model->incumbent() == 9.5);
+  REQUIRE(model->multipliers().step == Approx(s.trust_shrink));
+  // So is an equal value, and a non-finite one (which shrinks the radius too).
+  model->record_prediction(-1.0, false);
+  model->observe_incumbent(9.5, true);
+  REQUIRE(model->rejected());
+  model->record_prediction(-1.0, false);
+  model->observe_incumbent(std::numeric_limits<double>::quiet_NaN(), true);
+  REQUIRE(model->rejected());
+  REQUIRE(model->incumbent() == 9.5);
+  REQUIRE(model->multipliers().step == Approx(s.trust_shrink * s.trust_shrink * s.trust_shrink));
+  // A comparison that is not comparable (objective changed) never rejects.
+  model->record_prediction(-1.0, false);
+  model->observe_incumbent(100.0, false);
+  REQUIRE(!model->rejected());
+  REQUIRE(model->incumbent() == 100.0);
+  // Without trust_reject nothing is ever rejected.
+  s.trust_reject = false;
+  auto plain = make_radius_model(s);
+  plain->observe_incumbent(1.0, true);
+  plain->record_prediction(-1.0, false);
+  plain->observe_incumbent(2.0, true);
+  REQUIRE(!plain->rejected());
+  REQUIRE(plain->incumbent() == 2.0);
+}
+
 TEST_CASE("quadratic step length minimises the block model", "[optimizer][radius]") {
   RadiusModelSettings s;
   s.kind = RadiusModelKind::quadratic;

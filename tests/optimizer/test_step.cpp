@@ -10,6 +10,7 @@
 #include <polyprobe/registry.hpp>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -24,7 +25,7 @@ std::vector<double> params_of(const Model& m) {
 }
 
 std::vector<OptimizerConfig> varied_configs() {
-  std::vector<OptimizerConfig> configs(4);
+  std::vector<OptimizerConfig> configs(5);
   configs[0].radius.kind = RadiusModelKind::trust_region;
   configs[0].biased_rotation = true;
   configs[1].momentum = true;
@@ -41,6 +42,10 @@ std::vector<OptimizerConfig> varied_configs() {
   configs[3].solver = TransportSolver::softmax;
   configs[3].rotation = RotationMethod::householder;
   configs[3].radius.kind = RadiusModelKind::quadratic;
+  configs[4].radius.kind = RadiusModelKind::trust_region;
+  configs[4].radius.trust_reject = true;
+  configs[4].radius.trust_scales_probe = true;
+  configs[4].step_radius = 30;  // large steps, so that some are rejected within 8 steps
   for (std::size_t i = 0; i < configs.size(); ++i) configs[i].seed = 100 + i;
   return configs;
 }
@@ -256,4 +261,56 @@ TEST_CASE("minimize descends and never exceeds its budget", "[optimizer][minimiz
     }
   }
   REQUIRE_THROWS_AS(minimize(f, x0, 0), Error);
+}
+
+TEST_CASE("trust_reject undoes steps that raise the incumbent", "[optimizer][minimize]") {
+  // A stationary objective, steps far too long at first: the trust region rejects them,
+  // returns to the previous point, shrinks and recovers. The incumbent never rises.
+  Model model = small_mlp(5);
+  auto loss = make_loss("cross_entropy");
+  auto evaluator = make_reference_evaluator(model, *loss);
+  OptimizerConfig config;
+  config.radius.kind = RadiusModelKind::trust_region;
+  config.radius.trust_reject = true;
+  config.step_radius = 50;
+  PolytopeOptimizer opt(model, config);
+  opt.register_evaluator(*evaluator, random_batch(3));
+  double previous = std::numeric_limits<double>::infinity();
+  int rejected = 0;
+  for (int s = 0; s < 30; ++s) {
+    const StepInfo info = opt.step();
+    REQUIRE(info.incumbent_measured);
+    REQUIRE(info.incumbent_loss <= previous);
+    previous = info.incumbent_loss;
+    if (info.rejected) {
+      ++rejected;
+      REQUIRE(info.trust_ratio <= 0);
+    }
+  }
+  REQUIRE(rejected > 0);
+  REQUIRE(opt.evaluations() == 30 * opt.next_step_cost());
+
+  // minimize(): same budget accounting, and the result is at least as good as without.
+  const Objective f = [](std::span<const double> x) {
+    double s = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      s += std::pow(10.0, static_cast<double>(i) / 2) * (x[i] - 1) * (x[i] - 1);
+    return s;
+  };
+  OptimizerConfig one;
+  one.particle_dim = 6;
+  one.solver = TransportSolver::softmax;
+  one.radius.kind = RadiusModelKind::trust_region;
+  one.radius.trust_scales_probe = true;
+  one.radius.trust_reject = true;
+  int64_t calls = 0;
+  const Objective counted = [&](std::span<const double> x) {
+    ++calls;
+    return f(x);
+  };
+  const std::vector<double> x0(6, 0.0);
+  const MinimizeResult r = minimize(counted, x0, 800, one);
+  REQUIRE(calls == r.evaluations);
+  REQUIRE(calls <= 800);
+  REQUIRE(r.f < 1e-3 * f(x0));
 }
