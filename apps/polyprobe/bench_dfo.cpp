@@ -17,8 +17,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <iomanip>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <thread>
 
 namespace polyprobe::app {
@@ -28,12 +31,12 @@ namespace {
 constexpr int kMaxSimplexGradients = 500;
 constexpr int kProfileBudgets[] = {10, 50, 100, 500};
 constexpr double kTolerances[] = {1e-3, 1e-5};
-constexpr double kNloptMaxSeconds = 120;
 
 // Best value so far after each evaluation; a budget is never exceeded.
 struct History {
   std::vector<double> best;
   int64_t budget = 0;
+  double nlopt_seconds = 0;  // NLopt's wall-clock cap for this run
   double record(double f) {
     const double prev = best.empty() ? std::numeric_limits<double>::infinity() : best.back();
     best.push_back(std::isfinite(f) ? std::min(prev, f) : prev);
@@ -46,9 +49,16 @@ struct History {
   }
 };
 
+// How a run ended: "budget" (spent or not startable), "converged" (the solver's own stopping
+// rule), "maxtime" (NLopt's wall-clock cap), or "error".
 struct Solver {
   std::string name;
-  std::function<void(const MghProblem&, History&)> run;
+  std::function<std::string(const MghProblem&, History&)> run;
+};
+
+struct RunInfo {
+  std::string stop;
+  double ms = 0;
 };
 
 // polyprobe configurations, each independent of the budget (no schedule over total_steps).
@@ -68,12 +78,13 @@ OptimizerConfig polyprobe_trust_region(int particle_dim) {
   return c;
 }
 
-void run_polyprobe(const OptimizerConfig& config, const MghProblem& p, History& h) {
+std::string run_polyprobe(const OptimizerConfig& config, const MghProblem& p, History& h) {
   const Objective f = [&](std::span<const double> x) { return h.record(p.f(x)); };
   minimize(f, p.x0, h.budget, config);
+  return "budget";
 }
 
-void run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
+std::string run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
   nlopt::opt opt(algorithm, static_cast<unsigned>(p.n));
   struct Data {
     const MghProblem* problem;
@@ -96,60 +107,298 @@ void run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
   opt.set_initial_step(step);
   // NLopt's COBYLA needs many minutes for 500 (n + 1) evaluations at n >= 50; a wall-clock cap
   // keeps the suite finite. A run it stops has simply not used the rest of its budget.
-  opt.set_maxtime(kNloptMaxSeconds);
+  opt.set_maxtime(h.nlopt_seconds);
   std::vector<double> x = p.x0;
   double f = 0;
   try {
-    opt.optimize(x, f);
+    const nlopt::result result = opt.optimize(x, f);
+    if (result == nlopt::MAXTIME_REACHED) return "maxtime";
+    if (result == nlopt::MAXEVAL_REACHED) return "budget";
+    return "converged";
+  } catch (const nlopt::forced_stop&) {
+    return "budget";
+  } catch (const nlopt::roundoff_limited&) {
+    return "converged";  // the history has what it found
   } catch (const std::exception&) {
-    // forced_stop at the budget, or a roundoff-limited exit: the history has what it found.
+    return "error";
   }
 }
 
-std::vector<Solver> solvers() {
+// --dfo-config "key=value,...": overrides applied to the polyprobe-custom solver, which starts
+// from polyprobe-tr-dn. d=n means particle_dim = the problem's dimension.
+struct CustomConfig {
+  std::vector<std::pair<std::string, std::string>> settings;
+  OptimizerConfig for_dimension(int n) const;
+};
+
+CustomConfig parse_custom_config(const std::string& text);
+
+std::vector<Solver> solvers(const CustomConfig& custom = {}) {
   std::vector<Solver> s;
-  s.push_back({"polyprobe-default",
-               [](const MghProblem& p, History& h) { run_polyprobe(polyprobe_default(), p, h); }});
+  s.push_back({"polyprobe-default", [](const MghProblem& p, History& h) {
+                 return run_polyprobe(polyprobe_default(), p, h);
+               }});
   s.push_back({"polyprobe-tr-d2", [](const MghProblem& p, History& h) {
-                 run_polyprobe(polyprobe_trust_region(2), p, h);
+                 return run_polyprobe(polyprobe_trust_region(2), p, h);
                }});
   s.push_back({"polyprobe-tr-dn", [](const MghProblem& p, History& h) {
-                 run_polyprobe(polyprobe_trust_region(p.n), p, h);
+                 return run_polyprobe(polyprobe_trust_region(p.n), p, h);
+               }});
+  s.push_back({"polyprobe-custom", [custom](const MghProblem& p, History& h) {
+                 return run_polyprobe(custom.for_dimension(p.n), p, h);
                }});
   for (auto [name, algorithm] :
        {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
         std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD},
         std::pair{"nlopt-sbplx", nlopt::LN_SBPLX}, std::pair{"nlopt-cobyla", nlopt::LN_COBYLA}})
     s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h) {
-                   run_nlopt(algorithm, p, h);
+                   return run_nlopt(algorithm, p, h);
                  }});
   return s;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) items.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return items;
+}
+
+OptimizerConfig CustomConfig::for_dimension(int n) const {
+  OptimizerConfig c = polyprobe_trust_region(n);
+  for (const auto& [key, value] : settings) {
+    auto number = [&] { return std::stod(value); };
+    auto flag = [&] { return value == "1" || value == "true" || value == "on"; };
+    if (key == "d") {
+      c.particle_dim = value == "n" ? n : std::stoi(value);
+      if (c.particle_dim <= 2 && c.solver == TransportSolver::softmax)
+        c.solver = TransportSolver::sinkhorn;
+    } else if (key == "polytope") {
+      c.polytope = parse_polytope(value);
+    } else if (key == "K") {
+      c.num_probe = std::stoi(value);
+    } else if (key == "step_radius") {
+      c.step_radius = number();
+    } else if (key == "probe_radius") {
+      c.probe_radius = number();
+    } else if (key == "epsilon") {
+      c.epsilon = number();
+    } else if (key == "ent_epsilon") {
+      c.ent_epsilon = number();
+    } else if (key == "solver") {
+      c.solver = parse_transport_solver(value);
+    } else if (key == "cost_scaling") {
+      c.cost_scaling = parse_cost_scaling(value);
+    } else if (key == "radius") {
+      c.radius.kind = parse_radius_model(value);
+    } else if (key == "trust_min") {
+      c.radius.trust_min = number();
+    } else if (key == "trust_max") {
+      c.radius.trust_max = number();
+    } else if (key == "trust_shrink") {
+      c.radius.trust_shrink = number();
+    } else if (key == "trust_grow") {
+      c.radius.trust_grow = number();
+    } else if (key == "trust_shrink_below") {
+      c.radius.trust_shrink_below = number();
+    } else if (key == "trust_grow_above") {
+      c.radius.trust_grow_above = number();
+    } else if (key == "trust_scales_probe") {
+      c.radius.trust_scales_probe = flag();
+    } else if (key == "trust_reject") {
+      c.radius.trust_reject = flag();
+    } else if (key == "quadratic_max_scale") {
+      c.radius.quadratic_max_scale = number();
+    } else if (key == "momentum") {
+      c.momentum = flag();
+    } else if (key == "amortize_steps") {
+      c.amortize_steps = std::stoi(value);
+    } else if (key == "adaptive_probes") {
+      c.adaptive_probes = flag();
+    } else if (key == "biased_rotation") {
+      c.biased_rotation = flag();
+    } else if (key == "seed") {
+      c.seed = std::stoull(value);
+    } else {
+      throw UsageError("--dfo-config: unknown key '" + key + "'");
+    }
+  }
+  return c;
+}
+
+CustomConfig parse_custom_config(const std::string& text) {
+  CustomConfig custom;
+  for (const std::string& item : split_list(text)) {
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--dfo-config: expected key=value, got '" + item + "'");
+    custom.settings.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  try {
+    custom.for_dimension(10).validate();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UsageError(std::string("--dfo-config: ") + e.what());
+  }
+  return custom;
+}
+
+std::string problem_id(const MghProblem& p) { return p.name + "-" + std::to_string(p.n); }
+
+// The solvers named by --dfo-solvers ("all" or a comma-separated list).
+std::vector<Solver> select_solvers(const std::string& list, const CustomConfig& custom) {
+  std::vector<Solver> all = solvers(custom);
+  if (list == "all") {
+    // polyprobe-custom is polyprobe-tr-dn unless --dfo-config changes it.
+    if (custom.settings.empty())
+      std::erase_if(all, [](const Solver& s) { return s.name == "polyprobe-custom"; });
+    return all;
+  }
+  std::vector<Solver> chosen;
+  for (const std::string& name : split_list(list)) {
+    auto it = std::find_if(all.begin(), all.end(), [&](const Solver& s) { return s.name == name; });
+    if (it == all.end()) {
+      std::string known;
+      for (const Solver& s : all) known += (known.empty() ? "" : ", ") + s.name;
+      throw UsageError("--dfo-solvers: unknown solver '" + name + "' (solvers: " + known + ")");
+    }
+    if (std::none_of(chosen.begin(), chosen.end(), [&](const Solver& s) { return s.name == name; }))
+      chosen.push_back(*it);
+  }
+  if (chosen.empty()) throw UsageError("--dfo-solvers: no solver named");
+  return chosen;
+}
+
+// The problems named by --dfo-problems ("all", or names like "rosenbrock" for every dimension
+// or "rosenbrock-30" for one) within [--dfo-min-n, --dfo-max-n].
+std::vector<MghProblem> select_problems(const std::string& list, int min_n, int max_n) {
+  std::vector<MghProblem> all = mgh_problems();
+  std::vector<std::string> names;
+  if (list != "all") names = split_list(list);
+  for (const std::string& name : names)
+    if (std::none_of(all.begin(), all.end(), [&](const MghProblem& p) {
+          return p.name == name || problem_id(p) == name;
+        })) {
+      std::string known;
+      for (const MghProblem& p : all) known += (known.empty() ? "" : ", ") + problem_id(p);
+      throw UsageError("--dfo-problems: unknown problem '" + name + "' (problems: " + known + ")");
+    }
+  std::vector<MghProblem> chosen;
+  for (MghProblem& p : all) {
+    if (p.n < min_n || p.n > max_n) continue;
+    if (!names.empty() && std::none_of(names.begin(), names.end(), [&](const std::string& name) {
+          return p.name == name || problem_id(p) == name;
+        }))
+      continue;
+    chosen.push_back(std::move(p));
+  }
+  if (chosen.empty()) throw UsageError("--dfo-problems/--dfo-min-n/--dfo-max-n select no problem");
+  return chosen;
+}
+
+// f_L from a previous `bench dfo --json` file: the best value of every run it holds, per
+// problem ("workload"), so that a subset of solvers is judged against the complete set.
+std::map<std::string, double> read_reference_best(const std::string& path) {
+  std::ifstream file(path);
+  if (!file) throw UsageError("--dfo-reference: cannot read '" + path + "'");
+  nlohmann::json doc;
+  try {
+    doc = nlohmann::json::parse(file);
+  } catch (const std::exception& e) {
+    throw UsageError("--dfo-reference: '" + path + "' is not JSON: " + e.what());
+  }
+  std::map<std::string, double> best;
+  if (!doc.contains("records")) throw UsageError("--dfo-reference: no records in '" + path + "'");
+  for (const auto& r : doc["records"]) {
+    if (r.value("suite", "") != "dfo" || !r.contains("best") || !r["best"].is_number()) continue;
+    const std::string id = r.value("workload", "");
+    const double value = r["best"].get<double>();
+    auto [it, added] = best.emplace(id, value);
+    if (!added) it->second = std::min(it->second, value);
+  }
+  return best;
+}
+
+struct Progress {
+  bool enabled;
+  std::ostream& err;
+  std::mutex mutex;
+  std::size_t done = 0, total = 0;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  void finished(const std::string& what) {
+    if (!enabled) return;
+    std::lock_guard lock(mutex);
+    ++done;
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    err << "\r\033[K[dfo] " << done << "/" << total << " runs, " << std::fixed
+        << std::setprecision(0) << s << " s, last: " << what << std::defaultfloat << std::flush;
+    if (done == total) err << "\n";
+  }
+};
+
 std::vector<BenchRecord> run_dfo(Context& ctx) {
-  const std::vector<MghProblem> problems = mgh_problems();
-  const std::vector<Solver> all = solvers();
+  const auto& vm = ctx.vm;
+  const std::vector<MghProblem> problems = select_problems(
+      vm["dfo-problems"].as<std::string>(), vm["dfo-min-n"].as<int>(), vm["dfo-max-n"].as<int>());
+  const std::vector<Solver> all = select_solvers(
+      vm["dfo-solvers"].as<std::string>(), parse_custom_config(vm["dfo-config"].as<std::string>()));
+  const double nlopt_seconds = vm["dfo-nlopt-seconds"].as<double>();
+  if (!(nlopt_seconds > 0)) throw UsageError("--dfo-nlopt-seconds must be positive");
+  int threads = vm["dfo-threads"].as<int>();
+  if (threads < 0) throw UsageError("--dfo-threads must be 0 (all cores) or positive");
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::map<std::string, double> reference;
+  const bool has_reference = vm.count("dfo-reference") > 0;
+  if (has_reference) reference = read_reference_best(vm["dfo-reference"].as<std::string>());
+
   // histories[solver][problem]
   std::vector<std::vector<History>> histories(all.size(), std::vector<History>(problems.size()));
-  // Every (problem, solver) run is independent: spread them over the cores. Histories are
-  // per run, so the results do not depend on the thread count.
-  std::vector<std::vector<double>> run_ms(all.size(), std::vector<double>(problems.size()));
+  std::vector<std::vector<RunInfo>> runs(all.size(), std::vector<RunInfo>(problems.size()));
+  // Every (problem, solver) run is independent: spread them over the cores, the largest
+  // problems first so that the long runs do not end up last. Histories are per run, so the
+  // results do not depend on the thread count (NLopt's wall-clock cap aside).
+  std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (problem, solver)
+  for (std::size_t p = 0; p < problems.size(); ++p)
+    for (std::size_t s = 0; s < all.size(); ++s) tasks.emplace_back(p, s);
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) {
+    return problems[a.first].n > problems[b.first].n;
+  });
+  Progress progress{!ctx.quiet, *ctx.err};
+  progress.total = tasks.size();
   std::atomic<std::size_t> next{0};
   auto worker = [&]() {
-    for (std::size_t task; (task = next++) < problems.size() * all.size();) {
-      const std::size_t p = task / all.size(), s = task % all.size();
+    for (std::size_t task; (task = next++) < tasks.size();) {
+      const auto [p, s] = tasks[task];
       History& h = histories[s][p];
       h.budget = int64_t{kMaxSimplexGradients} * (problems[p].n + 1);
+      h.nlopt_seconds = nlopt_seconds;
       const auto t0 = std::chrono::steady_clock::now();
-      all[s].run(problems[p], h);
-      run_ms[s][p] =
+      runs[s][p].stop = all[s].run(problems[p], h);
+      runs[s][p].ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      progress.finished(problem_id(problems[p]) + " " + all[s].name);
     }
   };
-  std::vector<std::thread> threads;
-  for (unsigned t = 0; t < std::max(1u, std::thread::hardware_concurrency()); ++t)
-    threads.emplace_back(worker);
-  for (std::thread& t : threads) t.join();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (std::thread& t : pool) t.join();
+
+  // f_L per problem: the best value of the solvers run here and of the reference file.
+  std::vector<double> f_low(problems.size(), std::numeric_limits<double>::infinity());
+  std::vector<double> f_start(problems.size());
+  for (std::size_t p = 0; p < problems.size(); ++p) {
+    f_start[p] = problems[p].f(problems[p].x0);
+    for (const auto& per_solver : histories)
+      f_low[p] = std::min(f_low[p], per_solver[p].best_within(per_solver[p].budget));
+    if (auto it = reference.find(problem_id(problems[p])); it != reference.end())
+      f_low[p] = std::min(f_low[p], it->second);
+  }
 
   std::vector<BenchRecord> records;
   for (std::size_t p = 0; p < problems.size(); ++p)
@@ -158,43 +407,54 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
       const History& h = histories[s][p];
       BenchRecord r;
       r.suite = "dfo";
-      r.workload = problem.name + "-" + std::to_string(problem.n);
+      r.workload = problem_id(problem);
       r.path = all[s].name;
       r.dtype = "float64";
       r.candidates = static_cast<int64_t>(h.best.size());
-      r.timing.cold_ms = r.timing.median_ms = r.timing.min_ms = r.timing.max_ms = run_ms[s][p];
+      r.timing.cold_ms = r.timing.median_ms = r.timing.min_ms = r.timing.max_ms = runs[s][p].ms;
       r.timing.reps = 1;
-      r.extra = {{"n", problem.n},
-                 {"f0", problem.f(problem.x0)},
-                 {"best", h.best_within(h.budget)},
-                 {"evaluations", h.best.size()}};
+      r.extra = {{"n", problem.n},         {"f0", f_start[p]},   {"best", h.best_within(h.budget)},
+                 {"f_low", f_low[p]},      {"budget", h.budget}, {"evaluations", h.best.size()},
+                 {"stop", runs[s][p].stop}};
       records.push_back(r);
     }
 
   // Data profiles: fraction of problems solved within k simplex gradients.
   std::ostream& out = *ctx.out;
+  out << "\n"
+      << problems.size() << " problems, " << all.size() << " solvers; f_L from "
+      << (has_reference ? "these solvers and " + vm["dfo-reference"].as<std::string>()
+                        : std::string("these solvers only"))
+      << "\n";
+  int capped = 0;
+  for (const auto& per_solver : runs)
+    for (const RunInfo& run : per_solver) capped += run.stop == "maxtime" ? 1 : 0;
+  if (capped > 0)
+    out << capped << " NLopt run(s) stopped at the " << nlopt_seconds
+        << " s wall-clock cap before spending their budget\n";
   for (const char* group : {"all", "n>=10"}) {
+    int counted = 0;
+    for (const MghProblem& p : problems) counted += std::string(group) == "all" || p.n >= 10;
+    // Nothing to count, or "all" holds only problems with n >= 10 (printed as that group).
+    const bool all_large = std::all_of(problems.begin(), problems.end(),
+                                       [](const MghProblem& p) { return p.n >= 10; });
+    if (counted == 0 || (std::string(group) == "all" && all_large)) continue;
     for (double tau : kTolerances) {
-      out << "\ndata profile, tau = " << tau << ", problems: " << group << "\n";
-      out << std::left << std::setw(20) << "solver";
+      out << "\ndata profile, tau = " << tau << ", problems: " << group << " (" << counted << ")\n";
+      out << std::left << std::setw(24) << "solver";
       for (int k : kProfileBudgets) out << std::right << std::setw(9) << (std::to_string(k) + "sg");
       out << "\n";
       for (std::size_t s = 0; s < all.size(); ++s) {
-        out << std::left << std::setw(20) << all[s].name;
+        out << std::left << std::setw(24) << all[s].name;
         nlohmann::json row = nlohmann::json::object();
         for (int k : kProfileBudgets) {
-          int solved = 0, counted = 0;
+          int solved = 0;
           for (std::size_t p = 0; p < problems.size(); ++p) {
             if (std::string(group) == "n>=10" && problems[p].n < 10) continue;
-            ++counted;
-            const double f0 = problems[p].f(problems[p].x0);
-            double f_best = std::numeric_limits<double>::infinity();
-            for (const auto& per_solver : histories)
-              f_best = std::min(f_best, per_solver[p].best_within(per_solver[p].budget));
             const double f = histories[s][p].best_within(int64_t{k} * (problems[p].n + 1));
-            if (f0 - f >= (1 - tau) * (f0 - f_best)) ++solved;
+            if (f_start[p] - f >= (1 - tau) * (f_start[p] - f_low[p])) ++solved;
           }
-          const double fraction = counted > 0 ? static_cast<double>(solved) / counted : 0.0;
+          const double fraction = static_cast<double>(solved) / counted;
           out << std::right << std::setw(9) << std::fixed << std::setprecision(2) << fraction
               << std::defaultfloat;
           row[std::to_string(k)] = fraction;
@@ -204,7 +464,11 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
         r.suite = "dfo";
         r.workload = std::string("profile ") + group + " tau=" + (tau == 1e-3 ? "1e-3" : "1e-5");
         r.path = all[s].name;
-        r.extra = {{"profile", row}, {"tau", tau}, {"group", group}};
+        r.extra = {{"profile", row},
+                   {"tau", tau},
+                   {"group", group},
+                   {"problems", counted},
+                   {"f_low_source", has_reference ? "solvers run and reference" : "solvers run"}};
         records.push_back(r);
       }
     }
@@ -213,13 +477,33 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
   return records;
 }
 
+void dfo_options(po::options_description& o) {
+  o.add_options()("dfo-solvers", po::value<std::string>()->default_value("all"),
+                  "dfo: comma-separated solvers (polyprobe-tr-dn, nlopt-sbplx, ...) or all")(
+      "dfo-problems", po::value<std::string>()->default_value("all"),
+      "dfo: comma-separated problems, by name (every dimension) or name-n, or all")(
+      "dfo-min-n", po::value<int>()->default_value(2), "dfo: smallest dimension to run")(
+      "dfo-max-n", po::value<int>()->default_value(100), "dfo: largest dimension to run")(
+      "dfo-nlopt-seconds", po::value<double>()->default_value(45),
+      "dfo: wall-clock cap of one NLopt run (a capped run has not spent its budget)")(
+      "dfo-threads", po::value<int>()->default_value(0),
+      "dfo: runs in parallel (0: one per hardware thread)")(
+      "dfo-config", po::value<std::string>()->default_value(""),
+      "dfo: key=value overrides of polyprobe-tr-dn for the polyprobe-custom solver (d=n|INT, "
+      "polytope, K, step_radius, probe_radius, epsilon, ent_epsilon, solver, cost_scaling, "
+      "radius, trust_*, quadratic_max_scale, momentum, amortize_steps, adaptive_probes, "
+      "biased_rotation, seed)")(
+      "dfo-reference", po::value<std::string>()->value_name("FILE"),
+      "dfo: a previous `bench dfo --json` file whose best values also count towards f_L");
+}
+
 }  // namespace
 
 BenchSuite dfo_bench_suite() {
   return {"dfo",
           "Moré–Garbow–Hillstrom problems (n = 2..100): polyprobe vs NLopt at equal budgets, as "
           "data profiles",
-          nullptr, run_dfo};
+          dfo_options, run_dfo};
 }
 
 }  // namespace polyprobe::app
