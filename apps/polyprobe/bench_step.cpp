@@ -197,10 +197,14 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         r.max_rel_diff = worst;
         std::string ran = path;
         if (explain.contains("plugin")) {
+          // Every path that scored candidates, most candidates first: "site-local+sparse".
           const auto& counts = explain["plugin"]["last_call_candidates_per_path"];
-          int64_t most = -1;
+          std::vector<std::pair<int64_t, std::string>> used;
           for (const auto& [p, n] : counts.items())
-            if (n.get<int64_t>() > most) most = n.get<int64_t>(), ran = p;
+            if (n.get<int64_t>() > 0) used.emplace_back(-n.get<int64_t>(), p);
+          std::sort(used.begin(), used.end());
+          if (!used.empty()) ran.clear();
+          for (const auto& [n, p] : used) ran += (ran.empty() ? "" : "+") + p;
           r.extra["candidates_per_path"] = counts;
           r.extra["chunk_size"] = explain["plugin"]["chunk_size"];
           r.extra["memory_estimate_bytes"] = explain["plugin"]["memory_estimate_bytes"];
