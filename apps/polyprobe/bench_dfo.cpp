@@ -55,7 +55,9 @@ struct History {
 // or "error".
 struct Solver {
   std::string name;
-  std::function<std::string(const MghProblem&, History&)> run;
+  // `seed` picks the run of a randomized solver (--dfo-seeds); deterministic ones ignore it.
+  std::function<std::string(const MghProblem&, History&, uint64_t seed)> run;
+  bool randomized = false;
 };
 
 struct RunInfo {
@@ -91,7 +93,22 @@ OptimizerConfig polyprobe_trust_region_warm(int particle_dim) {
   return c;
 }
 
-std::string run_polyprobe(const OptimizerConfig& config, const MghProblem& p, History& h) {
+// polyprobe-tr-dn with a learned metric (OptimizerConfig::metric = bfgs): the simplex is
+// sheared by a quasi-Newton estimate of the inverse Hessian built from successive simplex
+// gradients, so it follows curved valleys; the warmer transport (0.5) keeps the move close to
+// the preconditioned gradient and steps of up to 50 step radii let the model take the long
+// steps a good metric allows. Found with --dfo-config --dfo-seeds 5 on the n >= 10 problems
+// (docs/benchmarks.md); it is polyprobe's best configuration on this suite.
+OptimizerConfig polyprobe_trust_region_bfgs(int particle_dim) {
+  OptimizerConfig c = polyprobe_trust_region(particle_dim);
+  c.metric = MetricKind::bfgs;
+  c.ent_epsilon = 0.5;
+  c.radius.quadratic_max_scale = 50;
+  return c;
+}
+
+std::string run_polyprobe(OptimizerConfig config, const MghProblem& p, History& h, uint64_t seed) {
+  config.seed += seed;
   const Objective f = [&](std::span<const double> x) { return h.record(p.f(x)); };
   minimize(f, p.x0, h.budget, config);
   return "budget";
@@ -199,26 +216,41 @@ CustomConfig parse_custom_config(const std::string& text);
 
 std::vector<Solver> solvers(const CustomConfig& custom = {}) {
   std::vector<Solver> s;
-  s.push_back({"polyprobe-default", [](const MghProblem& p, History& h) {
-                 return run_polyprobe(polyprobe_default(), p, h);
-               }});
-  s.push_back({"polyprobe-tr-d2", [](const MghProblem& p, History& h) {
-                 return run_polyprobe(polyprobe_trust_region(2), p, h);
-               }});
-  s.push_back({"polyprobe-tr-dn", [](const MghProblem& p, History& h) {
-                 return run_polyprobe(polyprobe_trust_region(p.n), p, h);
-               }});
-  s.push_back({"polyprobe-tr-dn-warm", [](const MghProblem& p, History& h) {
-                 return run_polyprobe(polyprobe_trust_region_warm(p.n), p, h);
-               }});
-  s.push_back({"polyprobe-custom", [custom](const MghProblem& p, History& h) {
-                 return run_polyprobe(custom.for_dimension(p.n), p, h);
-               }});
+  s.push_back({"polyprobe-default",
+               [](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(polyprobe_default(), p, h, seed);
+               },
+               true});
+  s.push_back({"polyprobe-tr-d2",
+               [](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(polyprobe_trust_region(2), p, h, seed);
+               },
+               true});
+  s.push_back({"polyprobe-tr-dn",
+               [](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(polyprobe_trust_region(p.n), p, h, seed);
+               },
+               true});
+  s.push_back({"polyprobe-tr-dn-warm",
+               [](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(polyprobe_trust_region_warm(p.n), p, h, seed);
+               },
+               true});
+  s.push_back({"polyprobe-tr-dn-bfgs",
+               [](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(polyprobe_trust_region_bfgs(p.n), p, h, seed);
+               },
+               true});
+  s.push_back({"polyprobe-custom",
+               [custom](const MghProblem& p, History& h, uint64_t seed) {
+                 return run_polyprobe(custom.for_dimension(p.n), p, h, seed);
+               },
+               true});
   for (auto [name, algorithm] :
        {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
         std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD},
         std::pair{"nlopt-sbplx", nlopt::LN_SBPLX}, std::pair{"nlopt-cobyla", nlopt::LN_COBYLA}})
-    s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h) {
+    s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h, uint64_t) {
                    return run_nlopt(algorithm, p, h);
                  }});
   return s;
@@ -286,6 +318,8 @@ OptimizerConfig CustomConfig::for_dimension(int n) const {
       c.amortize_steps = std::stoi(value);
     } else if (key == "adaptive_probes") {
       c.adaptive_probes = flag();
+    } else if (key == "metric") {
+      c.metric = parse_metric(value);
     } else if (key == "biased_rotation") {
       c.biased_rotation = flag();
     } else if (key == "seed") {
@@ -424,31 +458,45 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
   std::map<std::string, double> reference;
   const bool has_reference = vm.count("dfo-reference") > 0;
   if (has_reference) reference = read_reference_best(vm["dfo-reference"].as<std::string>());
+  const int seeds = vm["dfo-seeds"].as<int>();
+  if (seeds < 1) throw UsageError("--dfo-seeds must be at least 1");
+  // A randomized solver runs once per seed 0 .. seeds - 1, a deterministic one once.
+  auto runs_of = [&](std::size_t s) { return all[s].randomized ? seeds : 1; };
 
-  // histories[solver][problem]
-  std::vector<std::vector<History>> histories(all.size(), std::vector<History>(problems.size()));
-  std::vector<std::vector<RunInfo>> runs(all.size(), std::vector<RunInfo>(problems.size()));
-  // Every (problem, solver) run is independent: spread them over the cores, the largest
+  // histories[solver][problem][seed], runs likewise.
+  std::vector<std::vector<std::vector<History>>> histories(all.size());
+  std::vector<std::vector<std::vector<RunInfo>>> runs(all.size());
+  for (std::size_t s = 0; s < all.size(); ++s) {
+    histories[s].assign(problems.size(), std::vector<History>(runs_of(s)));
+    runs[s].assign(problems.size(), std::vector<RunInfo>(runs_of(s)));
+  }
+  // Every (problem, solver, seed) run is independent: spread them over the cores, the largest
   // problems first so that the long runs do not end up last. Histories are per run, so the
   // results do not depend on the thread count (NLopt's wall-clock cap aside).
-  std::vector<std::pair<std::size_t, std::size_t>> tasks;  // (problem, solver)
+  struct Task {
+    std::size_t problem, solver;
+    int seed;
+  };
+  std::vector<Task> tasks;
   for (std::size_t p = 0; p < problems.size(); ++p)
-    for (std::size_t s = 0; s < all.size(); ++s) tasks.emplace_back(p, s);
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const auto& a, const auto& b) {
-    return problems[a.first].n > problems[b.first].n;
+    for (std::size_t s = 0; s < all.size(); ++s)
+      for (int r = 0; r < runs_of(s); ++r) tasks.push_back({p, s, r});
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& a, const Task& b) {
+    return problems[a.problem].n > problems[b.problem].n;
   });
   Progress progress{!ctx.quiet, *ctx.err};
   progress.total = tasks.size();
   std::atomic<std::size_t> next{0};
   auto worker = [&]() {
     for (std::size_t task; (task = next++) < tasks.size();) {
-      const auto [p, s] = tasks[task];
-      History& h = histories[s][p];
+      const auto [p, s, r] = tasks[task];
+      History& h = histories[s][p][static_cast<std::size_t>(r)];
+      RunInfo& run = runs[s][p][static_cast<std::size_t>(r)];
       h.budget = int64_t{kMaxSimplexGradients} * (problems[p].n + 1);
       h.nlopt_seconds = nlopt_seconds;
       const auto t0 = std::chrono::steady_clock::now();
-      runs[s][p].stop = all[s].run(problems[p], h);
-      runs[s][p].ms =
+      run.stop = all[s].run(problems[p], h, static_cast<uint64_t>(r));
+      run.ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       progress.finished(problem_id(problems[p]) + " " + all[s].name);
     }
@@ -463,46 +511,67 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
   for (std::size_t p = 0; p < problems.size(); ++p) {
     f_start[p] = problems[p].f(problems[p].x0);
     for (const auto& per_solver : histories)
-      f_low[p] = std::min(f_low[p], per_solver[p].best_within(per_solver[p].budget));
+      for (const History& h : per_solver[p]) f_low[p] = std::min(f_low[p], h.best_within(h.budget));
     if (auto it = reference.find(problem_id(problems[p])); it != reference.end())
       f_low[p] = std::min(f_low[p], it->second);
   }
 
   std::vector<BenchRecord> records;
   for (std::size_t p = 0; p < problems.size(); ++p)
-    for (std::size_t s = 0; s < all.size(); ++s) {
-      const MghProblem& problem = problems[p];
-      const History& h = histories[s][p];
-      BenchRecord r;
-      r.suite = "dfo";
-      r.workload = problem_id(problem);
-      r.path = all[s].name;
-      r.dtype = "float64";
-      r.candidates = static_cast<int64_t>(h.best.size());
-      r.timing.cold_ms = r.timing.median_ms = r.timing.min_ms = r.timing.max_ms = runs[s][p].ms;
-      r.timing.reps = 1;
-      r.extra = {{"n", problem.n},         {"f0", f_start[p]},   {"best", h.best_within(h.budget)},
-                 {"f_low", f_low[p]},      {"budget", h.budget}, {"evaluations", h.best.size()},
-                 {"stop", runs[s][p].stop}};
-      records.push_back(r);
-    }
+    for (std::size_t s = 0; s < all.size(); ++s)
+      for (int seed = 0; seed < runs_of(s); ++seed) {
+        const MghProblem& problem = problems[p];
+        const History& h = histories[s][p][static_cast<std::size_t>(seed)];
+        const RunInfo& run = runs[s][p][static_cast<std::size_t>(seed)];
+        BenchRecord r;
+        r.suite = "dfo";
+        r.workload = problem_id(problem);
+        r.path = all[s].name;
+        r.dtype = "float64";
+        r.candidates = static_cast<int64_t>(h.best.size());
+        r.timing.cold_ms = r.timing.median_ms = r.timing.min_ms = r.timing.max_ms = run.ms;
+        r.timing.reps = 1;
+        r.extra = {{"n", problem.n},    {"f0", f_start[p]},   {"best", h.best_within(h.budget)},
+                   {"f_low", f_low[p]}, {"budget", h.budget}, {"evaluations", h.best.size()},
+                   {"stop", run.stop}};
+        if (all[s].randomized) r.extra["seed"] = seed;
+        // Where the convergence test was first met, in simplex gradients (null: never), so a
+        // profile can be read problem by problem.
+        nlohmann::json solved_at = nlohmann::json::object();
+        for (double tau : kTolerances) {
+          const auto first = std::find_if(h.best.begin(), h.best.end(), [&](double f) {
+            return f_start[p] - f >= (1 - tau) * (f_start[p] - f_low[p]);
+          });
+          solved_at[tau == 1e-3 ? "1e-3" : "1e-5"] =
+              first == h.best.end()
+                  ? nlohmann::json()
+                  : nlohmann::json(static_cast<double>(first - h.best.begin() + 1) /
+                                   (problem.n + 1));
+        }
+        r.extra["solved_at_sg"] = solved_at;
+        records.push_back(r);
+      }
 
   // Data profiles: fraction of problems solved within k simplex gradients.
   std::ostream& out = *ctx.out;
   out << "\n"
-      << problems.size() << " problems, " << all.size() << " solvers; f_L from "
+      << problems.size() << " problems, " << all.size() << " solvers"
+      << (seeds > 1 ? ", randomized ones " + std::to_string(seeds) + " seeds each (profiles: mean)"
+                    : std::string())
+      << "; f_L from "
       << (has_reference ? "these solvers and " + vm["dfo-reference"].as<std::string>()
                         : std::string("these solvers only"))
       << "\n";
-  int capped = 0;
+  int capped = 0, hung = 0;
   for (const auto& per_solver : runs)
-    for (const RunInfo& run : per_solver) capped += run.stop == "maxtime" ? 1 : 0;
+    for (const auto& per_problem : per_solver)
+      for (const RunInfo& run : per_problem) {
+        capped += run.stop == "maxtime" ? 1 : 0;
+        hung += run.stop == "hung" ? 1 : 0;
+      }
   if (capped > 0)
     out << capped << " NLopt run(s) stopped at the " << nlopt_seconds
         << " s wall-clock cap before spending their budget\n";
-  int hung = 0;
-  for (const auto& per_solver : runs)
-    for (const RunInfo& run : per_solver) hung += run.stop == "hung" ? 1 : 0;
   if (hung > 0)
     out << hung << " NLopt run(s) hung inside the solver (COBYLA's trstlp, NLopt issue #370) and "
         << "were abandoned " << kNloptGraceSeconds << " s after the cap, keeping what they had "
@@ -523,13 +592,16 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
         out << std::left << std::setw(24) << all[s].name;
         nlohmann::json row = nlohmann::json::object();
         for (int k : kProfileBudgets) {
+          // A randomized solver's fraction is the mean over its seeds.
           int solved = 0;
           for (std::size_t p = 0; p < problems.size(); ++p) {
             if (std::string(group) == "n>=10" && problems[p].n < 10) continue;
-            const double f = histories[s][p].best_within(int64_t{k} * (problems[p].n + 1));
-            if (f_start[p] - f >= (1 - tau) * (f_start[p] - f_low[p])) ++solved;
+            for (const History& h : histories[s][p]) {
+              const double f = h.best_within(int64_t{k} * (problems[p].n + 1));
+              if (f_start[p] - f >= (1 - tau) * (f_start[p] - f_low[p])) ++solved;
+            }
           }
-          const double fraction = static_cast<double>(solved) / counted;
+          const double fraction = static_cast<double>(solved) / (counted * runs_of(s));
           out << std::right << std::setw(9) << std::fixed << std::setprecision(2) << fraction
               << std::defaultfloat;
           row[std::to_string(k)] = fraction;
@@ -543,6 +615,7 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
                    {"tau", tau},
                    {"group", group},
                    {"problems", counted},
+                   {"seeds", runs_of(s)},
                    {"f_low_source", has_reference ? "solvers run and reference" : "solvers run"}};
         records.push_back(r);
       }
@@ -567,7 +640,10 @@ void dfo_options(po::options_description& o) {
       "dfo: key=value overrides of polyprobe-tr-dn for the polyprobe-custom solver (d=n|INT, "
       "polytope, K, step_radius, probe_radius, epsilon, ent_epsilon, solver, cost_scaling, "
       "radius, trust_*, quadratic_max_scale, momentum, amortize_steps, adaptive_probes, "
-      "biased_rotation, seed)")(
+      "biased_rotation, metric, seed)")(
+      "dfo-seeds", po::value<int>()->default_value(1),
+      "dfo: runs of each randomized (polyprobe) solver, seeds 0 .. N-1; its profile is the mean "
+      "over them")(
       "dfo-reference", po::value<std::string>()->value_name("FILE"),
       "dfo: a previous `bench dfo --json` file whose best values also count towards f_L");
 }

@@ -27,6 +27,16 @@ std::string_view to_string(BlockStrategy strategy) {
   return "?";
 }
 
+MetricKind parse_metric(std::string_view name) {
+  if (name == "identity") return MetricKind::identity;
+  if (name == "bfgs") return MetricKind::bfgs;
+  throw Error("unknown metric '" + std::string(name) + "' (use identity or bfgs)");
+}
+
+std::string_view to_string(MetricKind kind) {
+  return kind == MetricKind::bfgs ? "bfgs" : "identity";
+}
+
 namespace {
 
 void require(bool ok, const std::string& message) {
@@ -120,6 +130,9 @@ void OptimizerConfig::validate() const {
         positive(r.trust_min) && r.trust_min <= 1 && r.trust_max >= 1 && std::isfinite(r.trust_max),
         "trust region needs 0 < trust_min <= 1 <= trust_max");
   }
+  require(metric == MetricKind::identity || quadratic,
+          "metric = bfgs learns from the finite-difference gradient of the quadratic model: set "
+          "radius.kind = quadratic or trust_region");
   require(!r.trust_reject || r.kind == RadiusModelKind::trust_region,
           "radius.trust_reject needs radius.kind = trust_region (it undoes steps the trust "
           "region judged)");

@@ -1,6 +1,7 @@
 // One optimizer step, independent of how candidates are scored.
 #include "step_engine.hpp"
 
+#include "metric.hpp"
 #include "state_io.hpp"
 
 #include <polyprobe/error.hpp>
@@ -16,6 +17,9 @@ namespace polyprobe::detail {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// metric = bfgs learns only from moves at least this long, in probe radii (apply_metric).
+constexpr double kMetricMinMove = 0.5;
 
 ScheduleSettings schedule_settings(const OptimizerConfig& c) {
   ScheduleSettings s;
@@ -46,6 +50,17 @@ bool penalise_nonfinite(MatrixRef<double> cost, double margin) {
   for (Eigen::Index i = 0; i < cost.size(); ++i)
     if (!std::isfinite(cost.data()[i])) cost.data()[i] = penalty;
   return true;
+}
+
+// Flags travel through the checkpoint as doubles (state_io has no other vector type).
+std::vector<double> flags(const std::vector<char>& values) {
+  return {values.begin(), values.end()};
+}
+
+std::vector<char> from_flags(const std::vector<double>& values) {
+  std::vector<char> out(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) out[i] = values[i] != 0 ? 1 : 0;
+  return out;
 }
 
 }  // namespace
@@ -86,6 +101,15 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
   cache_rotations_.assign(pd * idx(d_), 0.0);
   cache_valid_.assign(idx(particles_), 0);
   reused_.assign(idx(particles_), 0);
+  if (config_.metric == MetricKind::bfgs) {
+    metric_inverse_.assign(pd * idx(d_), 0.0);
+    for (int64_t i = 0; i < particles_; ++i)
+      for (int32_t j = 0; j < d_; ++j) metric_inverse_[idx((i * d_ + j) * d_ + j)] = 1.0;
+    metric_factor_ = metric_inverse_;
+    metric_gradient_.assign(pd, 0.0);
+    metric_gradient_valid_.assign(idx(particles_), 0);
+    metric_started_.assign(idx(particles_), 0);
+  }
 }
 
 double StepEngine::momentum_coefficient() const {
@@ -140,15 +164,21 @@ void StepEngine::plan(uint64_t objective_key) {
 
   directions_.resize(idx(P * V * d_));
   displacements_.resize(idx(P * V * K * d_));
+  const bool shaped = config_.metric == MetricKind::bfgs;
+  Matrix<double> sheared;
   for (int64_t i = 0; i < P; ++i) {
     Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
     Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
     dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
+    if (shaped) {
+      Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
+      sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
+    }
     for (int64_t v = 0; v < V; ++v)
       for (int32_t k = 1; k <= K; ++k) {
         const double scale = probe_r_ * k / (K + 1.0);
         double* out = displacements_.data() + ((i * V + v) * K + (k - 1)) * d_;
-        for (int32_t j = 0; j < d_; ++j) out[j] = scale * dir(v, j);
+        for (int32_t j = 0; j < d_; ++j) out[j] = scale * (shaped ? sheared(v, j) : dir(v, j));
       }
   }
   screened_ = false;
@@ -348,7 +378,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   // Quadratic models: per block, the step length along the transport move.
   if (quadratic) {
     const double scaled_radius = probe_r_ * K / (K + 1.0);
-    std::vector<double> gradient(idx(d_)), outer(idx(V));
+    std::vector<double> outer(idx(V));
+    gradients_.resize(idx(P * d_));
     double predicted = 0;
     bool at_boundary = false;
     for (const BlockRange& block : blocks_) {
@@ -357,6 +388,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
         for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
         const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
         Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+        const std::span<double> gradient(gradients_.data() + i * d_, idx(d_));
         const double curvature = fit_particle_quadratic(outer, f, dir, scaled_radius, gradient);
         double slope = 0, norm2 = 0;
         for (int32_t j = 0; j < d_; ++j) {
@@ -378,6 +410,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     radius_->record_prediction(predicted, at_boundary);
     prediction_valid_ = std::isfinite(predicted);
     prediction_key_ = key_;
+    if (config_.metric == MetricKind::bfgs) apply_metric(moves);
   }
 
   if (config_.momentum) {
@@ -419,6 +452,45 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   return info;
 }
 
+void StepEngine::apply_metric(std::span<double> moves) {
+  Vector<double> move(d_), gradient(d_), change(d_);
+  for (int64_t i = 0; i < particles_; ++i) {
+    Eigen::Map<Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
+    Eigen::Map<Matrix<double>> inverse(metric_inverse_.data() + i * d_ * d_, d_, d_);
+    Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
+    move = out;
+    out.noalias() = factor.triangularView<Eigen::Lower>() * move;
+    // The fit measured g_u = L^T g along the sheared probes: g = L^-T g_u.
+    gradient = Eigen::Map<const Vector<double>>(gradients_.data() + i * d_, d_);
+    factor.transpose().triangularView<Eigen::Upper>().solveInPlace(gradient);
+    auto& valid = metric_gradient_valid_[idx(i)];
+    Eigen::Map<Vector<double>> previous(metric_gradient_.data() + i * d_, d_);
+    if (!gradient.allFinite()) {
+      valid = 0;
+      continue;
+    }
+    // A finite-difference gradient is off by about (probe radius) x (curvature), and the
+    // gradient changes by about |s| x (curvature): a move much shorter than the probe radius
+    // yields a pair that is mostly noise, so it teaches the metric nothing.
+    const std::span<const double> s(last_move_.data() + i * d_, idx(d_));
+    double s2 = 0;
+    for (double x : s) s2 += x * x;
+    if (valid && std::sqrt(s2) >= kMetricMinMove * probe_r_) {
+      change = gradient - previous;
+      auto& started = metric_started_[idx(i)];
+      if (bfgs_update(inverse, s, {change.data(), idx(d_)}, started == 0)) {
+        started = 1;
+        if (!unit_determinant_factor(inverse, factor)) {
+          inverse.setIdentity();  // lost: start again from the template's own shape
+          started = 0;
+        }
+      }
+    }
+    previous = gradient;
+    valid = 1;
+  }
+}
+
 StepInfo StepEngine::coast(std::span<double> moves) {
   if (next_is_scored()) throw Error("StepEngine::coast on a scored step; call plan()");
   StepInfo info = begin_info();
@@ -432,6 +504,7 @@ StepInfo StepEngine::coast(std::span<double> moves) {
   std::copy(moves.begin(), moves.end(), last_move_.begin());
   // The next incumbent differs from the predicted one by this unmodelled move.
   prediction_valid_ = false;
+  std::fill(metric_gradient_valid_.begin(), metric_gradient_valid_.end(), 0);
   radius_->invalidate();
   std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
   ++step_;
@@ -442,6 +515,7 @@ void StepEngine::forget_history() {
   std::fill(velocity_.begin(), velocity_.end(), 0.0);
   std::fill(last_move_.begin(), last_move_.end(), 0.0);
   std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
+  std::fill(metric_gradient_valid_.begin(), metric_gradient_valid_.end(), 0);
   prediction_valid_ = false;
   radius_->invalidate();
   planned_ = false;
@@ -467,13 +541,19 @@ void StepEngine::save(std::ostream& out) const {
   put(out, "engine.last_move", last_move_);
   put(out, "cache.costs", cache_costs_);
   put(out, "cache.rotations", cache_rotations_);
-  std::vector<double> valid(cache_valid_.begin(), cache_valid_.end());
-  put(out, "cache.valid", valid);
+  put(out, "cache.valid", flags(cache_valid_));
   put(out, "cache.key", cache_key_);
   put(out, "cache.step_r", cache_step_r_);
   put(out, "cache.probe_r", cache_probe_r_);
   put(out, "prediction.key", prediction_key_);
   put(out, "prediction.valid", prediction_valid_ ? 1 : 0);
+  if (config_.metric == MetricKind::bfgs) {
+    put(out, "metric.inverse", metric_inverse_);
+    put(out, "metric.factor", metric_factor_);
+    put(out, "metric.gradient", metric_gradient_);
+    put(out, "metric.gradient_valid", flags(metric_gradient_valid_));
+    put(out, "metric.started", flags(metric_started_));
+  }
   put(out, "engine.planned", planned_ ? 1 : 0);
   schedule_.save(out);
   radius_->save(out);
@@ -509,8 +589,7 @@ void StepEngine::load(std::istream& in) {
   get(in, "cache.rotations", cache_rotations_);
   std::vector<double> valid;
   get(in, "cache.valid", valid);
-  cache_valid_.assign(valid.size(), 0);
-  for (std::size_t i = 0; i < valid.size(); ++i) cache_valid_[i] = valid[i] != 0 ? 1 : 0;
+  cache_valid_ = from_flags(valid);
   get(in, "cache.key", cache_key_);
   get(in, "cache.step_r", cache_step_r_);
   get(in, "cache.probe_r", cache_probe_r_);
@@ -518,6 +597,16 @@ void StepEngine::load(std::istream& in) {
   int flag = 0, planned = 0;
   get(in, "prediction.valid", flag);
   prediction_valid_ = flag != 0;
+  if (config_.metric == MetricKind::bfgs) {
+    get(in, "metric.inverse", metric_inverse_);
+    get(in, "metric.factor", metric_factor_);
+    get(in, "metric.gradient", metric_gradient_);
+    std::vector<double> valid_flags, started_flags;
+    get(in, "metric.gradient_valid", valid_flags);
+    get(in, "metric.started", started_flags);
+    metric_gradient_valid_ = from_flags(valid_flags);
+    metric_started_ = from_flags(started_flags);
+  }
   get(in, "engine.planned", planned);
   schedule_.load(in);
   radius_->load(in);

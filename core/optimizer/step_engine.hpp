@@ -86,6 +86,9 @@ class StepEngine {
   void solve_block(const BlockRange& block, double temperature, StepInfo& info);
   StepInfo begin_info() const;
   double momentum_coefficient() const;
+  // metric = bfgs: maps the template-space moves through each particle's factor and updates
+  // the metric with this step's gradients.
+  void apply_metric(std::span<double> moves);
 
   OptimizerConfig config_;
   int32_t d_;
@@ -112,6 +115,12 @@ class StepEngine {
   double cache_step_r_ = 0, cache_probe_r_ = 0;
   uint64_t prediction_key_ = 0;
   bool prediction_valid_ = false;
+  // metric = bfgs (metric.hpp): per particle the inverse Hessian estimate [P d d], its
+  // unit-determinant factor that shapes the polytope [P d d], the gradient at the incumbent
+  // in search coordinates [P d], whether that gradient belongs to the current incumbent's
+  // predecessor, and whether the estimate has had its first (scaling) update.
+  std::vector<double> metric_inverse_, metric_factor_, metric_gradient_;
+  std::vector<char> metric_gradient_valid_, metric_started_;
   // review() of the step in flight: the incumbent it settled on (not checkpointed: a step
   // is reviewed and finished within one call of the driver).
   bool reviewed_ = false;
@@ -124,6 +133,7 @@ class StepEngine {
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
   std::vector<double> rotations_;      // [P d d]
   std::vector<double> directions_;     // [P V d]: R_i t_v
+  std::vector<double> gradients_;      // [P d]: the quadratic fit's gradient in template space
   std::vector<double> displacements_;  // [P V K d]
   std::vector<char> reused_;           // [P]
   bool screened_ = false;

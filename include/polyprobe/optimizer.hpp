@@ -36,6 +36,17 @@ enum class BlockStrategy { monolithic, per_layer, grouped };
 BlockStrategy parse_block_strategy(std::string_view name);
 std::string_view to_string(BlockStrategy strategy);
 
+// The shape of each particle's polytope. identity: the template as polystep has it. bfgs: a
+// metric learned per particle from its successive finite-difference gradients (BFGS on the
+// inverse Hessian, O(d^2) state per particle); the polytope is sheared by its unit-determinant
+// Cholesky factor, so the probes and the move follow curved valleys. It needs the gradient of
+// a quadratic or trust_region radius model, and pays off on stationary objectives (minimize(),
+// the manual step API on a fixed batch); docs/optimizer.md says when.
+enum class MetricKind { identity, bfgs };
+
+MetricKind parse_metric(std::string_view name);
+std::string_view to_string(MetricKind kind);
+
 struct OptimizerConfig {
   // Geometry
   int32_t particle_dim = 2;           // d in full space
@@ -44,6 +55,7 @@ struct OptimizerConfig {
   int32_t num_probe = 1;  // K probe radii k / (K + 1), k = 1 .. K
   RotationMethod rotation = RotationMethod::automatic;
   bool biased_rotation = false;  // first axis along the particle's last move
+  MetricKind metric = MetricKind::identity;
 
   // Radii: step_r = step_radius * epsilon(t) * controller, same for probe_r
   double step_radius = 1.0;

@@ -36,6 +36,8 @@ TEST_CASE("invalid configurations are rejected with their reason", "[optimizer][
          c.particle_dim = 17;
        }},
       {"num_probe", [](auto& c) { c.num_probe = 0; }},
+      {"metric = bfgs learns from the finite-difference gradient",
+       [](auto& c) { c.metric = MetricKind::bfgs; }},  // the default radius model is fixed
       {"step_radius", [](auto& c) { c.step_radius = 0; }},
       {"probe_radius", [](auto& c) { c.probe_radius = -1; }},
       {"epsilon must", [](auto& c) { c.epsilon = 0; }},
@@ -196,5 +198,8 @@ TEST_CASE("option names parse and print", "[optimizer][config]") {
   REQUIRE(parse_block_strategy("per_layer") == BlockStrategy::per_layer);
   REQUIRE(parse_cost_scaling("min_max") == CostScaling::min_max);
   REQUIRE(to_string(BlockStrategy::grouped) == "grouped");
+  REQUIRE(parse_metric("bfgs") == MetricKind::bfgs);
+  REQUIRE(to_string(MetricKind::identity) == "identity");
+  REQUIRE_THROWS_WITH(parse_metric("newton"), Catch::Contains("identity or bfgs"));
   REQUIRE_THROWS_WITH(parse_polytope("sphere"), Catch::Contains("simplex, orthoplex or cube"));
 }

@@ -25,7 +25,7 @@ std::vector<double> params_of(const Model& m) {
 }
 
 std::vector<OptimizerConfig> varied_configs() {
-  std::vector<OptimizerConfig> configs(5);
+  std::vector<OptimizerConfig> configs(6);
   configs[0].radius.kind = RadiusModelKind::trust_region;
   configs[0].biased_rotation = true;
   configs[1].momentum = true;
@@ -46,6 +46,9 @@ std::vector<OptimizerConfig> varied_configs() {
   configs[4].radius.trust_reject = true;
   configs[4].radius.trust_scales_probe = true;
   configs[4].step_radius = 30;  // large steps, so that some are rejected within 8 steps
+  configs[5].radius.kind = RadiusModelKind::quadratic;
+  configs[5].metric = MetricKind::bfgs;
+  configs[5].particle_dim = 4;
   for (std::size_t i = 0; i < configs.size(); ++i) configs[i].seed = 100 + i;
   return configs;
 }
