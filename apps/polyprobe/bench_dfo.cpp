@@ -78,7 +78,9 @@ OptimizerConfig polyprobe_trust_region(int particle_dim) {
   c.radius.trust_min = 1e-9;
   c.radius.trust_max = 100;
   c.cost_scaling = CostScaling::min_max;
-  c.solver = particle_dim > 2 ? TransportSolver::softmax : TransportSolver::sinkhorn;
+  // Softmax for one particle of d > 2; below that the automatic choice (Sinkhorn across the
+  // particles, softmax when a problem of n = 2 leaves one).
+  c.solver = particle_dim > 2 ? TransportSolver::softmax : TransportSolver::automatic;
   return c;
 }
 
@@ -275,7 +277,7 @@ OptimizerConfig CustomConfig::for_dimension(int n) const {
     if (key == "d") {
       c.particle_dim = value == "n" ? n : std::stoi(value);
       if (c.particle_dim <= 2 && c.solver == TransportSolver::softmax)
-        c.solver = TransportSolver::sinkhorn;
+        c.solver = TransportSolver::automatic;
     } else if (key == "polytope") {
       c.polytope = parse_polytope(value);
     } else if (key == "K") {

@@ -93,6 +93,16 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
   if (next != particles_)
     throw Error("StepEngine: blocks cover " + std::to_string(next) + " of " +
                 std::to_string(particles_) + " particles");
+  // Sinkhorn's uniform vertex marginal pins a block of one particle to uniform weights, whose
+  // barycentre is the centre: that block could never move. The automatic choice falls back to
+  // the softmax rule for such blocks (solve_block); asking for sinkhorn by name is an error.
+  if (solver_ == TransportSolver::sinkhorn && config.solver == TransportSolver::sinkhorn)
+    for (const BlockRange& b : blocks_)
+      if (b.count == 1)
+        throw Error(
+            "solver sinkhorn cannot move a transport block of one particle (its uniform "
+            "vertex marginal forces uniform weights); use solver softmax, or leave the solver "
+            "automatic, or give the block more particles (smaller particle_dim, other blocks)");
   duals_.resize(blocks_.size());
   const auto pd = idx(particles_ * d_);
   velocity_.assign(pd, 0.0);
@@ -251,7 +261,8 @@ void StepEngine::solve_block(const BlockRange& block, double temperature, StepIn
     return;
   }
   scale_cost(config_.cost_scaling, scaled);
-  switch (solver_) {
+  const bool lone = block.count == 1 && solver_ == TransportSolver::sinkhorn;
+  switch (lone ? TransportSolver::softmax : solver_) {
     case TransportSolver::sinkhorn: {
       const SinkhornSettings settings{config_.sinkhorn_max_iterations, config_.sinkhorn_tolerance};
       const auto b = static_cast<std::size_t>(&block - blocks_.data());

@@ -317,3 +317,19 @@ TEST_CASE("trust_reject undoes steps that raise the incumbent", "[optimizer][min
   REQUIRE(calls <= 800);
   REQUIRE(r.f < 1e-3 * f(x0));
 }
+
+TEST_CASE("a lone particle moves under the automatic solver and sinkhorn refuses it",
+          "[optimizer][minimize]") {
+  // One particle holds the whole 2-d argument: Sinkhorn's uniform vertex marginal would force
+  // uniform weights and a zero move, so the automatic choice takes the softmax rule there.
+  const Objective f = [](std::span<const double> x) {
+    return (x[0] - 1) * (x[0] - 1) + 2 * (x[1] + 1) * (x[1] + 1);
+  };
+  const std::vector<double> x0{0.0, 0.0};
+  OptimizerConfig config;  // particle_dim 2, solver automatic
+  const MinimizeResult r = minimize(f, x0, 600, config);
+  REQUIRE(r.f < 0.1 * f(x0));
+  config.solver = TransportSolver::sinkhorn;
+  REQUIRE_THROWS_WITH(minimize(f, x0, 600, config),
+                      Catch::Contains("sinkhorn cannot move a transport block of one particle"));
+}
