@@ -5,8 +5,12 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -126,4 +130,57 @@ TEST_CASE("an unknown --backend or an unservable --device fails with the reason,
   const auto device = polyprobe("train --device cuda --epochs 1 --quiet");
   CHECK(device.exit_code == 1);
   CHECK_THAT(device.err, Catch::Contains("no plugin can evaluate on cuda"));
+}
+
+TEST_CASE("bench dfo runs seeds, records where each run solved and averages the profile") {
+  const std::string json = std::string(POLYPROBE_TEST_TMP) + "/dfo.json";
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  const auto r = polyprobe(
+      "bench dfo --quiet --dfo-problems beale,rosenbrock-10 --dfo-threads 2 --dfo-seeds 2 "
+      "--dfo-solvers polyprobe-tr-dn-bfgs,nlopt-neldermead --json " +
+      json);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("randomized ones 2 seeds each"));
+  std::ifstream file(json);
+  const auto doc = nlohmann::json::parse(file);
+  // solved_at_sg[path][tau] over every run, to recompute the profiles from.
+  std::map<std::string, std::map<std::string, std::vector<double>>> solved;
+  std::map<std::string, int> runs;
+  for (const auto& rec : doc["records"]) {
+    if (!rec.contains("solved_at_sg")) continue;
+    const std::string path = rec["path"];
+    ++runs[path];
+    CHECK(rec.contains("seed") == (path == "polyprobe-tr-dn-bfgs"));
+    CHECK(rec["evaluations"].get<int64_t>() <= rec["budget"].get<int64_t>());
+    for (const char* tau : {"1e-3", "1e-5"}) {
+      const auto& at = rec["solved_at_sg"][tau];
+      solved[path][tau].push_back(at.is_null() ? 1e9 : at.get<double>());
+    }
+  }
+  CHECK(runs["polyprobe-tr-dn-bfgs"] == 4);  // 2 problems x 2 seeds
+  CHECK(runs["nlopt-neldermead"] == 2);
+  int profiles = 0;
+  for (const auto& rec : doc["records"]) {
+    if (!rec.contains("profile") || rec["group"] != "all") continue;
+    ++profiles;
+    const std::string path = rec["path"];
+    const std::string tau = rec["tau"].get<double>() == 1e-3 ? "1e-3" : "1e-5";
+    CHECK(rec["seeds"].get<int>() == (path == "polyprobe-tr-dn-bfgs" ? 2 : 1));
+    for (const auto& [budget, fraction] : rec["profile"].items()) {
+      const auto& at = solved[path][tau];
+      const double expected =
+          static_cast<double>(std::count_if(at.begin(), at.end(),
+                                            [&](double sg) { return sg <= std::stod(budget); })) /
+          static_cast<double>(at.size());
+      CHECK(fraction.get<double>() == Approx(expected));
+    }
+  }
+  CHECK(profiles == 4);  // 2 solvers x 2 tolerances
+
+  const auto seeds = polyprobe("bench dfo --dfo-seeds 0");
+  CHECK(seeds.exit_code == 2);
+  CHECK_THAT(seeds.err, Catch::Contains("--dfo-seeds must be at least 1"));
+  const auto metric = polyprobe("bench dfo --dfo-config metric=newton");
+  CHECK(metric.exit_code == 2);
+  CHECK_THAT(metric.err, Catch::Contains("unknown metric 'newton'"));
 }
