@@ -109,7 +109,9 @@ void draw_qr(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> r
   for (int64_t p = 0; p < count; ++p) {
     fill_standard_normal(rng, normals);
     for (int32_t i = 0; i < d; ++i)
-      for (int32_t j = 0; j < d; ++j) g(i, j) = normals[static_cast<std::size_t>(i * d + j)];
+      for (int32_t j = 0; j < d; ++j)
+        g(i, j) = normals[static_cast<std::size_t>(i) * static_cast<std::size_t>(d) +
+                          static_cast<std::size_t>(j)];
     double norm = 0;
     if (usable_bias(bias, p, d, norm))
       for (int32_t i = 0; i < d; ++i) g(i, 0) = bias[static_cast<std::size_t>(p * d + i)] / norm;

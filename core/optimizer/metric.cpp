@@ -28,7 +28,7 @@ bool bfgs_update(MatrixRef<double> inverse, std::span<const double> s, std::span
   return true;
 }
 
-bool unit_determinant_factor(ConstMatrixRef<double> inverse, MatrixRef<double> factor) {
+bool unit_determinant_factor(const ConstMatrixRef<double>& inverse, MatrixRef<double> factor) {
   const Eigen::LLT<Matrix<double>> llt(inverse);
   factor.setIdentity();
   if (llt.info() != Eigen::Success) return false;

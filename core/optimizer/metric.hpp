@@ -25,6 +25,6 @@ bool bfgs_update(MatrixRef<double> inverse, std::span<const double> s, std::span
 // Writes the lower-triangular factor L with L L^T = c * inverse and det L = 1. Returns false
 // and writes the identity when `inverse` is not positive definite, or its factor is so
 // ill-conditioned (diagonal ratio above 1e6) that probes along it would not resolve anything.
-bool unit_determinant_factor(ConstMatrixRef<double> inverse, MatrixRef<double> factor);
+bool unit_determinant_factor(const ConstMatrixRef<double>& inverse, MatrixRef<double> factor);
 
 }  // namespace polyprobe::detail

@@ -35,7 +35,7 @@ std::string_view to_string(RadiusModelKind kind) {
 }
 
 double fit_particle_quadratic(std::span<const double> losses, double incumbent,
-                              ConstMatrixRef<double> directions, double scaled_radius,
+                              const ConstMatrixRef<double>& directions, double scaled_radius,
                               std::span<double> gradient) {
   const auto vertices = static_cast<std::size_t>(directions.rows());
   const auto d = static_cast<std::size_t>(directions.cols());

@@ -87,8 +87,9 @@ void scale_cost(CostScaling scaling, MatrixRef<double> cost) {
 namespace {
 
 // g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
-void update_column_duals(ConstMatrixRef<double> cost, double eps, const std::vector<double>& f,
-                         std::vector<double>& g, std::vector<double>& column_max) {
+void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
+                         const std::vector<double>& f, std::vector<double>& g,
+                         std::vector<double>& column_max) {
   const auto rows = cost.rows();
   const auto cols = cost.cols();
   std::fill(column_max.begin(), column_max.end(), -std::numeric_limits<double>::infinity());
@@ -110,7 +111,7 @@ void update_column_duals(ConstMatrixRef<double> cost, double eps, const std::vec
 }
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P.
-void update_row_duals(ConstMatrixRef<double> cost, double eps, const std::vector<double>& g,
+void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std::vector<double>& g,
                       std::vector<double>& f) {
   const auto cols = cost.cols();
   const double log_cols = std::log(static_cast<double>(cols));
@@ -125,7 +126,7 @@ void update_row_duals(ConstMatrixRef<double> cost, double eps, const std::vector
   }
 }
 
-void check_sizes(ConstMatrixRef<double> cost, MatrixRef<double> weights) {
+void check_sizes(const ConstMatrixRef<double>& cost, const MatrixRef<double>& weights) {
   if (weights.rows() != cost.rows() || weights.cols() != cost.cols())
     throw Error("transport: weights are " + std::to_string(weights.rows()) + " x " +
                 std::to_string(weights.cols()) + " but the cost is " + std::to_string(cost.rows()) +
@@ -134,7 +135,7 @@ void check_sizes(ConstMatrixRef<double> cost, MatrixRef<double> weights) {
 
 }  // namespace
 
-TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
+TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
                                const SinkhornSettings& settings, SinkhornDuals& duals,
                                MatrixRef<double> weights) {
   check_sizes(cost, weights);
@@ -182,7 +183,7 @@ TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
   return result;
 }
 
-Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon,
+Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
                              const SinkhornDuals& duals) {
   Matrix<double> plan(cost.rows(), cost.cols());
   const double mass = 1.0 / static_cast<double>(cost.rows() * cost.cols());
@@ -194,7 +195,7 @@ Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon,
   return plan;
 }
 
-void solve_softmax(ConstMatrixRef<double> cost, double epsilon, MatrixRef<double> weights) {
+void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights) {
   check_sizes(cost, weights);
   for (Eigen::Index i = 0; i < cost.rows(); ++i) {
     const double m = cost.row(i).minCoeff();
@@ -207,11 +208,13 @@ void solve_softmax(ConstMatrixRef<double> cost, double epsilon, MatrixRef<double
   }
 }
 
-void solve_greedy(ConstMatrixRef<double> cost, MatrixRef<double> weights) {
+// A writable Eigen::Ref travels by value (Eigen's advice); passing it on is not a copy of data.
+void solve_greedy(const ConstMatrixRef<double>& cost,
+                  MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
   solve_top_k(cost, 1, weights);
 }
 
-void solve_top_k(ConstMatrixRef<double> cost, int32_t k, MatrixRef<double> weights) {
+void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights) {
   check_sizes(cost, weights);
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (k < 1 || static_cast<std::size_t>(k) > cols)

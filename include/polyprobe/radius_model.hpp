@@ -106,7 +106,7 @@ double last_trust_ratio(const RadiusModel& model);
 // Writes g into `gradient` (d) and returns tr(H)/d. Exact on quadratics for the orthoplex;
 // the simplex gradient carries an O(s r) bias from anisotropic curvature.
 double fit_particle_quadratic(std::span<const double> losses, double incumbent,
-                              ConstMatrixRef<double> directions, double scaled_radius,
+                              const ConstMatrixRef<double>& directions, double scaled_radius,
                               std::span<double> gradient);
 
 }  // namespace polyprobe

@@ -59,14 +59,14 @@ void scale_cost(CostScaling scaling, MatrixRef<double> cost);
 
 // The log-domain Sinkhorn plan, row-normalised into `weights`. `duals` warm-starts the solve
 // when its sizes match and receives the new duals.
-TransportResult solve_sinkhorn(ConstMatrixRef<double> cost, double epsilon,
+TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
                                const SinkhornSettings& settings, SinkhornDuals& duals,
                                MatrixRef<double> weights);
 // The full (not row-normalised) plan: pi = exp((f_i + g_v - C_iv) / eps) / (P V), for tests.
-Matrix<double> sinkhorn_plan(ConstMatrixRef<double> cost, double epsilon,
+Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
                              const SinkhornDuals& duals);
-void solve_softmax(ConstMatrixRef<double> cost, double epsilon, MatrixRef<double> weights);
-void solve_greedy(ConstMatrixRef<double> cost, MatrixRef<double> weights);
-void solve_top_k(ConstMatrixRef<double> cost, int32_t k, MatrixRef<double> weights);
+void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights);
+void solve_greedy(const ConstMatrixRef<double>& cost, MatrixRef<double> weights);
+void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights);
 
 }  // namespace polyprobe
