@@ -271,7 +271,9 @@ std::vector<std::string> split_list(const std::string& text) {
 
 OptimizerConfig CustomConfig::for_dimension(int n) const {
   OptimizerConfig c = polyprobe_trust_region(n);
-  for (const auto& [key, value] : settings) {
+  for (const auto& setting : settings) {
+    const std::string& key = setting.first;
+    const std::string& value = setting.second;
     auto number = [&] { return std::stod(value); };
     auto flag = [&] { return value == "1" || value == "true" || value == "on"; };
     if (key == "d") {
@@ -504,6 +506,7 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
     }
   };
   std::vector<std::thread> pool;
+  pool.reserve(static_cast<std::size_t>(threads));
   for (int t = 0; t < threads; ++t) pool.emplace_back(worker);
   for (std::thread& t : pool) t.join();
 

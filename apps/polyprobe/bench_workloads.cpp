@@ -61,7 +61,7 @@ void build_structured(Workload& w, std::mt19937_64& rng) {
     add("flatten", nlohmann::json::object());
     add("linear", {{"out_features", 10}});
     std::normal_distribution<double> gauss;
-    w.batch.inputs.resize(batch, 16 * 32);
+    w.batch.inputs.resize(batch, int64_t{16} * 32);
     for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
       w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
     for (int64_t r = 0; r < batch; ++r)
@@ -119,27 +119,25 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
 
   // polystep's regular simplex, centred and normalised.
   w.vertices = d + 1;
-  w.simplex.assign(static_cast<std::size_t>(w.vertices * d), 0.0);
+  w.simplex.assign(static_cast<std::size_t>(w.vertices) * static_cast<std::size_t>(d), 0.0);
+  auto at = [&](int64_t v, int64_t k) -> double& {
+    return w.simplex[static_cast<std::size_t>(v * d + k)];
+  };
   const double dd = d;
   for (int32_t v = 0; v < d; ++v)
     for (int32_t k = 0; k < d; ++k)
-      w.simplex[static_cast<std::size_t>(v * d + k)] =
-          (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) -
-          (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
-  for (int32_t k = 0; k < d; ++k)
-    w.simplex[static_cast<std::size_t>(d * d + k)] = 1.0 / std::sqrt(dd);
+      at(v, k) = (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) -
+                 (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
+  for (int32_t k = 0; k < d; ++k) at(d, k) = 1.0 / std::sqrt(dd);
   for (int32_t k = 0; k < d; ++k) {
     double mean = 0;
-    for (int32_t v = 0; v < w.vertices; ++v) mean += w.simplex[static_cast<std::size_t>(v * d + k)];
-    for (int32_t v = 0; v < w.vertices; ++v)
-      w.simplex[static_cast<std::size_t>(v * d + k)] -= mean / w.vertices;
+    for (int32_t v = 0; v < w.vertices; ++v) mean += at(v, k);
+    for (int32_t v = 0; v < w.vertices; ++v) at(v, k) -= mean / w.vertices;
   }
   for (int32_t v = 0; v < w.vertices; ++v) {
     double norm = 0;
-    for (int32_t k = 0; k < d; ++k)
-      norm += std::pow(w.simplex[static_cast<std::size_t>(v * d + k)], 2);
-    for (int32_t k = 0; k < d; ++k)
-      w.simplex[static_cast<std::size_t>(v * d + k)] /= std::sqrt(norm);
+    for (int32_t k = 0; k < d; ++k) norm += std::pow(at(v, k), 2);
+    for (int32_t k = 0; k < d; ++k) at(v, k) /= std::sqrt(norm);
   }
 
   // Haar rotations: QR of a Gaussian matrix with the sign fix, det +1.

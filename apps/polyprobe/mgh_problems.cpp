@@ -12,7 +12,7 @@ using Residuals = std::function<void(std::span<const double>, std::vector<double
 
 // f = sum of squared residuals.
 std::function<double(std::span<const double>)> sum_of_squares(Residuals residuals) {
-  return [residuals](std::span<const double> x) {
+  return [residuals = std::move(residuals)](std::span<const double> x) {
     thread_local std::vector<double> r;
     r.clear();
     residuals(x, r);

@@ -514,6 +514,8 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
   finish(s.row_losses.data());
 }
 
+// S is a type here, which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define POLYPROBE_INSTANTIATE(S)                                                                  \
   template void EvaluatorImpl<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t,      \
                                                     Scratch&) const;                              \
@@ -523,6 +525,7 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
   template void EvaluatorImpl<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const; \
   template void EvaluatorImpl<S>::evaluate_delta(const pp_candidates&, const Group&, Scratch&,    \
                                                  double*) const;
+// NOLINTEND(bugprone-macro-parentheses)
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

@@ -91,6 +91,8 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
       loss_(kernels::loss_kind(loss.name)),
       l2_(loss.l2),
       threads_(options.threads) {
+  // The field is a pointer and its size is the point of the check.
+  // NOLINTNEXTLINE(bugprone-sizeof-expression)
   if (PP_EVAL_OPTIONS_HAS(&options, subspace) && options.subspace != nullptr) {
     subspace_ = options.subspace;
     subspace_mode_ = true;
@@ -623,6 +625,7 @@ std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& l
   for (int32_t i = 0; i < model.n_layers; ++i)
     if (model.layers[i].host_forward == nullptr)
       return "layer " + std::to_string(i) + " (" + model.layers[i].kind + ") has no host forward";
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): the field is a pointer; its size is the check
   if (PP_EVAL_OPTIONS_HAS(&options, subspace) && options.subspace != nullptr &&
       options.subspace->n_params != model.n_params)
     return "the subspace maps into " + std::to_string(options.subspace->n_params) +

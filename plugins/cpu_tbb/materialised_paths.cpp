@@ -169,6 +169,8 @@ void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g,
   }
 }
 
+// S is a type here, which parentheses would break.
+// NOLINTBEGIN(bugprone-macro-parentheses)
 #define POLYPROBE_INSTANTIATE(S)                                                                  \
   template void EvaluatorImpl<S>::forward_layer(const LayerPlan&, const Mat<S>&, const S*,        \
                                                 Mat<S>&, bool) const;                             \
@@ -180,6 +182,7 @@ void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g,
                                                    double*);                                      \
   template void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates&, const Group&, Scratch&, \
                                                     double*) const;
+// NOLINTEND(bugprone-macro-parentheses)
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

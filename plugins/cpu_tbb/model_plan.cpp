@@ -189,7 +189,7 @@ ModelPlan build_model_plan(const pp_model_view& model) {
       plan.no_prefix_reuse = "layer " + std::to_string(i) + " (" + v.kind +
                              ") is not prefix-reusable: its output may depend on more than its "
                              "input and own parameters";
-    if (l.count > 0) plan.owners.push_back({l.offset, i});
+    if (l.count > 0) plan.owners.emplace_back(l.offset, i);
     plan.out_features = l.out;
     plan.layers.push_back(std::move(l));
   }

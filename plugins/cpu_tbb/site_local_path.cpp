@@ -311,17 +311,17 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {
   std::vector<std::pair<int64_t, int64_t>> tensors;
   if (L.kind == SiteLayer::Kind::conv) {
     const int64_t weights = L.c_out * L.patch();
-    tensors.push_back({0, weights});
-    if (L.bias) tensors.push_back({weights, layer.count});
+    tensors.emplace_back(0, weights);
+    if (L.bias) tensors.emplace_back(weights, layer.count);
   } else {
     const int64_t e = L.embed, in_w = 3 * e * e, out_w = L.out_weight_offset();
-    tensors.push_back({0, in_w});
-    if (L.bias) tensors.push_back({in_w, out_w});
-    tensors.push_back({out_w, out_w + e * e});
-    if (L.bias) tensors.push_back({out_w + e * e, layer.count});
+    tensors.emplace_back(0, in_w);
+    if (L.bias) tensors.emplace_back(in_w, out_w);
+    tensors.emplace_back(out_w, out_w + e * e);
+    if (L.bias) tensors.emplace_back(out_w + e * e, layer.count);
   }
-  tensors.push_back({0, layer.count});
-  tensors.push_back({0, layer.count});
+  tensors.emplace_back(0, layer.count);
+  tensors.emplace_back(0, layer.count);
   SiteWork<double> w;
   Mat<double> qkv, mixed;
   if (L.kind == SiteLayer::Kind::attention)
