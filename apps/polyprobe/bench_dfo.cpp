@@ -217,37 +217,21 @@ struct CustomConfig {
 CustomConfig parse_custom_config(const std::string& text);
 
 std::vector<Solver> solvers(const CustomConfig& custom = {}) {
+  using ConfigFor = std::function<OptimizerConfig(int n)>;  // the configuration for dimension n
+  const std::pair<const char*, ConfigFor> polyprobe[] = {
+      {"polyprobe-default", [](int) { return polyprobe_default(); }},
+      {"polyprobe-tr-d2", [](int) { return polyprobe_trust_region(2); }},
+      {"polyprobe-tr-dn", polyprobe_trust_region},
+      {"polyprobe-tr-dn-warm", polyprobe_trust_region_warm},
+      {"polyprobe-tr-dn-bfgs", polyprobe_trust_region_bfgs},
+      {"polyprobe-custom", [custom](int n) { return custom.for_dimension(n); }}};
   std::vector<Solver> s;
-  s.push_back({"polyprobe-default",
-               [](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(polyprobe_default(), p, h, seed);
-               },
-               true});
-  s.push_back({"polyprobe-tr-d2",
-               [](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(polyprobe_trust_region(2), p, h, seed);
-               },
-               true});
-  s.push_back({"polyprobe-tr-dn",
-               [](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(polyprobe_trust_region(p.n), p, h, seed);
-               },
-               true});
-  s.push_back({"polyprobe-tr-dn-warm",
-               [](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(polyprobe_trust_region_warm(p.n), p, h, seed);
-               },
-               true});
-  s.push_back({"polyprobe-tr-dn-bfgs",
-               [](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(polyprobe_trust_region_bfgs(p.n), p, h, seed);
-               },
-               true});
-  s.push_back({"polyprobe-custom",
-               [custom](const MghProblem& p, History& h, uint64_t seed) {
-                 return run_polyprobe(custom.for_dimension(p.n), p, h, seed);
-               },
-               true});
+  for (const auto& [name, config_for] : polyprobe)
+    s.push_back({name,
+                 [config_for = config_for](const MghProblem& p, History& h, uint64_t seed) {
+                   return run_polyprobe(config_for(p.n), p, h, seed);
+                 },
+                 true});
   for (auto [name, algorithm] :
        {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
         std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD},
