@@ -100,13 +100,9 @@ OptimizerConfig polyprobe_trust_region_warm(int particle_dim) {
 // gradients, so it follows curved valleys; the warmer transport (0.5) keeps the move close to
 // the preconditioned gradient and steps of up to 50 step radii let the model take the long
 // steps a good metric allows. Found with --dfo-config --dfo-seeds 5 on the n >= 10 problems
-// (docs/benchmarks.md); it is polyprobe's best configuration on this suite.
+// (docs/benchmarks.md); it is the library's recommended_minimize_config().
 OptimizerConfig polyprobe_trust_region_bfgs(int particle_dim) {
-  OptimizerConfig c = polyprobe_trust_region(particle_dim);
-  c.metric = MetricKind::bfgs;
-  c.ent_epsilon = 0.5;
-  c.radius.quadratic_max_scale = 50;
-  return c;
+  return recommended_minimize_config(particle_dim);
 }
 
 std::string run_polyprobe(OptimizerConfig config, const MghProblem& p, History& h, uint64_t seed) {

@@ -63,6 +63,23 @@ class FunctionEvaluator final : public Evaluator {
 
 }  // namespace
 
+OptimizerConfig recommended_minimize_config(int n) {
+  if (n < 1)
+    throw Error("recommended_minimize_config: n must be at least 1, got " + std::to_string(n));
+  OptimizerConfig c;
+  c.particle_dim = n;
+  c.solver = TransportSolver::softmax;
+  c.ent_epsilon = 0.5;
+  c.cost_scaling = CostScaling::min_max;
+  c.metric = MetricKind::bfgs;
+  c.radius.kind = RadiusModelKind::trust_region;
+  c.radius.trust_scales_probe = true;
+  c.radius.trust_min = 1e-9;
+  c.radius.trust_max = 100;
+  c.radius.quadratic_max_scale = 50;
+  return c;
+}
+
 MinimizeResult minimize(const Objective& objective, std::span<const double> x0, int64_t budget,
                         OptimizerConfig config) {
   config.validate();

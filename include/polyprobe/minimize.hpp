@@ -27,4 +27,11 @@ struct MinimizeResult {
 MinimizeResult minimize(const Objective& objective, std::span<const double> x0, int64_t budget,
                         OptimizerConfig config = {});
 
+// The configuration documented as best for minimize() on a smooth function of n variables
+// (docs/optimizer.md, "Recommended configurations"; `polyprobe-tr-dn-bfgs` in `polyprobe bench
+// dfo`): one particle holding the whole vector, the softmax rule at temperature 0.5 on
+// min-max scaled costs, a trust region whose probe radius follows it, and the learned metric.
+// The defaults of OptimizerConfig are polystep's, tuned for training networks instead.
+OptimizerConfig recommended_minimize_config(int n);
+
 }  // namespace polyprobe

@@ -333,3 +333,28 @@ TEST_CASE("a lone particle moves under the automatic solver and sinkhorn refuses
   REQUIRE_THROWS_WITH(minimize(f, x0, 600, config),
                       Catch::Contains("sinkhorn cannot move a transport block of one particle"));
 }
+
+TEST_CASE("the recommended minimize configuration solves a curved valley",
+          "[optimizer][minimize]") {
+  // Extended Rosenbrock, n = 10, from the standard start: the isotropic configurations stall
+  // on its valley within 500 simplex gradients (docs/benchmarks.md).
+  const int n = 10;
+  const Objective rosenbrock = [](std::span<const double> x) {
+    double s = 0;
+    for (std::size_t i = 0; i + 1 < x.size(); i += 2)
+      s += 100 * std::pow(x[i + 1] - x[i] * x[i], 2) + std::pow(1 - x[i], 2);
+    return s;
+  };
+  std::vector<double> x0(n);
+  for (int i = 0; i < n; ++i) x0[static_cast<std::size_t>(i)] = i % 2 == 0 ? -1.2 : 1.0;
+  const OptimizerConfig config = recommended_minimize_config(n);
+  REQUIRE_NOTHROW(config.validate());
+  REQUIRE(config.metric == MetricKind::bfgs);
+  const int64_t budget = 500 * (n + 1);
+  const MinimizeResult r = minimize(rosenbrock, x0, budget, config);
+  CAPTURE(r.f, r.evaluations);
+  REQUIRE(r.evaluations <= budget);
+  REQUIRE(r.f < 1e-6 * rosenbrock(x0));
+  for (double x : r.x) REQUIRE(x == Approx(1.0).margin(1e-2));
+  REQUIRE_THROWS_WITH(recommended_minimize_config(0), Catch::Contains("n must be at least 1"));
+}
