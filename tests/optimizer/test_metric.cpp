@@ -60,18 +60,10 @@ struct Valley {
   }
 };
 
+// The recommended configuration for minimize() with d coordinates per particle, its metric
+// switched as asked.
 OptimizerConfig trust_region_config(int d, MetricKind metric) {
-  OptimizerConfig c;
-  c.particle_dim = d;
-  c.polytope = PolytopeKind::simplex;
-  c.solver = TransportSolver::softmax;
-  c.ent_epsilon = 0.5;
-  c.cost_scaling = CostScaling::min_max;
-  c.radius.kind = RadiusModelKind::trust_region;
-  c.radius.trust_scales_probe = true;
-  c.radius.trust_min = 1e-9;
-  c.radius.trust_max = 100;
-  c.radius.quadratic_max_scale = 50;
+  OptimizerConfig c = recommended_minimize_config(d);
   c.metric = metric;
   c.seed = 3;
   return c;
