@@ -1,6 +1,6 @@
 #include "cli.hpp"
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 
 #include <Eigen/Core>
 #include <boost/version.hpp>

@@ -15,7 +15,7 @@ class ReferenceEvaluator final : public Evaluator {
  public:
   ReferenceEvaluator(const Model& model, const Loss& loss, const Subspace* subspace,
                      EvaluatorOptions options)
-      : model_(model), loss_(loss), subspace_(subspace), options_(options) {
+      : Evaluator(subspace), model_(model), loss_(loss), subspace_(subspace), options_(options) {
     if (subspace_ != nullptr && subspace_->parameter_count() != model_.num_parameters())
       throw Error("subspace maps into " + std::to_string(subspace_->parameter_count()) +
                   " parameters but the model has " + std::to_string(model_.num_parameters()));

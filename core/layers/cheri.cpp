@@ -8,7 +8,7 @@
 #include "layers/builtin.hpp"
 #include "layers/ops.hpp"
 
-#include <polyprobe/kernels/activations.hpp>
+#include <polyprobe/plugin/kernels/activations.hpp>
 
 namespace polyprobe {
 namespace {

@@ -4,7 +4,7 @@
 // step-like activations (sign, staircase) that gradients cannot train are first-class.
 #include "layers/builtin.hpp"
 
-#include <polyprobe/kernels/activations.hpp>
+#include <polyprobe/plugin/kernels/activations.hpp>
 
 #include <cmath>
 #include <numbers>

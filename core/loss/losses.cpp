@@ -1,6 +1,6 @@
 // The per-sample losses and the objective that every evaluator must reproduce.
 #include <polyprobe/error.hpp>
-#include <polyprobe/kernels/losses.hpp>
+#include <polyprobe/plugin/kernels/losses.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 
@@ -30,7 +30,7 @@ void Loss::check_targets(const Targets& targets, int64_t out_features) const {
 
 namespace {
 
-// Each loss applies its row kernel from polyprobe/kernels/losses.hpp to every output row.
+// Each loss applies its row kernel from polyprobe/plugin/kernels/losses.hpp to every output row.
 template <kernels::LossKind Kind>
 class KernelLoss final : public Loss {
  public:

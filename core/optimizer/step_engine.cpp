@@ -175,20 +175,22 @@ void StepEngine::plan(uint64_t objective_key) {
   directions_.resize(idx(P * V * d_));
   displacements_.resize(idx(P * V * K * d_));
   const bool shaped = config_.metric == MetricKind::bfgs;
-  Matrix<double> sheared;
+  if (shaped) sheared_.resize(idx(P * V * d_));
   for (int64_t i = 0; i < P; ++i) {
     Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
     Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
     dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
     if (shaped) {
       Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
+      Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
       sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
     }
+    const double* unit = (shaped ? sheared_.data() : directions_.data()) + i * V * d_;
     for (int64_t v = 0; v < V; ++v)
       for (int32_t k = 1; k <= K; ++k) {
         const double scale = probe_r_ * k / (K + 1.0);
         double* out = displacements_.data() + ((i * V + v) * K + (k - 1)) * d_;
-        for (int32_t j = 0; j < d_; ++j) out[j] = scale * (shaped ? sheared(v, j) : dir(v, j));
+        for (int32_t j = 0; j < d_; ++j) out[j] = scale * unit[v * d_ + j];
       }
   }
   screened_ = false;

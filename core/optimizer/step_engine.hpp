@@ -51,6 +51,12 @@ class StepEngine {
   std::span<const double> displacements() const { return displacements_; }  // [P V K d]
   // Particles whose losses adaptive_probes reuses this step (their candidates need no score).
   const std::vector<char>& reused() const { return reused_; }
+  // The unit-radius probe directions of the planned step [P V d]: displacement (i, v, k) is
+  // planned_probe_radius() * k / (K + 1) times row (i, v), bit for bit.
+  std::span<const double> probe_directions() const {
+    return config_.metric == MetricKind::bfgs ? std::span<const double>(sheared_)
+                                              : std::span<const double>(directions_);
+  }
   double planned_probe_radius() const { return probe_r_; }
   // The rotations of the step in flight or just finished [P d d], and the transport weights
   // of the last finished step [P V] (for tests and diagnostics).
@@ -133,6 +139,7 @@ class StepEngine {
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
   std::vector<double> rotations_;      // [P d d]
   std::vector<double> directions_;     // [P V d]: R_i t_v
+  std::vector<double> sheared_;        // [P V d]: L_i R_i t_v (metric = bfgs)
   std::vector<double> gradients_;      // [P d]: the quadratic fit's gradient in template space
   std::vector<double> displacements_;  // [P V K d]
   std::vector<char> reused_;           // [P]

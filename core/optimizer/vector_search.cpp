@@ -5,6 +5,7 @@
 
 #include <polyprobe/error.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -67,8 +68,16 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   const auto displacement = engine_.displacements();
   const auto& reused = engine_.reused();
 
+  // The evaluator keeps the incumbent as a session: bound to these particles once, synced
+  // with `params` (an exact comparison, so external changes are caught), moved by the step.
+  auto open_session = [&](Evaluator& eval) {
+    if (!eval.has_particles(particles_, engine_.polytope(), K))
+      eval.bind_particles(particles_, engine_.polytope(), K);
+    eval.sync_incumbent(params);
+  };
+
   // Gathers candidates (i, v, k) accepted by `take` into one described set and scores it.
-  auto score = [&](Evaluator& eval, auto take, std::span<double> out, int64_t& counter) {
+  auto score_set = [&](Evaluator& eval, auto take, std::span<double> out, int64_t& counter) {
     candidate_particle_.clear();
     candidate_index_.clear();
     candidate_displacement_.clear();
@@ -86,16 +95,20 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     }
     candidate_losses_.resize(candidate_particle_.size());
     if (!candidate_particle_.empty()) {
+      open_session(eval);
       CandidateSet set{&particles_, candidate_particle_, candidate_displacement_};
-      eval.evaluate(params, set, candidate_losses_);
+      eval.score(set, candidate_losses_, nullptr);
     }
     counter += static_cast<int64_t>(candidate_particle_.size());
     for (std::size_t j = 0; j < candidate_index_.size(); ++j)
       out[static_cast<std::size_t>(candidate_index_[j])] = candidate_losses_[j];
+    return static_cast<int64_t>(candidate_particle_.size());
   };
 
+  const bool score_incumbent = with_incumbent && !review;
+  double incumbent = 0;
   losses_.assign(static_cast<std::size_t>(P * V * K), 0.0);
-  int64_t screened = 0;
+  int64_t screened = 0, scored = 0;
   if (config_.multifidelity_screen) {
     if (screen == nullptr)
       throw Error(
@@ -103,40 +116,52 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
           "PolytopeOptimizer::set_screen_evaluator() before register_evaluator()");
     // The screen scores the outer probe of every vertex on the cheap batch.
     std::vector<double> outer(static_cast<std::size_t>(P * V * K), 0.0);
-    score(
+    screened = score_set(
         *screen, [&](int64_t, int64_t, int32_t k) { return k == K - 1; }, outer,
         screen_evaluations_);
     std::vector<double> screen_losses(static_cast<std::size_t>(P * V));
     for (int64_t c = 0; c < P * V; ++c)
       screen_losses[static_cast<std::size_t>(c)] = outer[static_cast<std::size_t>(c * K + K - 1)];
     const auto& keep = engine_.screen(screen_losses);
-    screened = static_cast<int64_t>(candidate_particle_.size());
-    score(
+    scored = score_set(
         evaluator,
         [&](int64_t i, int64_t v, int32_t) {
           return keep[static_cast<std::size_t>(i * V + v)] != 0;
         },
         losses_, evaluations_);
+    if (score_incumbent) {
+      open_session(evaluator);
+      evaluator.score(CandidateSet{&particles_, {}, {}}, {}, &incumbent);
+    }
   } else {
-    score(
-        evaluator, [](int64_t, int64_t, int32_t) { return true; }, losses_, evaluations_);
+    // The whole step in one call: the backend generates the candidates from the directions
+    // and scores the incumbent with them.
+    active_.clear();
+    if (std::find(reused.begin(), reused.end(), 1) != reused.end())
+      for (char r : reused) active_.push_back(r != 0 ? 0 : 1);
+    open_session(evaluator);
+    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(),
+                              active_};
+    evaluator.score(probe, losses_, score_incumbent ? &incumbent : nullptr);
+    scored = (P - static_cast<int64_t>(std::count(reused.begin(), reused.end(), 1))) * V * K;
+    evaluations_ += scored;
   }
-  const int64_t scored = static_cast<int64_t>(candidate_particle_.size());
+  if (score_incumbent) ++evaluations_;
 
-  double incumbent = 0;
-  if (with_incumbent && !review) {
-    incumbent = evaluator.evaluate_base(params);
-    ++evaluations_;
-  }
-  StepInfo info = engine_.finish(losses_,
-                                 with_incumbent && !review ? std::span<const double>(&incumbent, 1)
-                                                           : std::span<const double>(),
-                                 moves_);
+  StepInfo info = engine_.finish(
+      losses_, score_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>(),
+      moves_);
   info.candidates = scored + (with_incumbent ? 1 : 0);
   info.screened = screened;
   if (!info.reverted) {
     if (review) previous_.assign(params.begin(), params.end());
     apply(params, moves_);
+    // The sessions move with the optimizer's copy (the same arithmetic), so the next step's
+    // sync finds them equal and nothing is sent again.
+    for (Evaluator* eval : {&evaluator, screen})
+      if (eval != nullptr && eval->has_particles(particles_, engine_.polytope(), K) &&
+          eval->incumbent().size() == params.size())
+        eval->move_incumbent(moves_);
   }
   return info;
 }

@@ -74,6 +74,9 @@ ModelView::ModelView(const Model& model) {
                                            : contract.bias_transform.ctx;
     v.host_layer = &layer;
     v.host_forward = &host_forward;
+    OpAttrs& attrs = attrs_.emplace_back();
+    v.op = describe_op(layer, attrs);
+    v.op_attrs = v.op == PP_OP_CUSTOM || v.op == PP_OP_FLATTEN ? nullptr : &attrs;
     layers_.push_back(v);
   }
   view_.struct_size = sizeof(pp_model_view);

@@ -9,8 +9,10 @@ namespace {
 class PluginEvaluator final : public Evaluator {
  public:
   PluginEvaluator(const pp_plugin* plugin, const Model& model, const Loss& loss,
-                  const EvaluatorOptions& options, const Subspace* subspace, std::string path)
-      : plugin_(plugin),
+                  const EvaluatorOptions& options, int32_t device, const Subspace* subspace,
+                  std::string path)
+      : Evaluator(subspace),
+        plugin_(plugin),
         model_(model),
         loss_(loss),
         model_view_(model),
@@ -19,14 +21,16 @@ class PluginEvaluator final : public Evaluator {
         path_(std::move(path)) {
     if (subspace != nullptr && subspace_view_.get() == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
-    const pp_eval_options opts = to_pp_options(options, PP_DEVICE_CPU, subspace_view_.get(),
-                                               path_.empty() ? nullptr : path_.c_str());
+    if (plugin_->session_create == nullptr)
+      throw Error("plugin " + std::string(plugin_->name) + " provides no evaluator session");
+    const pp_session_options opts = to_pp_options(options, device, subspace_view_.get(),
+                                                  path_.empty() ? nullptr : path_.c_str());
     pp_error err{};
-    if (plugin_->evaluator_create(nullptr, model_view_.get(), &loss_view_.view, &opts, &self_,
-                                  &api_, &err) != PP_OK ||
+    if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_,
+                                &err) != PP_OK ||
         self_ == nullptr || api_ == nullptr)
       throw Error("plugin " + std::string(plugin_->name) +
-                  ": cannot create an evaluator: " + error_text(err));
+                  ": cannot create an evaluator session: " + error_text(err));
   }
   ~PluginEvaluator() override { api_->destroy(self_); }
   PluginEvaluator(const PluginEvaluator&) = delete;
@@ -39,39 +43,44 @@ class PluginEvaluator final : public Evaluator {
       throw Error("batch inputs have " + std::to_string(batch.inputs.cols()) +
                   " features, the model expects " + std::to_string(model_.input_shape().numel()));
     loss_.check_targets(batch.targets, model_.output_shape().numel());
-    batch_ = batch;  // the plugin may keep pointers into it until the next registration
-    input_shape_ = {batch_.inputs.rows(), batch_.inputs.cols()};
-    label_shape_ = {static_cast<int64_t>(batch_.targets.labels.size())};
-    target_shape_ = {batch_.targets.values.rows(), batch_.targets.values.cols()};
+    const int64_t input_shape[2] = {batch.inputs.rows(), batch.inputs.cols()};
+    const int64_t label_shape[1] = {static_cast<int64_t>(batch.targets.labels.size())};
+    const int64_t target_shape[2] = {batch.targets.values.rows(), batch.targets.values.cols()};
     pp_batch_view view{};
     view.struct_size = sizeof(view);
-    view.inputs = {batch_.inputs.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
-                   input_shape_.data(),  nullptr};
-    if (batch_.targets.is_classification())
-      view.labels = {batch_.targets.labels.data(), PP_DTYPE_I64, PP_DEVICE_CPU, 0, 1,
-                     label_shape_.data(),          nullptr};
+    // The session copies what it keeps: the views need not outlive the call.
+    view.inputs = {const_cast<double*>(batch.inputs.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
+                   input_shape, nullptr};
+    if (batch.targets.is_classification())
+      view.labels = {const_cast<int64_t*>(batch.targets.labels.data()), PP_DTYPE_I64,
+                     PP_DEVICE_CPU, 0, 1, label_shape, nullptr};
     else
-      view.targets = {batch_.targets.values.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
-                      target_shape_.data(),         nullptr};
-    check(api_->register_batch(self_, &view, &err_), "register a batch");
+      view.targets = {const_cast<double*>(batch.targets.values.data()), PP_DTYPE_F64,
+                      PP_DEVICE_CPU, 0, 2, target_shape, nullptr};
+    check(api_->set_batch(self_, &view, &err_), "bind a batch");
   }
 
+  // The stateless calls go through the session too: the incumbent crosses only when it
+  // differs from the last one sent, the particles only when they change.
   double evaluate_base(std::span<const double> base) override {
+    check_base(base);
+    sync_incumbent(base);
     double loss = 0.0;
-    const ParticleMap none;
-    pp_candidates c = describe(base, none, {}, {});
-    check(api_->evaluate(self_, &c, &loss, &err_), "evaluate the base parameters");
+    score(CandidateSet{}, {}, &loss);
     return loss;
   }
 
   void evaluate(std::span<const double> base, const CandidateSet& set,
                 std::span<double> losses) override {
+    check_base(base);
     set.validate();
-    if (static_cast<int64_t>(losses.size()) != set.size())
-      throw Error("loss buffer holds " + std::to_string(losses.size()) + " values for " +
-                  std::to_string(set.size()) + " candidates");
-    pp_candidates c = describe(base, *set.particles, set.particle, set.displacement);
-    check(api_->evaluate(self_, &c, losses.data(), &err_), "evaluate candidates");
+    if (!has_particles(*set.particles, bound_polytope(), bound_probes()))
+      bind_particles(*set.particles, bound_polytope().cols() == set.particles->d
+                                         ? bound_polytope()
+                                         : Matrix<double>(),
+                     bound_probes());
+    sync_incumbent(base);
+    score(set, losses, nullptr);
   }
 
   nlohmann::json explain() const override {
@@ -83,24 +92,69 @@ class PluginEvaluator final : public Evaluator {
     return j;
   }
 
+ protected:
+  void session_particles() override {
+    const ParticleMap& p = bound_particles();
+    const Matrix<double>& polytope = bound_polytope();
+    pp_particle_layout layout{};
+    layout.struct_size = sizeof(layout);
+    layout.d = p.d;
+    layout.n_particles = p.count();
+    layout.coords = p.coords.data();
+    layout.n_vertices = static_cast<int32_t>(polytope.rows());
+    layout.n_probes = bound_probes();
+    layout.polytope = polytope.size() > 0 ? polytope.data() : nullptr;
+    check(api_->set_particles(self_, &layout, &err_), "bind the particles");
+  }
+
+  void session_incumbent() override {
+    const std::span<const double> theta = incumbent();
+    const int64_t shape[1] = {static_cast<int64_t>(theta.size())};
+    const pp_tensor t{const_cast<double*>(theta.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape,
+                      nullptr};
+    check(api_->set_incumbent(self_, &t, &err_), "set the incumbent");
+  }
+
+  void session_move(std::span<const double> moves) override {
+    check(api_->move_incumbent(self_, moves.data(), &err_), "move the incumbent");
+  }
+
+  void session_score(const PolytopeProbe& probe, std::span<double> losses,
+                     double* incumbent_loss) override {
+    static_assert(sizeof(char) == sizeof(uint8_t));
+    pp_score_request r{};
+    r.struct_size = sizeof(r);
+    r.form = PP_CANDIDATES_POLYTOPE;
+    r.directions = probe.directions.data();
+    r.probe_radius = probe.probe_radius;
+    r.active = probe.active.empty() ? nullptr : reinterpret_cast<const uint8_t*>(probe.active.data());
+    check(api_->score(self_, &r, losses.data(), incumbent_loss, &err_), "score a step");
+  }
+
+  void session_score(const CandidateSet& set, std::span<double> losses,
+                     double* incumbent_loss) override {
+    pp_score_request r{};
+    r.struct_size = sizeof(r);
+    r.form = PP_CANDIDATES_EXPLICIT;
+    r.count = set.size();
+    r.particle = set.particle.data();
+    r.displacement = set.displacement.data();
+    check(api_->score(self_, &r, losses.data(), incumbent_loss, &err_), "score candidates");
+  }
+
+  std::vector<double> session_read() override {
+    std::vector<double> theta(static_cast<std::size_t>(model_.num_parameters()));
+    const int64_t shape[1] = {static_cast<int64_t>(theta.size())};
+    pp_tensor t{theta.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+    check(api_->read_incumbent(self_, &t, &err_), "read the incumbent");
+    return theta;
+  }
+
  private:
-  pp_candidates describe(std::span<const double> base, const ParticleMap& particles,
-                         std::span<const int64_t> particle,
-                         std::span<const double> displacement) const {
+  void check_base(std::span<const double> base) const {
     if (static_cast<int64_t>(base.size()) != model_.num_parameters())
       throw Error("base parameter vector has " + std::to_string(base.size()) +
                   " entries, the model has " + std::to_string(model_.num_parameters()));
-    pp_candidates c{};
-    c.struct_size = sizeof(c);
-    c.count = static_cast<int64_t>(particle.size());
-    c.d = particles.d;
-    c.particle = particle.data();
-    c.displacement = displacement.data();
-    c.n_particles = particles.count();
-    c.coords = particles.coords.data();
-    c.base_params = base.data();
-    c.n_params = static_cast<int64_t>(base.size());
-    return c;
   }
   void check(int status, const char* what) {
     if (status != PP_OK)
@@ -116,17 +170,15 @@ class PluginEvaluator final : public Evaluator {
   SubspaceView subspace_view_;
   std::string path_;
   void* self_ = nullptr;
-  const pp_evaluator_api* api_ = nullptr;
-  Batch batch_;
-  std::vector<int64_t> input_shape_, label_shape_, target_shape_;
+  const pp_session_api* api_ = nullptr;
   pp_error err_{};
 };
 
 }  // namespace
 
-pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
-                              const pp_subspace_view* subspace, const char* path) {
-  pp_eval_options o{};
+pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+                                 const pp_subspace_view* subspace, const char* path) {
+  pp_session_options o{};
   o.struct_size = sizeof(o);
   o.dtype = to_pp_dtype(options.dtype);
   o.device = device;
@@ -139,9 +191,9 @@ pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
-                                                 const Subspace* subspace,
+                                                 int32_t device, const Subspace* subspace,
                                                  const std::string& path) {
-  return std::make_unique<PluginEvaluator>(plugin, model, loss, options, subspace, path);
+  return std::make_unique<PluginEvaluator>(plugin, model, loss, options, device, subspace, path);
 }
 
 }  // namespace polyprobe::detail

@@ -2,7 +2,7 @@
 // that present plugin objects as core interfaces.
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/layer.hpp>
@@ -27,8 +27,25 @@ std::string component_label(int32_t component);
 int32_t to_pp_dtype(DType dtype);
 std::string error_text(const pp_error& err);
 
-// A pp_model_view of a Model, with storage for everything its pointers reference. It
-// stays valid as long as this object and the model's layers live.
+// The typed attributes of one built-in layer (ops.h), whichever its op is.
+union OpAttrs {
+  pp_linear_attrs linear;
+  pp_activation_attrs activation;
+  pp_layer_norm_attrs layer_norm;
+  pp_conv_attrs conv;
+  pp_pool_attrs pool;
+  pp_attention_attrs attention;
+  pp_moe_attrs moe;
+  pp_lif_attrs lif;
+  pp_cheri_attrs cheri;
+};
+// The op of a built-in layer kind and its attributes, read from the layer's own
+// description (kind, attributes, shapes); PP_OP_CUSTOM for any other kind.
+int32_t describe_op(const Layer& layer, OpAttrs& attrs);
+
+// A pp_model_view of a Model, with storage for everything its pointers reference (the
+// typed operations of the built-in kinds included). It stays valid as long as this object
+// and the model's layers live.
 class ModelView {
  public:
   explicit ModelView(const Model& model);
@@ -39,6 +56,7 @@ class ModelView {
  private:
   std::deque<std::string> strings_;
   std::deque<std::vector<int64_t>> shapes_;
+  std::deque<OpAttrs> attrs_;
   std::vector<pp_layer_view> layers_;
   pp_model_view view_{};
 };
@@ -73,10 +91,10 @@ class SubspaceView {
 std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const std::string& plugin,
                                                const nlohmann::json& attrs, const Shape& input);
 
-// An Evaluator whose implementation lives in a plugin.
+// An Evaluator whose session lives in a plugin, on `device` (a pp_device_kind).
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
-                                                 const Subspace* subspace = nullptr,
+                                                 int32_t device, const Subspace* subspace = nullptr,
                                                  const std::string& path = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
@@ -84,7 +102,7 @@ std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
                                                      const std::string& strategy, int threads);
 
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
-pp_eval_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
                               const pp_subspace_view* subspace = nullptr,
                               const char* path = nullptr);
 

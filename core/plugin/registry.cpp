@@ -2,7 +2,7 @@
 #define BOOST_DLL_USE_STD_FS
 #include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 #include <polyprobe/registry.hpp>
 
 #include "plugin/plugin_impl.hpp"
@@ -82,8 +82,8 @@ bool is_plugin_file(const fs::path& path) {
   return name.starts_with("libpolyprobe_") && path.extension() == ".so";
 }
 
-// The size of version 1 of pp_plugin: a descriptor must be at least this large.
-constexpr uint32_t kPluginV1Size =
+// The size of version 2 of pp_plugin: a descriptor must be at least this large.
+constexpr uint32_t kPluginV2Size =
     static_cast<uint32_t>(offsetof(pp_plugin, accumulator_create) + sizeof(void*));
 
 bool valid_name(const char* name) {
@@ -186,10 +186,10 @@ void PluginRegistry::load_library(const fs::path& requested) {
     desc = nullptr;
     return record(reason);
   }
-  if (desc->struct_size < kPluginV1Size) {
+  if (desc->struct_size < kPluginV2Size) {
     const std::string reason =
         "its descriptor is too small (struct_size " + std::to_string(desc->struct_size) + " < " +
-        std::to_string(kPluginV1Size) + "): rebuild it against this polyprobe";
+        std::to_string(kPluginV2Size) + "): rebuild it against this polyprobe";
     desc = nullptr;
     return record(reason);
   }
@@ -312,7 +312,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   const detail::LossView loss_view(loss);
   const int32_t device = request.device == "cuda" ? PP_DEVICE_CUDA : PP_DEVICE_CPU;
   const detail::SubspaceView subspace_view(request.subspace);
-  const pp_eval_options options =
+  const pp_session_options options =
       detail::to_pp_options(request.options, device, subspace_view.get(),
                             request.path.empty() ? nullptr : request.path.c_str());
   const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
@@ -340,7 +340,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       decline(subspace_view.reason());
       continue;
     }
-    if (desc->evaluator_create == nullptr) {
+    if (desc->session_create == nullptr) {
       if (info.name == backend) decline("it provides no evaluator");
       continue;
     }
@@ -359,9 +359,10 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       decline("its evaluators do not compute in " + std::string(to_string(request.options.dtype)));
       continue;
     }
-    if (desc->evaluator_supports != nullptr) {
+    if (desc->session_supports != nullptr) {
       pp_error why{};
-      if (desc->evaluator_supports(nullptr, view.get(), &loss_view.view, &options, &why) == 0) {
+      const char* path = request.path.empty() ? nullptr : request.path.c_str();
+      if (desc->session_supports(path, view.get(), &loss_view.view, &options, &why) == 0) {
         decline(detail::error_text(why));
         continue;
       }
@@ -397,8 +398,8 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     sel.reasons.push_back(chosen->name + ": chosen: highest score among those that can serve");
   }
   sel.chosen = chosen->name;
-  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, request.subspace,
-                                       request.path);
+  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, device,
+                                       request.subspace, request.path);
 }
 
 std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string& backend,

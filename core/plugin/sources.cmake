@@ -3,4 +3,5 @@ target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/plugin_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/plugin_evaluator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_view.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/op_view.cpp
   ${CMAKE_CURRENT_LIST_DIR}/plugin_accumulator.cpp)

@@ -1,5 +1,6 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/subspaces.hpp>
+#include <polyprobe/plugin/kernels/subspace_move.hpp>
 
 namespace polyprobe {
 
@@ -18,16 +19,9 @@ void RankOneSubspace::apply(std::span<const int64_t> coords, std::span<const dou
       throw Error("subspace coordinate " + std::to_string(index) + " is outside [0, " +
                   std::to_string(dimension()) + ")");
     const RankOneCoordinate& c = coords_[static_cast<std::size_t>(index)];
-    const double theta = values[k];
-    for (int64_t r = 0; r < c.rows; ++r) {
-      const double ur = c.row >= 0 ? (r == c.row ? 1.0 : 0.0) : c.u[r];
-      if (ur == 0.0) continue;
-      double* dst = params.data() + c.offset + r * c.cols;
-      if (c.col >= 0)
-        dst[c.col] += theta * ur;
-      else
-        for (int64_t i = 0; i < c.cols; ++i) dst[i] += theta * ur * c.v[i];
-    }
+    // The arithmetic every backend's session uses too (kernels/subspace_move.hpp).
+    const pp_subspace_coord view{c.offset, c.rows, c.cols, c.row, c.col, c.u, c.v};
+    kernels::apply_subspace_move(view, values[k], params.data());
   }
 }
 

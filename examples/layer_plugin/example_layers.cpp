@@ -9,7 +9,7 @@
 //
 // It uses nothing of polyprobe but the public plugin headers, and builds against an
 // installed polyprobe with find_package(polyprobe CONFIG).
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <nlohmann/json.hpp>
 

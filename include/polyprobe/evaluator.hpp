@@ -2,10 +2,20 @@
 //
 // An Evaluator is created for one model structure, one loss and optionally one subspace
 // (null: candidates move raw parameters), then registered on a minibatch, then asked for
-// the loss of every candidate of a set around base parameters. It computes exactly
-// polyprobe::objective() (regularisation included) in its compute dtype; every evaluator
-// is tested against the core's sequential float64 reference. After layers change, make a
-// new evaluator; after a batch change, register again. The model must outlive it.
+// the loss of candidates. It computes exactly polyprobe::objective() (regularisation
+// included) in its compute dtype; every evaluator is tested against the core's sequential
+// float64 reference. After layers change, make a new evaluator; after a batch change,
+// register again. The model (and the subspace) must outlive it. One thread at a time.
+//
+// Two ways to ask:
+// - stateless: evaluate(base, set, losses) and evaluate_base(base), for any base vector and
+//   particle map (tests, benchmarks, minimize());
+// - a session, which is how the optimizer steps (plugin API 2): bind the particle structure
+//   once, set the incumbent once, then per step score() the step's candidates and the
+//   incumbent in one call and move_incumbent() by the step's move. A plugin keeps the
+//   incumbent on its device; only the move crosses per step. The base class keeps a host
+//   mirror of the incumbent, moved by the same arithmetic as the optimizer's own copy, so
+//   sync_incumbent() can tell (exactly) whether the caller's vector is still the session's.
 #pragma once
 
 #include <polyprobe/batch.hpp>
@@ -17,6 +27,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace polyprobe {
 
@@ -30,19 +41,87 @@ struct EvaluatorOptions {
   int64_t chunk_size = 0;  // candidates held at once; 0 = automatic
 };
 
+// A step's candidates as the optimizer produces them: particle i (unless active[i] == 0) at
+// each vertex v and probe k = 1..K, displaced by probe_radius * k / (K + 1) * directions[i,
+// v, :]. Losses come back as [P V K] in (i, v, k) order; inactive particles' entries are
+// left as they were.
+struct PolytopeProbe {
+  std::span<const double> directions;  // [P V d]: the rotated (and shaped) unit template
+  double probe_radius = 0;
+  std::span<const char> active;  // [P], or empty for every particle
+};
+
 class Evaluator {
  public:
   virtual ~Evaluator() = default;
-  // "reference", or "<plugin>/<path>".
+  // "reference", or "<plugin>".
   virtual std::string name() const = 0;
   virtual void register_batch(const Batch& batch) = 0;
-  // The objective at `base` (the incumbent).
+
+  // --- Stateless calls
+  // The objective at `base`.
   virtual double evaluate_base(std::span<const double> base) = 0;
   // losses[c] = objective of candidate c of `set` around `base`.
   virtual void evaluate(std::span<const double> base, const CandidateSet& set,
                         std::span<double> losses) = 0;
   // What ran and why (paths taken and declined); {} when there is nothing to say.
   virtual nlohmann::json explain() const { return nlohmann::json::object(); }
+
+  // --- The session (the optimizer's step)
+  // The particle structure of the coming steps, with the polytope template [V d] and the
+  // probe count K (kept; crosses to a plugin once).
+  void bind_particles(const ParticleMap& particles, const Matrix<double>& polytope,
+                      int32_t probes);
+  // Whether exactly this structure is bound (an O(P d) comparison).
+  bool has_particles(const ParticleMap& particles, const Matrix<double>& polytope,
+                     int32_t probes) const;
+  // Makes `theta` the incumbent unless it already is (exact comparison with the mirror).
+  void sync_incumbent(std::span<const double> theta);
+  // Moves the incumbent by [P d] moves in search coordinates: through the subspace given at
+  // construction, else raw parameters (the arithmetic of Subspace::apply / +=, so a caller
+  // that moves its own copy the same way stays bit-identical with the mirror).
+  void move_incumbent(std::span<const double> moves);
+  // Scores the step's candidates around the incumbent and, when incumbent_loss is not null,
+  // the incumbent itself, in one call.
+  void score(const PolytopeProbe& probe, std::span<double> losses, double* incumbent_loss);
+  // Scores an explicit set of candidates around the incumbent (set.particles must be the
+  // bound map) and, when incumbent_loss is not null, the incumbent.
+  void score(const CandidateSet& set, std::span<double> losses, double* incumbent_loss);
+  // The incumbent as the evaluator holds it (read back from a plugin's device).
+  std::vector<double> read_incumbent();
+  // The host mirror of the incumbent (empty before the first sync).
+  std::span<const double> incumbent() const { return incumbent_; }
+
+ protected:
+  // `subspace` (may be null) maps moves into parameters for move_incumbent().
+  explicit Evaluator(const Subspace* subspace = nullptr) : move_space_(subspace) {}
+
+  // Overridden by evaluators that keep their own session (plugins); the defaults serve the
+  // session through the stateless calls on the host mirror.
+  virtual void session_particles() {}
+  virtual void session_incumbent() {}
+  virtual void session_move(std::span<const double> moves) { (void)moves; }
+  virtual void session_score(const PolytopeProbe& probe, std::span<double> losses,
+                             double* incumbent_loss);
+  virtual void session_score(const CandidateSet& set, std::span<double> losses,
+                             double* incumbent_loss);
+  virtual std::vector<double> session_read() { return incumbent_; }
+
+  const ParticleMap& bound_particles() const { return particles_; }
+  const Matrix<double>& bound_polytope() const { return polytope_; }
+  int32_t bound_probes() const { return probes_; }
+
+ private:
+  const Subspace* move_space_;
+  ParticleMap particles_;
+  Matrix<double> polytope_;
+  int32_t probes_ = 1;
+  bool bound_ = false;
+  std::vector<double> incumbent_;
+  bool has_incumbent_ = false;
+  // Scratch of the default session_score (an explicit set built from a probe).
+  std::vector<int64_t> scratch_particle_;
+  std::vector<double> scratch_displacement_, scratch_losses_;
 };
 
 // The core's reference: one candidate at a time, materialised, in options.dtype.

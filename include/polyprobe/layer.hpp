@@ -8,7 +8,7 @@
 // layer that declares nothing is still evaluated correctly by the fallback path.
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 #include <polyprobe/tensor.hpp>
 
 #include <nlohmann/json_fwd.hpp>

@@ -14,7 +14,7 @@
 // reference and says so. Every decision is kept in a Selection for --explain.
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 #include <polyprobe/evaluator.hpp>
 
 #include <filesystem>

@@ -1,6 +1,6 @@
 #include "accumulator.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>

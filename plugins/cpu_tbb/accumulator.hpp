@@ -9,7 +9,7 @@
 //             segment, which was never slower than scatter (choose_strategy).
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 
 namespace polyprobe::cpu_tbb {
 

@@ -20,7 +20,7 @@
 // only when more than in_l candidates would use them.
 #include "evaluator_impl.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>

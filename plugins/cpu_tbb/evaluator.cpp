@@ -2,7 +2,7 @@
 // grouping candidates by particle, choosing each group's path, chunks and threads.
 #include "evaluator_impl.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>

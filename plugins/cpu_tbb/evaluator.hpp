@@ -14,7 +14,7 @@
 // one thread in a fixed order, so results do not depend on the thread count.
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 
 #include <memory>
 #include <string>

@@ -8,7 +8,7 @@
 #include "model_plan.hpp"
 #include "site_local.hpp"
 
-#include <polyprobe/kernels/losses.hpp>
+#include <polyprobe/plugin/kernels/losses.hpp>
 
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/task_arena.h>

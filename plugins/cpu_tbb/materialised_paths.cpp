@@ -9,7 +9,7 @@
 //              layers, relying on no contract: always correct, slowest.
 #include "evaluator_impl.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>

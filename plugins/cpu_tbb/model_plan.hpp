@@ -9,7 +9,7 @@
 // never wrong.
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 
 #include <cstdint>
 #include <string>

@@ -4,7 +4,7 @@
 #include "accumulator.hpp"
 #include "evaluator.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/info.h>
 

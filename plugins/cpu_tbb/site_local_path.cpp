@@ -23,7 +23,7 @@
 #include "evaluator_impl.hpp"
 #include "site_local.hpp"
 
-#include <polyprobe/plugin.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 #include <nlohmann/json.hpp>
 

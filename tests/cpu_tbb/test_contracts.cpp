@@ -1,7 +1,7 @@
 // Layer contracts are probed: a false declaration costs speed, never a wrong loss.
 #include "cpu_tbb/cpu_tbb_fixture.hpp"
 
-#include <polyprobe/kernels/activations.hpp>
+#include <polyprobe/plugin/kernels/activations.hpp>
 
 namespace polyprobe::test {
 namespace {

@@ -11,6 +11,10 @@
  * Versioning: a struct that may grow starts with struct_size; new fields are only
  * appended, and a reader checks struct_size before touching a field past the first
  * version. PP_PLUGIN_API_VERSION changes only when an existing field changes meaning.
+ * API 2 (this one) replaced API 1's per-call evaluator, which sent the incumbent and the
+ * particle structure with every call, by evaluator sessions (pp_session_api) and typed
+ * operations for the built-in layer kinds (ops.h). Layer kinds (pp_layer_kind) are
+ * unchanged: a layer plugin only needs rebuilding.
  */
 #ifndef POLYPROBE_PLUGIN_ABI_H
 #define POLYPROBE_PLUGIN_ABI_H
@@ -18,11 +22,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <polyprobe/plugin/ops.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define PP_PLUGIN_API_VERSION 1u
+#define PP_PLUGIN_API_VERSION 2u
 #define PP_ENTRY_SYMBOL "polyprobe_plugin_entry"
 
 /* Status codes. */
@@ -129,10 +135,14 @@ typedef struct pp_layer_kind {
 
 /* --- Candidate evaluation ------------------------------------------------------------ */
 
-/* One layer of a model as an evaluator sees it. */
+/* One layer of a model as an evaluator sees it. Built-in kinds carry a typed operation
+ * (op != PP_OP_CUSTOM, op_attrs points to the pp_*_attrs struct ops.h names for it), so no
+ * plugin parses JSON or calls back into the host for them. A third-party kind has
+ * op == PP_OP_CUSTOM: its attrs_json, declared scalar functions and host_forward (a CPU
+ * function of the host) are all an evaluator gets, and a device backend declines it. */
 typedef struct pp_layer_view {
   const char* kind;
-  const char* attrs_json;
+  const char* attrs_json; /* the model file's attributes, for messages and custom kinds */
   int32_t in_ndim;
   const int64_t* in_shape;
   int32_t out_ndim;
@@ -144,10 +154,14 @@ typedef struct pp_layer_view {
   pp_scalar_fn weight_transform;
   pp_scalar_fn bias_transform;
   const void* fn_ctx;
-  /* The host's own forward of this layer, so an evaluator can run kinds it does not know. */
+  /* The host's own forward of this layer (CPU, F32 or F64), so a CPU evaluator can run
+   * kinds it does not know and probe the contracts of those it does. */
   const void* host_layer;
   int (*host_forward)(const void* host_layer, const pp_tensor* in, const pp_tensor* params,
                       pp_tensor* out, pp_error* err);
+  int32_t op;           /* pp_op_kind */
+  const void* op_attrs; /* the op's attribute struct; NULL for PP_OP_CUSTOM and parameter-free
+                           ops without attributes (flatten) */
 } pp_layer_view;
 
 typedef struct pp_model_view {
@@ -166,28 +180,14 @@ typedef struct pp_loss_view {
   double l2;
 } pp_loss_view;
 
+/* A minibatch. The host sends F64 host tensors; a device backend copies them once per
+ * set_batch and keeps them resident until the next one. */
 typedef struct pp_batch_view {
   uint32_t struct_size;
   pp_tensor inputs;  /* [B, in_features], F64 */
   pp_tensor labels;  /* [B] I64 for classification losses, else data NULL */
   pp_tensor targets; /* [B, out_features] F64 for regression losses, else data NULL */
 } pp_batch_view;
-
-/* A candidate set, described rather than materialised: candidate c is the base parameter
- * vector with particle particle[c] moved by displacement[c*d .. c*d+d). Particle p covers
- * the coordinates coords[p*d .. p*d+d) (-1 = padding, which does not exist in the model).
- * The V x K candidates of one particle are adjacent. */
-typedef struct pp_candidates {
-  uint32_t struct_size;
-  int64_t count;
-  int32_t d;
-  const int64_t* particle;    /* [count] */
-  const double* displacement; /* [count * d] */
-  int64_t n_particles;
-  const int64_t* coords;     /* [n_particles * d] */
-  const double* base_params; /* [n_params], the incumbent */
-  int64_t n_params;
-} pp_candidates;
 
 /* One search coordinate of a rank-one subspace: theta moves the rows x cols parameter
  * tensor at `offset` (row-major, a bias is rows x 1) by theta * u v^T, where u = e_row when
@@ -200,8 +200,8 @@ typedef struct pp_subspace_coord {
   const double* v;
 } pp_subspace_coord;
 
-/* A subspace as evaluators see it: candidates' coords index `coords`, their displacements
- * are in subspace coordinates, and the base parameters stay the model's. */
+/* A subspace as evaluators see it: particles' coords index `coords`, displacements and
+ * moves are in subspace coordinates, and the incumbent stays the model's parameters. */
 typedef struct pp_subspace_view {
   uint32_t struct_size;
   const char* kind;                /* "hybrid", "factored", ... */
@@ -210,41 +210,103 @@ typedef struct pp_subspace_view {
   const pp_subspace_coord* coords; /* [dimension] */
 } pp_subspace_view;
 
-typedef struct pp_eval_options {
+/* Fixed for a session: what it is created with. */
+typedef struct pp_session_options {
   uint32_t struct_size;
   int32_t dtype;  /* compute dtype, pp_dtype */
   int32_t device; /* pp_device_kind */
   int32_t device_index;
-  int32_t threads;    /* 0 = all the process may use */
+  int32_t threads;    /* CPU threads; 0 = all the process may use */
   int64_t chunk_size; /* candidates held at once; 0 = automatic */
-  /* Appended in API 1 (read only when struct_size covers it): */
-  const pp_subspace_view* subspace; /* (optional) NULL = candidates move raw parameters */
+  const pp_subspace_view* subspace; /* (optional) NULL = particles move raw parameters */
   const char* path; /* (optional) force one evaluation path; NULL or "auto" = choose */
-} pp_eval_options;
+  void* stream;     /* (optional) a device stream (cudaStream_t) the session runs on; NULL =
+                       the session makes its own. The host never synchronises it: every call
+                       that returns results to host memory has completed its work. */
+} pp_session_options;
 
-/* Whether the host sent an appended field of pp_eval_options (older hosts send fewer). */
-#define PP_EVAL_OPTIONS_HAS(options, field) \
-  ((options)->struct_size >= offsetof(pp_eval_options, field) + sizeof((options)->field))
+/* Whether the host sent an appended field of a struct (older hosts send fewer). */
+#define PP_HAS_FIELD(ptr, type, field) \
+  ((ptr)->struct_size >= offsetof(type, field) + sizeof((ptr)->field))
 
-typedef struct pp_evaluator_api {
+/* The particle structure of an optimizer: fixed for a run, it crosses once (set_particles).
+ * Particle p covers the search coordinates coords[p*d .. p*d+d) (-1 = padding, which does
+ * not exist in the model): raw parameter indices, or subspace coordinates with a subspace.
+ * The polytope (template [V d], unit radius) and the probe count K describe how the
+ * optimizer's candidates are generated from per-step directions (pp_score_request). */
+typedef struct pp_particle_layout {
   uint32_t struct_size;
-  /* Binds the evaluator to a minibatch; called before evaluate and after each batch change. */
-  int (*register_batch)(void* self, const pp_batch_view* batch, pp_error* err);
-  /* Writes losses[count]. With count == 0 it writes losses[0] = the base parameters' loss. */
-  int (*evaluate)(void* self, const pp_candidates* cands, double* losses, pp_error* err);
+  int32_t d;
+  int64_t n_particles;
+  const int64_t* coords; /* [n_particles * d] */
+  int32_t n_vertices;    /* V; 0 when the caller only scores explicit candidates */
+  int32_t n_probes;      /* K >= 1 */
+  const double* polytope; /* [V * d], row-major; may be NULL when n_vertices == 0 */
+} pp_particle_layout;
+
+typedef enum pp_candidate_form {
+  /* The optimizer's candidates: particle i (where active[i]) at each vertex v and probe
+   * k = 1..K, displaced by probe_radius * k / (K + 1) * directions[i, v, :]. losses is
+   * [P * V * K] in (i, v, k) order; entries of inactive particles are left untouched. */
+  PP_CANDIDATES_POLYTOPE = 1,
+  /* Any set: candidate c moves particle particle[c] by displacement[c*d .. c*d+d). The V x
+   * K candidates of one particle should be adjacent (every fast path relies on it).
+   * losses is [count]. Screening, reuse and ask/tell use this form. */
+  PP_CANDIDATES_EXPLICIT = 2
+} pp_candidate_form;
+
+typedef struct pp_score_request {
+  uint32_t struct_size;
+  int32_t form; /* pp_candidate_form */
+  /* PP_CANDIDATES_POLYTOPE */
+  const double* directions; /* [P * V * d]: the particle's rotated (and shaped) template,
+                               unit radius; host memory */
+  double probe_radius;
+  const uint8_t* active; /* (optional) [P]; NULL = every particle */
+  /* PP_CANDIDATES_EXPLICIT */
+  int64_t count;
+  const int64_t* particle;    /* [count] */
+  const double* displacement; /* [count * d] */
+} pp_score_request;
+
+/* An evaluator session (plugin API 2): created once per (model structure, loss, subspace,
+ * options); it keeps the batch, the particle layout and the incumbent, on its device, so
+ * what is fixed for a run crosses once and what changes per step is small. Calls on one
+ * session come from one host thread at a time; sessions are independent of each other.
+ * Every call returns PP_OK or writes a reason into err. */
+typedef struct pp_session_api {
+  uint32_t struct_size;
+  /* Binds a minibatch (copied or uploaded; the view need not outlive the call). */
+  int (*set_batch)(void* self, const pp_batch_view* batch, pp_error* err);
+  /* Binds the particle structure (copied). Called once per optimizer, again only when the
+   * caller's particle structure changes. */
+  int (*set_particles)(void* self, const pp_particle_layout* layout, pp_error* err);
+  /* Sets the incumbent: theta [n_params], F64, host memory (copied). */
+  int (*set_incumbent)(void* self, const pp_tensor* theta, pp_error* err);
+  /* Moves the incumbent: particle p by moves[p*d .. p*d+d) in search coordinates (through
+   * the subspace when there is one); padding entries are ignored. The host applies the same
+   * move to its own copy, so neither sends the incumbent again. */
+  int (*move_incumbent)(void* self, const double* moves, pp_error* err);
+  /* Scores a candidate set around the incumbent into host `losses`, and, when
+   * incumbent_loss is not NULL, the incumbent itself in the same call (its forward, which
+   * every path reuses as the prefix, runs once). */
+  int (*score)(void* self, const pp_score_request* request, double* losses,
+               double* incumbent_loss, pp_error* err);
+  /* Copies the incumbent into theta [n_params] (F64, host): validation, checkpoints, tests. */
+  int (*read_incumbent)(void* self, pp_tensor* theta, pp_error* err);
   /* (optional) JSON describing the paths taken and declined, valid until the next call. */
   const char* (*explain)(void* self);
   void (*destroy)(void* self);
-} pp_evaluator_api;
+} pp_session_api;
 
 typedef struct pp_accumulator_api {
   uint32_t struct_size;
   /* out[keys[i], :] += values[i, :] for rows of width `width`; out is [n_keys, width]. The
-   * result must not depend on thread count when the strategy claims determinism. */
+   * result must not depend on thread count when the strategy claims determinism. Tensors
+   * name their device; keys live where values do. */
   int (*accumulate)(void* self, int64_t n, const int64_t* keys, const pp_tensor* values,
                     int64_t n_keys, pp_tensor* out, pp_error* err);
   void (*destroy)(void* self);
-  /* Appended in API 1 (check struct_size): */
   /* (optional) threads for later calls; 0 = all the process may use. */
   int (*set_threads)(void* self, int32_t threads, pp_error* err);
   /* (optional) the strategy that ran in the last call ("auto" resolves to one). */
@@ -266,13 +328,16 @@ typedef struct pp_plugin {
   int32_t n_caps;
   const pp_layer_kind* layers;
   int32_t n_layers;
-  /* (optional) 1 if evaluator `path` can serve this model and loss, else 0 and *why. */
-  int (*evaluator_supports)(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-                            const pp_eval_options* options, pp_error* why);
-  /* (optional) creates an evaluator of `path` (NULL = the plugin's automatic choice). */
-  int (*evaluator_create)(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-                          const pp_eval_options* options, void** self, const pp_evaluator_api** api,
-                          pp_error* err);
+  /* (optional) 1 if a session forced to evaluator `path` (NULL = automatic) can serve this
+   * model, loss and options, else 0 and *why. Cheap: the host calls it while choosing. */
+  int (*session_supports)(const char* path, const pp_model_view* model, const pp_loss_view* loss,
+                          const pp_session_options* options, pp_error* why);
+  /* (optional) creates an evaluator session. The host keeps the model, loss and subspace
+   * views (and everything they point to) valid until the session is destroyed; the options
+   * struct itself need not outlive the call. */
+  int (*session_create)(const pp_model_view* model, const pp_loss_view* loss,
+                        const pp_session_options* options, void** self, const pp_session_api** api,
+                        pp_error* err);
   /* (optional) creates an accumulator of `strategy`. */
   int (*accumulator_create)(const char* strategy, int32_t dtype, void** self,
                             const pp_accumulator_api** api, pp_error* err);

@@ -7,7 +7,7 @@
 // of polyprobe (it does not link the core).
 #pragma once
 
-#include <polyprobe/plugin_abi.h>
+#include <polyprobe/plugin/abi.h>
 
 #include <algorithm>
 #include <cstdint>
