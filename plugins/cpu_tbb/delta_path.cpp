@@ -275,7 +275,7 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scratch& s,
                                       double* losses) const {
   const int64_t n = g.end - g.begin, batch = batch_, nb = n * batch;
   const int32_t d = c.d;
@@ -523,7 +523,7 @@ void EvaluatorImpl<S>::evaluate_delta(const pp_candidates& c, const Group& g, Sc
   template void EvaluatorImpl<S>::apply_kink(std::size_t, int64_t, Scratch&) const;               \
   template void EvaluatorImpl<S>::build_direction_tables();                                       \
   template void EvaluatorImpl<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const; \
-  template void EvaluatorImpl<S>::evaluate_delta(const pp_candidates&, const Group&, Scratch&,    \
+  template void EvaluatorImpl<S>::evaluate_delta(const Candidates&, const Group&, Scratch&,       \
                                                  double*) const;
 // NOLINTEND(bugprone-macro-parentheses)
 POLYPROBE_INSTANTIATE(float)

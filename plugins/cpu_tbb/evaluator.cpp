@@ -86,14 +86,14 @@ const char* decline_text(Decline why) {
 
 template <class S>
 EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss,
-                                const pp_eval_options& options)
+                                const pp_session_options& options)
     : plan_(build_model_plan(model)),
       loss_(kernels::loss_kind(loss.name)),
       l2_(loss.l2),
       threads_(options.threads) {
   // The field is a pointer and its size is the point of the check.
   // NOLINTNEXTLINE(bugprone-sizeof-expression)
-  if (PP_EVAL_OPTIONS_HAS(&options, subspace) && options.subspace != nullptr) {
+  if (PP_HAS_FIELD(&options, pp_session_options, subspace) && options.subspace != nullptr) {
     subspace_ = options.subspace;
     subspace_mode_ = true;
     if (subspace_->n_params != plan_.n_params)
@@ -128,7 +128,8 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
       }
     }
   }
-  if (PP_EVAL_OPTIONS_HAS(&options, path) && options.path != nullptr && !is(options.path, "auto")) {
+  if (PP_HAS_FIELD(&options, pp_session_options, path) && options.path != nullptr &&
+      !is(options.path, "auto")) {
     forced_ = options.path;
     const bool known = forced_ == "sparse" || forced_ == "subspace-delta" || forced_ == "dense" ||
                        forced_ == "inplace" || forced_ == "fallback" || forced_ == "site-local";
@@ -166,6 +167,7 @@ void EvaluatorImpl<S>::register_batch(const pp_batch_view& batch) {
                                 std::to_string(plan_.in_features));
   x_ = Eigen::Map<const Mat<double>>(inputs.data(), rows, cols).template cast<S>();
   batch_ = rows;
+  incumbent_ready_ = false;  // the prefix activations belong to the old batch
   labels_.clear();
   targets_.clear();
   if (batch.labels.data != nullptr) {
@@ -284,8 +286,8 @@ void EvaluatorImpl<S>::forward_prefix() {
 }
 
 template <class S>
-Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle,
-                                      std::vector<Term>& out, int32_t& first) const {
+Decline EvaluatorImpl<S>::build_terms(const Candidates& c, int64_t particle, std::vector<Term>& out,
+                                      int32_t& first) const {
   const int32_t d = c.d;
   int32_t last = -1;
   first = static_cast<int32_t>(plan_.layers.size());
@@ -344,7 +346,7 @@ Decline EvaluatorImpl<S>::build_terms(const pp_candidates& c, int64_t particle,
 }
 
 template <class S>
-void EvaluatorImpl<S>::plan_groups(const pp_candidates& c) {
+void EvaluatorImpl<S>::plan_groups(const Candidates& c) {
   groups_.clear();
   terms_.clear();
   path_candidates_.fill(0);
@@ -412,7 +414,7 @@ void EvaluatorImpl<S>::plan_groups(const pp_candidates& c) {
 }
 
 template <class S>
-void EvaluatorImpl<S>::run_groups(const pp_candidates& c, double* losses) {
+void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
   arena_->execute([&] {
     tbb::parallel_for(tbb::blocked_range<std::size_t>(0, groups_.size()),
                       [&](const tbb::blocked_range<std::size_t>& range) {
@@ -429,7 +431,7 @@ void EvaluatorImpl<S>::run_groups(const pp_candidates& c, double* losses) {
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_group(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_group(const Candidates& c, const Group& g, Scratch& s,
                                       double* losses) const {
   switch (g.path) {
     case Path::delta:
@@ -454,7 +456,7 @@ void EvaluatorImpl<S>::evaluate_group(const pp_candidates& c, const Group& g, Sc
 }
 
 template <class S>
-void EvaluatorImpl<S>::collect_touched(const pp_candidates& c, int64_t particle, Scratch& s) const {
+void EvaluatorImpl<S>::collect_touched(const Candidates& c, int64_t particle, Scratch& s) const {
   const int32_t d = c.d;
   s.entries.clear();
   for (int32_t k = 0; k < d; ++k) {
@@ -492,7 +494,7 @@ void EvaluatorImpl<S>::collect_touched(const pp_candidates& c, int64_t particle,
 }
 
 template <class S>
-double EvaluatorImpl<S>::l2_term(const pp_candidates& c, const Group& g, int64_t cand,
+double EvaluatorImpl<S>::l2_term(const Candidates& c, const Group& g, int64_t cand,
                                  Scratch& s) const {
   if (l2_ == 0.0) return 0.0;
   const int32_t d = c.d;
@@ -519,17 +521,20 @@ double EvaluatorImpl<S>::l2_term(const pp_candidates& c, const Group& g, int64_t
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate(const pp_candidates& c, double* losses) {
-  if (batch_ == 0) throw std::logic_error("evaluate() before register_batch()");
+void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* incumbent_loss,
+                                uint64_t incumbent_version) {
+  if (batch_ == 0) throw std::logic_error("score before set_batch");
   if (c.n_params != plan_.n_params)
     throw std::invalid_argument("base parameter vector has " + std::to_string(c.n_params) +
                                 " entries, the model has " + std::to_string(plan_.n_params));
-  set_base(c.base_params);
-  forward_prefix();
-  if (c.count == 0) {
-    losses[0] = base_loss_;
-    return;
+  if (!incumbent_ready_ || incumbent_version != incumbent_version_) {
+    set_base(c.base_params);
+    forward_prefix();
+    incumbent_version_ = incumbent_version;
+    incumbent_ready_ = true;
   }
+  if (incumbent_loss != nullptr) *incumbent_loss = base_loss_;
+  if (c.count == 0) return;
   for (;;) {
     try {
       plan_groups(c);
@@ -616,7 +621,7 @@ template class EvaluatorImpl<float>;
 template class EvaluatorImpl<double>;
 
 std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& loss,
-                               const pp_eval_options& options) {
+                               const pp_session_options& options) {
   if (options.device != PP_DEVICE_CPU) return "it runs on the cpu only";
   if (options.dtype != PP_DTYPE_F32 && options.dtype != PP_DTYPE_F64)
     return std::string("it computes in float32 or float64, not ") + pp::dtype_name(options.dtype);
@@ -626,7 +631,7 @@ std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& l
     if (model.layers[i].host_forward == nullptr)
       return "layer " + std::to_string(i) + " (" + model.layers[i].kind + ") has no host forward";
   // NOLINTNEXTLINE(bugprone-sizeof-expression): the field is a pointer; its size is the check
-  if (PP_EVAL_OPTIONS_HAS(&options, subspace) && options.subspace != nullptr &&
+  if (PP_HAS_FIELD(&options, pp_session_options, subspace) && options.subspace != nullptr &&
       options.subspace->n_params != model.n_params)
     return "the subspace maps into " + std::to_string(options.subspace->n_params) +
            " parameters, the model has " + std::to_string(model.n_params);
@@ -635,7 +640,7 @@ std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& l
 
 std::unique_ptr<CandidateEvaluator> make_candidate_evaluator(const pp_model_view& model,
                                                              const pp_loss_view& loss,
-                                                             const pp_eval_options& options) {
+                                                             const pp_session_options& options) {
   if (const std::string why = unsupported_reason(model, loss, options); !why.empty())
     throw std::invalid_argument(why);
   if (options.dtype == PP_DTYPE_F32)

@@ -21,28 +21,44 @@
 
 namespace polyprobe::cpu_tbb {
 
+// A candidate set as the paths consume it: candidate c moves particle particle[c] of
+// coords [n_particles * d] by displacement[c*d .. c*d+d) around base_params.
+struct Candidates {
+  int64_t count = 0;
+  int32_t d = 0;
+  const int64_t* particle = nullptr;
+  const double* displacement = nullptr;
+  int64_t n_particles = 0;
+  const int64_t* coords = nullptr;
+  const double* base_params = nullptr;
+  int64_t n_params = 0;
+};
+
 class CandidateEvaluator {
  public:
   virtual ~CandidateEvaluator() = default;
   virtual void register_batch(const pp_batch_view& batch) = 0;
-  // losses[count], or losses[0] = the incumbent's objective when count == 0.
-  virtual void evaluate(const pp_candidates& candidates, double* losses) = 0;
+  // losses[count] of the candidates and, when incumbent_loss is not null, the objective at
+  // base_params. `incumbent_version` names the base: the incumbent's forward (the prefix
+  // every path reuses) and its effective weights are recomputed only when it changes.
+  virtual void evaluate(const Candidates& candidates, double* losses, double* incumbent_loss,
+                        uint64_t incumbent_version) = 0;
   // JSON: per layer and particle block the path and why others declined, the chunk size,
   // the memory estimate, and per path the candidates of the last call.
   virtual const char* explain() = 0;
 };
 
-// The paths a caller may force (pp_eval_options.path); "auto" or null lets each group choose.
+// The paths a caller may force (pp_session_options.path); "auto" or null lets each group choose.
 inline constexpr const char* kPathNames =
     "auto, sparse, subspace-delta, site-local, dense, inplace, fallback";
 
 // Throws std::invalid_argument naming what it cannot serve.
 std::unique_ptr<CandidateEvaluator> make_candidate_evaluator(const pp_model_view& model,
                                                              const pp_loss_view& loss,
-                                                             const pp_eval_options& options);
+                                                             const pp_session_options& options);
 
 // Empty when the evaluator can serve this model, loss and options, else the reason.
 std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& loss,
-                               const pp_eval_options& options);
+                               const pp_session_options& options);
 
 }  // namespace polyprobe::cpu_tbb

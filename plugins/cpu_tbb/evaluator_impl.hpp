@@ -91,9 +91,10 @@ template <class S>
 class EvaluatorImpl final : public CandidateEvaluator {
  public:
   EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss,
-                const pp_eval_options& options);
+                const pp_session_options& options);
   void register_batch(const pp_batch_view& batch) override;
-  void evaluate(const pp_candidates& c, double* losses) override;
+  void evaluate(const Candidates& c, double* losses, double* incumbent_loss,
+                uint64_t incumbent_version) override;
   const char* explain() override;
 
  private:
@@ -129,18 +130,18 @@ class EvaluatorImpl final : public CandidateEvaluator {
   void set_base(const double* base);
   void forward_prefix();
   S effective(int64_t param, double raw) const;
-  void plan_groups(const pp_candidates& c);
-  Decline build_terms(const pp_candidates& c, int64_t particle, std::vector<Term>& out,
+  void plan_groups(const Candidates& c);
+  Decline build_terms(const Candidates& c, int64_t particle, std::vector<Term>& out,
                       int32_t& first) const;
-  void run_groups(const pp_candidates& c, double* losses);
-  void evaluate_group(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
-  double l2_term(const pp_candidates& c, const Group& g, int64_t cand, Scratch& s) const;
-  void collect_touched(const pp_candidates& c, int64_t particle, Scratch& s) const;
+  void run_groups(const Candidates& c, double* losses);
+  void evaluate_group(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
+  double l2_term(const Candidates& c, const Group& g, int64_t cand, Scratch& s) const;
+  void collect_touched(const Candidates& c, int64_t particle, Scratch& s) const;
   int64_t auto_chunk() const;
   double memory_estimate_bytes() const;
 
   // --- delta_path.cpp
-  void evaluate_delta(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  void evaluate_delta(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
   void build_kink_tables();
   void apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count,
                          Scratch& s) const;
@@ -149,14 +150,14 @@ class EvaluatorImpl final : public CandidateEvaluator {
   void apply_kink(std::size_t l, int64_t n, Scratch& s) const;
 
   // --- materialised_paths.cpp (sample-major)
-  void evaluate_dense(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
-  void evaluate_inplace(const pp_candidates& c, const Group& g, Scratch& s, double* losses);
-  void evaluate_fallback(const pp_candidates& c, const Group& g, Scratch& s, double* losses) const;
+  void evaluate_dense(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
+  void evaluate_inplace(const Candidates& c, const Group& g, Scratch& s, double* losses);
+  void evaluate_fallback(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
   // One layer on sample-major rows. `params` are effective ones (transforms applied) for
   // native affine layers; with host_only every layer runs its host forward on raw params.
   void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
                      bool host_only = false) const;
-  void set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s, S* eff) const;
+  void set_candidate_params(const Candidates& c, int64_t cand, Scratch& s, S* eff) const;
 
   // --- site_local_path.cpp
   void build_site_plans();
@@ -164,8 +165,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
   // (site_not_declared when its layers do not declare the contract at all).
   Decline site_local_decline(const Group& g, bool other_forced) const;
   void prepare_site_local();  // per call: the incumbent's attention internals
-  void evaluate_site_local(const pp_candidates& c, const Group& g, Scratch& s,
-                           double* losses) const;
+  void evaluate_site_local(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
 
   // --- loss_kernels.cpp
   // Mean loss of candidates whose outputs are the incumbent's plus `delta`
@@ -199,7 +199,9 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<double> targets_;
   int64_t batch_ = 0;
 
-  // per call
+  // per incumbent (recomputed when its version changes or a batch is registered)
+  uint64_t incumbent_version_ = 0;
+  bool incumbent_ready_ = false;
   std::vector<double> base_;
   std::vector<S> eff_;
   double base_sq_ = 0.0;

@@ -46,7 +46,7 @@ void EvaluatorImpl<S>::forward_layer(const LayerPlan& layer, const Mat<S>& in, c
 }
 
 template <class S>
-void EvaluatorImpl<S>::set_candidate_params(const pp_candidates& c, int64_t cand, Scratch& s,
+void EvaluatorImpl<S>::set_candidate_params(const Candidates& c, int64_t cand, Scratch& s,
                                             S* eff) const {
   const int32_t d = c.d;
   const double* delta = c.displacement + cand * d;
@@ -59,7 +59,7 @@ void EvaluatorImpl<S>::set_candidate_params(const pp_candidates& c, int64_t cand
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_dense(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_dense(const Candidates& c, const Group& g, Scratch& s,
                                       double* losses) const {
   if (s.generation != generation_) {
     s.eff = eff_;
@@ -93,7 +93,7 @@ void EvaluatorImpl<S>::evaluate_dense(const pp_candidates& c, const Group& g, Sc
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_inplace(const Candidates& c, const Group& g, Scratch& s,
                                         double* losses) {
   collect_touched(c, g.particle, s);
   const auto first = static_cast<std::size_t>(plan_.layer_of(s.touched.front()));
@@ -138,7 +138,7 @@ void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates& c, const Group& g, 
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_fallback(const Candidates& c, const Group& g, Scratch& s,
                                          double* losses) const {
   if (s.raw_generation != generation_) {
     s.raw_params.resize(base_.size());
@@ -171,16 +171,16 @@ void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates& c, const Group& g,
 
 // S is a type here, which parentheses would break.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define POLYPROBE_INSTANTIATE(S)                                                                  \
-  template void EvaluatorImpl<S>::forward_layer(const LayerPlan&, const Mat<S>&, const S*,        \
-                                                Mat<S>&, bool) const;                             \
-  template void EvaluatorImpl<S>::set_candidate_params(const pp_candidates&, int64_t, Scratch&,   \
-                                                       S*) const;                                 \
-  template void EvaluatorImpl<S>::evaluate_dense(const pp_candidates&, const Group&, Scratch&,    \
-                                                 double*) const;                                  \
-  template void EvaluatorImpl<S>::evaluate_inplace(const pp_candidates&, const Group&, Scratch&,  \
-                                                   double*);                                      \
-  template void EvaluatorImpl<S>::evaluate_fallback(const pp_candidates&, const Group&, Scratch&, \
+#define POLYPROBE_INSTANTIATE(S)                                                                 \
+  template void EvaluatorImpl<S>::forward_layer(const LayerPlan&, const Mat<S>&, const S*,       \
+                                                Mat<S>&, bool) const;                            \
+  template void EvaluatorImpl<S>::set_candidate_params(const Candidates&, int64_t, Scratch&, S*) \
+      const;                                                                                     \
+  template void EvaluatorImpl<S>::evaluate_dense(const Candidates&, const Group&, Scratch&,      \
+                                                 double*) const;                                 \
+  template void EvaluatorImpl<S>::evaluate_inplace(const Candidates&, const Group&, Scratch&,    \
+                                                   double*);                                     \
+  template void EvaluatorImpl<S>::evaluate_fallback(const Candidates&, const Group&, Scratch&,   \
                                                     double*) const;
 // NOLINTEND(bugprone-macro-parentheses)
 POLYPROBE_INSTANTIATE(float)

@@ -3,6 +3,7 @@
 // the host goes through pp::guard, so no exception crosses the boundary.
 #include "accumulator.hpp"
 #include "evaluator.hpp"
+#include "session.hpp"
 
 #include <polyprobe/plugin/plugin.hpp>
 
@@ -10,25 +11,41 @@
 
 namespace {
 
-using polyprobe::cpu_tbb::CandidateEvaluator;
+using polyprobe::cpu_tbb::Session;
 
-int register_batch(void* self, const pp_batch_view* batch, pp_error* err) {
-  return pp::guard(err, [&] { static_cast<CandidateEvaluator*>(self)->register_batch(*batch); });
+Session& session(void* self) { return *static_cast<Session*>(self); }
+
+int set_batch(void* self, const pp_batch_view* batch, pp_error* err) {
+  return pp::guard(err, [&] { session(self).set_batch(*batch); });
 }
-int evaluate(void* self, const pp_candidates* cands, double* losses, pp_error* err) {
-  return pp::guard(err, [&] { static_cast<CandidateEvaluator*>(self)->evaluate(*cands, losses); });
+int set_particles(void* self, const pp_particle_layout* layout, pp_error* err) {
+  return pp::guard(err, [&] { session(self).set_particles(*layout); });
+}
+int set_incumbent(void* self, const pp_tensor* theta, pp_error* err) {
+  return pp::guard(err, [&] { session(self).set_incumbent(*theta); });
+}
+int move_incumbent(void* self, const double* moves, pp_error* err) {
+  return pp::guard(err, [&] { session(self).move_incumbent(moves); });
+}
+int score(void* self, const pp_score_request* request, double* losses, double* incumbent_loss,
+          pp_error* err) {
+  return pp::guard(err, [&] { session(self).score(*request, losses, incumbent_loss); });
+}
+int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
+  return pp::guard(err, [&] { session(self).read_incumbent(*theta); });
 }
 const char* explain(void* self) {
   try {
-    return static_cast<CandidateEvaluator*>(self)->explain();
+    return session(self).explain();
   } catch (...) {
     return nullptr;
   }
 }
-void destroy(void* self) { delete static_cast<CandidateEvaluator*>(self); }
+void destroy(void* self) { delete static_cast<Session*>(self); }
 
-const pp_evaluator_api kEvaluatorApi = {sizeof(pp_evaluator_api), &register_batch, &evaluate,
-                                        &explain, &destroy};
+const pp_session_api kSessionApi = {sizeof(pp_session_api), &set_batch,      &set_particles,
+                                    &set_incumbent,         &move_incumbent, &score,
+                                    &read_incumbent,        &explain,        &destroy};
 
 // The evaluator chooses its path per particle group; a path name here only forces it.
 bool known_path(const char* path) {
@@ -39,7 +56,7 @@ bool known_path(const char* path) {
 }
 
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-             const pp_eval_options* options, pp_error* why) {
+             const pp_session_options* options, pp_error* why) {
   if (!known_path(path)) {
     pp::set_error(why, std::string("unknown path '") + path +
                            "' (paths: " + polyprobe::cpu_tbb::kPathNames + ")");
@@ -51,15 +68,14 @@ int supports(const char* path, const pp_model_view* model, const pp_loss_view* l
   return 0;
 }
 
-int create(const char* path, const pp_model_view* model, const pp_loss_view* loss,
-           const pp_eval_options* options, void** self, const pp_evaluator_api** api,
-           pp_error* err) {
+int create(const pp_model_view* model, const pp_loss_view* loss, const pp_session_options* options,
+           void** self, const pp_session_api** api, pp_error* err) {
   return pp::guard(err, [&] {
-    if (!known_path(path)) throw std::invalid_argument(std::string("unknown path '") + path + "'");
-    pp_eval_options opts = *options;
-    if (path != nullptr && PP_EVAL_OPTIONS_HAS(options, path)) opts.path = path;
-    *self = polyprobe::cpu_tbb::make_candidate_evaluator(*model, *loss, opts).release();
-    *api = &kEvaluatorApi;
+    if (!known_path(options->path))
+      throw std::invalid_argument(std::string("unknown path '") + options->path + "'");
+    auto evaluator = polyprobe::cpu_tbb::make_candidate_evaluator(*model, *loss, *options);
+    *self = new Session(std::move(evaluator), model->n_params, options->subspace);
+    *api = &kSessionApi;
   });
 }
 
@@ -123,7 +139,7 @@ const pp_plugin kPlugin = [] {
   p.api_version = PP_PLUGIN_API_VERSION;
   p.struct_size = sizeof(pp_plugin);
   p.name = "cpu_tbb";
-  p.version = "0.2.0";
+  p.version = "0.3.0";
   p.vendor = "polyprobe";
   p.summary =
       "CPU candidate evaluation on Eigen, parallel with oneTBB: sparse and subspace "
@@ -131,8 +147,8 @@ const pp_plugin kPlugin = [] {
   p.probe = &probe;
   p.caps = kCaps;
   p.n_caps = static_cast<int32_t>(std::size(kCaps));
-  p.evaluator_supports = &supports;
-  p.evaluator_create = &create;
+  p.session_supports = &supports;
+  p.session_create = &create;
   p.accumulator_create = &create_accumulator;
   return p;
 }();

@@ -447,7 +447,7 @@ void EvaluatorImpl<S>::prepare_site_local() {
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_site_local(const pp_candidates& c, const Group& g, Scratch& s,
+void EvaluatorImpl<S>::evaluate_site_local(const Candidates& c, const Group& g, Scratch& s,
                                            double* losses) const {
   collect_touched(c, g.particle, s);
   const auto l = static_cast<std::size_t>(plan_.layer_of(s.touched.front()));
@@ -491,12 +491,12 @@ void EvaluatorImpl<S>::evaluate_site_local(const pp_candidates& c, const Group& 
     losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
 }
 
-#define POLYPROBE_INSTANTIATE(S)                                                          \
-  template void EvaluatorImpl<S>::build_site_plans();                                     \
-  template Decline EvaluatorImpl<S>::site_local_decline(const Group&, bool) const;        \
-  template void EvaluatorImpl<S>::prepare_site_local();                                   \
-  template void EvaluatorImpl<S>::evaluate_site_local(const pp_candidates&, const Group&, \
-                                                      Scratch&, double*) const;
+#define POLYPROBE_INSTANTIATE(S)                                                                 \
+  template void EvaluatorImpl<S>::build_site_plans();                                            \
+  template Decline EvaluatorImpl<S>::site_local_decline(const Group&, bool) const;               \
+  template void EvaluatorImpl<S>::prepare_site_local();                                          \
+  template void EvaluatorImpl<S>::evaluate_site_local(const Candidates&, const Group&, Scratch&, \
+                                                      double*) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

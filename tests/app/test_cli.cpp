@@ -2,6 +2,8 @@
 // plugin listing.
 #include "app/run_process.hpp"
 
+#include <polyprobe/plugin/abi.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -88,7 +90,7 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
       polyprobe("plugins --json --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
-  CHECK(j["plugin_api"] == 1);
+  CHECK(j["plugin_api"] == PP_PLUGIN_API_VERSION);
   bool cpu_available = false, wrong_abi_reason = false, not_library_reason = false;
   for (const auto& p : j["plugins"]) {
     for (const char* key :
@@ -98,7 +100,8 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
     // A descriptor of another API version is not read past its version, so the plugin
     // is named by its file.
     if (p["path"].get<std::string>().ends_with("libpolyprobe_wrong_abi.so"))
-      wrong_abi_reason = p["reason"].get<std::string>().find("plugin API 99") != std::string::npos;
+      wrong_abi_reason = p["reason"].get<std::string>().find(
+                             "built for plugin API 1 but this host speaks 2") != std::string::npos;
     if (p["path"].get<std::string>().ends_with("libpolyprobe_not_a_library.so"))
       not_library_reason = p["reason"].get<std::string>().find("cannot load") != std::string::npos;
   }
@@ -118,7 +121,7 @@ TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
 TEST_CASE("version names the plugin API") {
   const auto r = polyprobe("version");
   CHECK(r.exit_code == 0);
-  CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 1"));
+  CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 2"));
 }
 
 TEST_CASE("an unknown --backend or an unservable --device fails with the reason, exit 1") {

@@ -62,7 +62,7 @@ TEST_CASE("every broken plugin is recorded with its reason and the others still 
     const char* reason_part;
   };
   const Case cases[] = {
-      {"wrong_abi", "built for plugin API 99 but this host speaks 1"},
+      {"wrong_abi", "built for plugin API 1 but this host speaks 2: rebuild it"},
       {"declines", "declined this host's plugin API version"},
       {"throws", "entry function threw: fixture entry exploded"},
       {"no_device", "unusable on this machine: no CUDA device is present"},

@@ -59,7 +59,7 @@ typedef enum pp_activation {
 
 /* y[i] = f(x[i]); the formulas are kernels/activations.hpp. */
 typedef struct pp_activation_attrs {
-  int32_t fn; /* pp_activation */
+  int32_t fn;  /* pp_activation */
   double step; /* PP_ACT_STAIRCASE */
 } pp_activation_attrs;
 

@@ -1,0 +1,132 @@
+#include "session.hpp"
+
+#include <polyprobe/plugin/kernels/subspace_move.hpp>
+#include <polyprobe/plugin/plugin.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace polyprobe::cpu_tbb {
+
+namespace {
+std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
+}  // namespace
+
+Session::Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
+                 const pp_subspace_view* subspace)
+    : evaluator_(std::move(evaluator)), n_params_(n_params), subspace_(subspace) {}
+
+void Session::set_batch(const pp_batch_view& batch) { evaluator_->register_batch(batch); }
+
+void Session::set_particles(const pp_particle_layout& layout) {
+  if (layout.d < 1 || layout.n_particles < 0)
+    throw std::invalid_argument("particle layout: d must be at least 1");
+  if (layout.n_probes < 1) throw std::invalid_argument("particle layout: K must be at least 1");
+  const int64_t limit = subspace_ != nullptr ? subspace_->dimension : n_params_;
+  const int64_t n = layout.n_particles * layout.d;
+  for (int64_t i = 0; i < n; ++i)
+    if (layout.coords[i] < -1 || layout.coords[i] >= limit)
+      throw std::invalid_argument("particle layout: coordinate " +
+                                  std::to_string(layout.coords[i]) + " is outside [0, " +
+                                  std::to_string(limit) + ")");
+  d_ = layout.d;
+  coords_.assign(layout.coords, layout.coords + n);
+  vertices_ = layout.n_vertices;
+  probes_ = layout.n_probes;
+}
+
+void Session::set_incumbent(const pp_tensor& theta) {
+  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_CPU || pp::numel(theta) != n_params_)
+    throw std::invalid_argument("set_incumbent: expected " + std::to_string(n_params_) +
+                                " float64 values in host memory");
+  const auto values = pp::as_span<const double>(theta);
+  incumbent_.assign(values.begin(), values.end());
+  has_incumbent_ = true;
+  ++version_;
+}
+
+void Session::move_incumbent(const double* moves) {
+  if (!has_incumbent_) throw std::logic_error("move_incumbent before set_incumbent");
+  for (std::size_t c = 0; c < coords_.size(); ++c) {
+    const int64_t coord = coords_[c];
+    if (coord < 0) continue;
+    if (subspace_ != nullptr)
+      kernels::apply_subspace_move(subspace_->coords[coord], moves[c], incumbent_.data());
+    else
+      incumbent_[idx(coord)] += moves[c];
+  }
+  ++version_;
+}
+
+Candidates Session::base_candidates() const {
+  Candidates c;
+  c.d = d_;
+  c.n_particles = d_ > 0 ? static_cast<int64_t>(coords_.size()) / d_ : 0;
+  c.coords = coords_.data();
+  c.base_params = incumbent_.data();
+  c.n_params = n_params_;
+  return c;
+}
+
+void Session::score(const pp_score_request& r, double* losses, double* incumbent_loss) {
+  if (!has_incumbent_) throw std::logic_error("score before set_incumbent");
+  Candidates c = base_candidates();
+  if (r.form == PP_CANDIDATES_EXPLICIT) {
+    if (r.count > 0 && d_ == 0) throw std::logic_error("score before set_particles");
+    for (int64_t i = 0; i < r.count; ++i)
+      if (r.particle[i] < 0 || r.particle[i] >= c.n_particles)
+        throw std::invalid_argument("candidate " + std::to_string(i) + " moves particle " +
+                                    std::to_string(r.particle[i]) + " of " +
+                                    std::to_string(c.n_particles));
+    c.count = r.count;
+    c.particle = r.particle;
+    c.displacement = r.displacement;
+    evaluator_->evaluate(c, losses, incumbent_loss, version_);
+    return;
+  }
+  if (r.form != PP_CANDIDATES_POLYTOPE)
+    throw std::invalid_argument("score: unknown candidate form " + std::to_string(r.form));
+  if (vertices_ == 0) throw std::logic_error("score: the particle layout has no polytope");
+  // Expand the step: candidate (i, v, k) at probe_radius * k / (K + 1) * direction (i, v),
+  // the optimizer's own expression, so the displacements are its bits.
+  const int64_t P = c.n_particles, V = vertices_;
+  const int32_t K = probes_;
+  particle_.clear();
+  displacement_.clear();
+  for (int64_t i = 0; i < P; ++i) {
+    if (r.active != nullptr && r.active[i] == 0) continue;
+    for (int64_t v = 0; v < V; ++v)
+      for (int32_t k = 1; k <= K; ++k) {
+        const double scale = r.probe_radius * k / (K + 1.0);
+        particle_.push_back(i);
+        const double* dir = r.directions + (i * V + v) * d_;
+        for (int32_t j = 0; j < d_; ++j) displacement_.push_back(scale * dir[j]);
+      }
+  }
+  c.count = static_cast<int64_t>(particle_.size());
+  c.particle = particle_.data();
+  c.displacement = displacement_.data();
+  if (r.active == nullptr) {
+    evaluator_->evaluate(c, losses, incumbent_loss, version_);
+    return;
+  }
+  losses_.resize(particle_.size());
+  evaluator_->evaluate(c, losses_.data(), incumbent_loss, version_);
+  std::size_t next = 0;
+  for (int64_t i = 0; i < P; ++i) {
+    if (r.active[i] == 0) continue;
+    std::copy_n(losses_.begin() + static_cast<std::ptrdiff_t>(next), V * K, losses + i * V * K);
+    next += idx(V * K);
+  }
+}
+
+void Session::read_incumbent(pp_tensor& theta) const {
+  if (!has_incumbent_) throw std::logic_error("read_incumbent before set_incumbent");
+  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_CPU || pp::numel(theta) != n_params_)
+    throw std::invalid_argument("read_incumbent: expected room for " + std::to_string(n_params_) +
+                                " float64 values in host memory");
+  std::copy(incumbent_.begin(), incumbent_.end(), static_cast<double*>(theta.data));
+}
+
+}  // namespace polyprobe::cpu_tbb

@@ -1,0 +1,55 @@
+// The cpu_tbb evaluator session (plugin API 2): what a run fixes crosses once and stays here.
+//
+// A Session keeps the particle layout, the polytope and the incumbent (a double copy, moved
+// by the same arithmetic as the host's, kernels/subspace_move.hpp), and turns each score
+// request into the candidate set the evaluation paths consume: the optimizer's polytope
+// form is expanded here from the step's directions, so only O(P V d) values cross per step.
+// The incumbent's version changes with every set or move, which is what tells the
+// evaluator to redo the incumbent's forward (once per step, however many score calls).
+// One host thread at a time; the evaluator parallelises inside.
+#pragma once
+
+#include "evaluator.hpp"
+
+#include <polyprobe/plugin/abi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace polyprobe::cpu_tbb {
+
+class Session {
+ public:
+  // `subspace` (may be null) stays valid for the session's life (the host's promise).
+  Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
+          const pp_subspace_view* subspace);
+
+  void set_batch(const pp_batch_view& batch);
+  void set_particles(const pp_particle_layout& layout);
+  void set_incumbent(const pp_tensor& theta);
+  void move_incumbent(const double* moves);
+  void score(const pp_score_request& request, double* losses, double* incumbent_loss);
+  void read_incumbent(pp_tensor& theta) const;
+  const char* explain() { return evaluator_->explain(); }
+
+ private:
+  Candidates base_candidates() const;
+
+  std::unique_ptr<CandidateEvaluator> evaluator_;
+  int64_t n_params_;
+  const pp_subspace_view* subspace_;
+  int32_t d_ = 0;
+  std::vector<int64_t> coords_;  // [P d]
+  int64_t vertices_ = 0;
+  int32_t probes_ = 1;
+  std::vector<double> incumbent_;
+  bool has_incumbent_ = false;
+  uint64_t version_ = 0;
+  // The polytope form expanded (reused between steps).
+  std::vector<int64_t> particle_;
+  std::vector<double> displacement_, losses_;
+};
+
+}  // namespace polyprobe::cpu_tbb
