@@ -1,8 +1,8 @@
 // The per-sample losses and the objective that every evaluator must reproduce.
 #include <polyprobe/error.hpp>
-#include <polyprobe/plugin/kernels/losses.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/plugin/kernels/losses.hpp>
 
 #include <algorithm>
 #include <cmath>

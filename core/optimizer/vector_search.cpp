@@ -140,8 +140,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     if (std::find(reused.begin(), reused.end(), 1) != reused.end())
       for (char r : reused) active_.push_back(r != 0 ? 0 : 1);
     open_session(evaluator);
-    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(),
-                              active_};
+    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_};
     evaluator.score(probe, losses_, score_incumbent ? &incumbent : nullptr);
     scored = (P - static_cast<int64_t>(std::count(reused.begin(), reused.end(), 1))) * V * K;
     evaluations_ += scored;

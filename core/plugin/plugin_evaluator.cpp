@@ -26,8 +26,8 @@ class PluginEvaluator final : public Evaluator {
     const pp_session_options opts = to_pp_options(options, device, subspace_view_.get(),
                                                   path_.empty() ? nullptr : path_.c_str());
     pp_error err{};
-    if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_,
-                                &err) != PP_OK ||
+    if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_, &err) !=
+            PP_OK ||
         self_ == nullptr || api_ == nullptr)
       throw Error("plugin " + std::string(plugin_->name) +
                   ": cannot create an evaluator session: " + error_text(err));
@@ -49,14 +49,29 @@ class PluginEvaluator final : public Evaluator {
     pp_batch_view view{};
     view.struct_size = sizeof(view);
     // The session copies what it keeps: the views need not outlive the call.
-    view.inputs = {const_cast<double*>(batch.inputs.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2,
-                   input_shape, nullptr};
+    view.inputs = {const_cast<double*>(batch.inputs.data()),
+                   PP_DTYPE_F64,
+                   PP_DEVICE_CPU,
+                   0,
+                   2,
+                   input_shape,
+                   nullptr};
     if (batch.targets.is_classification())
-      view.labels = {const_cast<int64_t*>(batch.targets.labels.data()), PP_DTYPE_I64,
-                     PP_DEVICE_CPU, 0, 1, label_shape, nullptr};
+      view.labels = {const_cast<int64_t*>(batch.targets.labels.data()),
+                     PP_DTYPE_I64,
+                     PP_DEVICE_CPU,
+                     0,
+                     1,
+                     label_shape,
+                     nullptr};
     else
-      view.targets = {const_cast<double*>(batch.targets.values.data()), PP_DTYPE_F64,
-                      PP_DEVICE_CPU, 0, 2, target_shape, nullptr};
+      view.targets = {const_cast<double*>(batch.targets.values.data()),
+                      PP_DTYPE_F64,
+                      PP_DEVICE_CPU,
+                      0,
+                      2,
+                      target_shape,
+                      nullptr};
     check(api_->set_batch(self_, &view, &err_), "bind a batch");
   }
 
@@ -75,10 +90,10 @@ class PluginEvaluator final : public Evaluator {
     check_base(base);
     set.validate();
     if (!has_particles(*set.particles, bound_polytope(), bound_probes()))
-      bind_particles(*set.particles, bound_polytope().cols() == set.particles->d
-                                         ? bound_polytope()
-                                         : Matrix<double>(),
-                     bound_probes());
+      bind_particles(
+          *set.particles,
+          bound_polytope().cols() == set.particles->d ? bound_polytope() : Matrix<double>(),
+          bound_probes());
     sync_incumbent(base);
     score(set, losses, nullptr);
   }
@@ -110,8 +125,8 @@ class PluginEvaluator final : public Evaluator {
   void session_incumbent() override {
     const std::span<const double> theta = incumbent();
     const int64_t shape[1] = {static_cast<int64_t>(theta.size())};
-    const pp_tensor t{const_cast<double*>(theta.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape,
-                      nullptr};
+    const pp_tensor t{
+        const_cast<double*>(theta.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
     check(api_->set_incumbent(self_, &t, &err_), "set the incumbent");
   }
 
@@ -127,7 +142,8 @@ class PluginEvaluator final : public Evaluator {
     r.form = PP_CANDIDATES_POLYTOPE;
     r.directions = probe.directions.data();
     r.probe_radius = probe.probe_radius;
-    r.active = probe.active.empty() ? nullptr : reinterpret_cast<const uint8_t*>(probe.active.data());
+    r.active =
+        probe.active.empty() ? nullptr : reinterpret_cast<const uint8_t*>(probe.active.data());
     check(api_->score(self_, &r, losses.data(), incumbent_loss, &err_), "score a step");
   }
 

@@ -103,7 +103,7 @@ std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
 
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
-                              const pp_subspace_view* subspace = nullptr,
-                              const char* path = nullptr);
+                                 const pp_subspace_view* subspace = nullptr,
+                                 const char* path = nullptr);
 
 }  // namespace polyprobe::detail

@@ -1,6 +1,6 @@
 #include <polyprobe/error.hpp>
-#include <polyprobe/subspaces.hpp>
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
+#include <polyprobe/subspaces.hpp>
 
 namespace polyprobe {
 

@@ -70,8 +70,7 @@ class Evaluator {
   // --- The session (the optimizer's step)
   // The particle structure of the coming steps, with the polytope template [V d] and the
   // probe count K (kept; crosses to a plugin once).
-  void bind_particles(const ParticleMap& particles, const Matrix<double>& polytope,
-                      int32_t probes);
+  void bind_particles(const ParticleMap& particles, const Matrix<double>& polytope, int32_t probes);
   // Whether exactly this structure is bound (an O(P d) comparison).
   bool has_particles(const ParticleMap& particles, const Matrix<double>& polytope,
                      int32_t probes) const;

@@ -216,8 +216,8 @@ typedef struct pp_session_options {
   int32_t dtype;  /* compute dtype, pp_dtype */
   int32_t device; /* pp_device_kind */
   int32_t device_index;
-  int32_t threads;    /* CPU threads; 0 = all the process may use */
-  int64_t chunk_size; /* candidates held at once; 0 = automatic */
+  int32_t threads;                  /* CPU threads; 0 = all the process may use */
+  int64_t chunk_size;               /* candidates held at once; 0 = automatic */
   const pp_subspace_view* subspace; /* (optional) NULL = particles move raw parameters */
   const char* path; /* (optional) force one evaluation path; NULL or "auto" = choose */
   void* stream;     /* (optional) a device stream (cudaStream_t) the session runs on; NULL =
@@ -238,9 +238,9 @@ typedef struct pp_particle_layout {
   uint32_t struct_size;
   int32_t d;
   int64_t n_particles;
-  const int64_t* coords; /* [n_particles * d] */
-  int32_t n_vertices;    /* V; 0 when the caller only scores explicit candidates */
-  int32_t n_probes;      /* K >= 1 */
+  const int64_t* coords;  /* [n_particles * d] */
+  int32_t n_vertices;     /* V; 0 when the caller only scores explicit candidates */
+  int32_t n_probes;       /* K >= 1 */
   const double* polytope; /* [V * d], row-major; may be NULL when n_vertices == 0 */
 } pp_particle_layout;
 
@@ -290,8 +290,8 @@ typedef struct pp_session_api {
   /* Scores a candidate set around the incumbent into host `losses`, and, when
    * incumbent_loss is not NULL, the incumbent itself in the same call (its forward, which
    * every path reuses as the prefix, runs once). */
-  int (*score)(void* self, const pp_score_request* request, double* losses,
-               double* incumbent_loss, pp_error* err);
+  int (*score)(void* self, const pp_score_request* request, double* losses, double* incumbent_loss,
+               pp_error* err);
   /* Copies the incumbent into theta [n_params] (F64, host): validation, checkpoints, tests. */
   int (*read_incumbent)(void* self, pp_tensor* theta, pp_error* err);
   /* (optional) JSON describing the paths taken and declined, valid until the next call. */
