@@ -146,8 +146,10 @@ class Blas {
   explicit Blas(cudaStream_t stream) {
     check(cublasCreate(&handle_), "cublasCreate");
     check(cublasSetStream(handle_, stream), "cublasSetStream");
-    // Candidates are compared by tiny loss differences: no TF32, no reduced precision.
-    check(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH), "cublasSetMathMode");
+    // Candidates are compared by tiny loss differences: the default mode never trades
+    // precision (no TF32 for float32), and atomics stay off, so GEMMs are reproducible.
+    check(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cublasSetAtomicsMode(handle_, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
   }
   ~Blas() { (void)cublasDestroy(handle_); }
   Blas(const Blas&) = delete;

@@ -1,5 +1,6 @@
 #include "model_plan.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace polyprobe::cuda {
@@ -85,7 +86,9 @@ std::string build(const pp_model_view& model, const pp_loss_view& loss,
     width = op.out;
     plan.max_width = std::max(plan.max_width, width);
   }
-  if (plan.ops.empty()) return "the model has no layers";
+  if (std::none_of(plan.ops.begin(), plan.ops.end(),
+                   [](const OpPlan& op) { return op.op == PP_OP_LINEAR; }))
+    return "the model has no linear layer: nothing to search";
   plan.out_features = width;
   return "";
 }

@@ -194,6 +194,13 @@ class DeviceSession final : public Session {
     elem_row_d_.upload(row.data(), row.size(), s);
     elem_col_d_.upload(col.data(), col.size(), s);
     stream_.synchronize();
+    // A coordinate that two particles share would make the device move race; then the
+    // host's moved mirror is uploaded instead.
+    std::vector<int64_t> sorted;
+    for (int64_t c : coords)
+      if (c >= 0) sorted.push_back(c);
+    std::sort(sorted.begin(), sorted.end());
+    unique_coords_ = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
     coords_h_ = std::move(coords);
     d_ = d;
     particles_ = P;
@@ -226,8 +233,12 @@ class DeviceSession final : public Session {
       // The host's arithmetic: theta[coord] += move, in double, on both copies.
       for (int64_t c = 0; c < n; ++c)
         if (coords_h_[sz(c)] >= 0) theta_h_[sz(coords_h_[sz(c)])] += moves[c];
-      moves_d_.upload(moves, sz(n), stream_.get());
-      launch_move(coords_d_.data(), moves_d_.data(), n, theta_d_.data(), stream_.get());
+      if (unique_coords_) {
+        moves_d_.upload(moves, sz(n), stream_.get());
+        launch_move(coords_d_.data(), moves_d_.data(), n, theta_d_.data(), stream_.get());
+      } else {
+        theta_d_.upload(theta_h_.data(), theta_h_.size(), stream_.get());
+      }
     } else {
       // RankOneSubspace::apply's order and arithmetic, then the whole mirror goes up, so
       // the device copy is the host's bit for bit.
@@ -566,7 +577,7 @@ class DeviceSession final : public Session {
   DeviceBuffer<double> targets_d_;
   std::vector<DeviceBuffer<T>> acts_;  // acts_[0] = inputs, acts_[i + 1] = output of op i
 
-  bool has_particles_ = false;
+  bool has_particles_ = false, unique_coords_ = true;
   int32_t d_ = 1, vertices_ = 0, probes_ = 1;
   int64_t particles_ = 0, elem_max_ = 1;
   std::vector<int64_t> coords_h_;
