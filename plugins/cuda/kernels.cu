@@ -1,0 +1,290 @@
+// Device kernels of the CUDA session. One thread owns each output value it writes, and
+// every sum runs in a fixed order, so results do not depend on scheduling: candidates are
+// compared by tiny loss differences.
+#include "device.hpp"
+#include "formulas.cuh"
+#include "kernels.cuh"
+
+namespace polyprobe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
+
+void check_launch(const char* what) { check(cudaGetLastError(), what); }
+
+// Grids are 1-D over at most 2^31 - 1 blocks; kernels stride over the rest.
+unsigned grid(int64_t n) {
+  const int64_t b = blocks_for(n);
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
+}
+
+__device__ int64_t thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+__device__ int64_t particle_of(const CandidateSource& s, int64_t c) {
+  const int64_t g = s.first + c;
+  if (s.polytope) return s.active[g / (static_cast<int64_t>(s.vertices) * s.probes)];
+  return s.particle[g];
+}
+
+// The displacement of coordinate j, computed in double exactly as the host does it:
+// (probe_radius * k) / (K + 1.0) * direction.
+__device__ double delta_of(const CandidateSource& s, int64_t c, int32_t j) {
+  const int64_t g = s.first + c;
+  if (!s.polytope) return s.displacement[g * s.d + j];
+  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
+  const int64_t p = s.active[g / vk];
+  const int64_t r = g % vk;
+  const int64_t v = r / s.probes;
+  const int32_t k = static_cast<int32_t>(r % s.probes) + 1;
+  const double scale = s.probe_radius * k / (s.probes + 1.0);
+  return scale * s.directions[(p * s.vertices + v) * s.d + j];
+}
+
+__device__ int64_t target_of(const CandidateSource& s, int64_t c) {
+  const int64_t g = s.first + c;
+  if (!s.polytope) return g;
+  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
+  return s.active[g / vk] * vk + g % vk;
+}
+
+template <class S>
+__global__ void effective_kernel(const double* theta, const int32_t* owner, const OpTransform* ops,
+                                 int64_t n, S* eff) {
+  for (int64_t p = thread_index(); p < n; p += thread_stride()) {
+    const int32_t o = owner[p];
+    if (o < 0) continue;
+    const OpTransform t = ops[o];
+    const int32_t q = p - t.offset < t.weights ? t.weight_transform : t.bias_transform;
+    eff[p] = effective<S>(q, theta[p], t.quant_step);
+  }
+}
+
+// The new raw value of parameter `raw` in candidate c: the incumbent plus, in coordinate
+// order, each coordinate's share, with the arithmetic of the host (full space: +=
+// displacement; subspace: kernels::apply_subspace_move).
+__device__ double candidate_value(const CandidateSource& s, const ParticleTable& t, int64_t c,
+                                  int64_t particle, int64_t raw, double value) {
+  for (int32_t j = 0; j < t.d; ++j) {
+    const int64_t k = t.coords[particle * t.d + j];
+    if (k < 0) continue;
+    if (t.subspace == nullptr) {
+      if (k == raw) value += delta_of(s, c, j);
+      continue;
+    }
+    const DeviceCoord q = t.subspace[k];
+    const int64_t local = raw - q.offset;
+    if (local < 0 || local >= q.rows * q.cols) continue;
+    const int64_t r = local / q.cols, col = local % q.cols;
+    const double ur = q.row >= 0 ? (r == q.row ? 1.0 : 0.0) : t.basis[q.u + r];
+    if (ur == 0.0) continue;
+    const double theta = delta_of(s, c, j);
+    if (q.col >= 0) {
+      if (col == q.col) value += theta * ur;
+    } else {
+      value += theta * ur * t.basis[q.v + col];
+    }
+  }
+  return value;
+}
+
+template <class S>
+__global__ void deltas_kernel(CandidateSource src, ParticleTable t, int64_t count,
+                              const double* theta, const OpTransform* ops, const S* eff, S* dq,
+                              double* l2_terms) {
+  const int64_t total = count * t.elem_max;
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t c = i / t.elem_max, e = i % t.elem_max;
+    const int64_t p = particle_of(src, c);
+    const int64_t begin = t.elem_begin[p];
+    if (e >= t.elem_begin[p + 1] - begin) continue;
+    const int64_t raw = t.elem_raw[begin + e];
+    const double old = theta[raw];
+    const double now = candidate_value(src, t, c, p, raw, old);
+    const OpTransform o = ops[t.elem_op[begin + e]];
+    const int32_t q = raw - o.offset < o.weights ? o.weight_transform : o.bias_transform;
+    dq[i] = effective<S>(q, now, o.quant_step) - eff[raw];
+    l2_terms[i] = now * now - old * old;
+  }
+}
+
+__global__ void l2_kernel(CandidateSource src, ParticleTable t, int64_t count,
+                          const double* l2_terms, double* l2) {
+  for (int64_t c = thread_index(); c < count; c += thread_stride()) {
+    const int64_t p = particle_of(src, c);
+    const int64_t n = t.elem_begin[p + 1] - t.elem_begin[p];
+    double sum = 0.0;
+    for (int64_t e = 0; e < n; ++e) sum += l2_terms[c * t.elem_max + e];
+    l2[c] = sum;
+  }
+}
+
+template <class S>
+__global__ void broadcast_kernel(const S* zinc, int64_t per, int64_t total, S* z) {
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) z[i] = zinc[i % per];
+}
+
+// One thread per (candidate, sample) row: it alone writes z[c, b, :], in element order.
+template <class S>
+__global__ void correct_kernel(CandidateSource src, ParticleTable t, int64_t count, int32_t op,
+                               const S* dq, const S* x, int64_t x_stride, int64_t in, S* z,
+                               int64_t out, int64_t rows) {
+  const int64_t total = count * rows;
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t c = i / rows, b = i % rows;
+    const int64_t p = particle_of(src, c);
+    const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+    const S* xr = x + c * x_stride + b * in;
+    S* zr = z + i * out;
+    for (int64_t e = 0; e < n; ++e) {
+      if (t.elem_op[begin + e] != op) continue;
+      const int32_t col = t.elem_col[begin + e];
+      const S change = dq[c * t.elem_max + e];
+      zr[t.elem_row[begin + e]] += col < 0 ? change : change * xr[col];
+    }
+  }
+}
+
+template <class S>
+__global__ void bias_kernel(S* y, const S* bias, int64_t width, int64_t total) {
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) y[i] += bias[i % width];
+}
+
+template <class S>
+__global__ void activation_kernel(const S* x, S* y, int64_t n, int32_t fn, S step) {
+  for (int64_t i = thread_index(); i < n; i += thread_stride()) y[i] = activate<S>(fn, x[i], step);
+}
+
+template <class S>
+__global__ void sample_loss_kernel(const S* out, int64_t rows, int64_t width, int64_t batch,
+                                   int32_t loss, const int64_t* labels, const double* targets,
+                                   S* per) {
+  for (int64_t r = thread_index(); r < rows; r += thread_stride()) {
+    const int64_t b = r % batch;
+    per[r] = loss_row<S>(loss, out + r * width, width, labels ? labels[b] : 0,
+                         targets ? targets + b * width : nullptr);
+  }
+}
+
+// One warp per candidate: lane-strided partial sums, then a fixed shuffle tree.
+template <class S>
+__global__ void objective_kernel(CandidateSource src, int64_t count, const S* per, int64_t batch,
+                                 double l2, double sum_sq, const double* l2_delta, double* losses) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t c = thread_index() / 32; c < count; c += warps) {
+    double sum = 0.0;
+    for (int64_t b = lane; b < batch; b += 32) sum += static_cast<double>(per[c * batch + b]);
+    for (int offset = 16; offset > 0; offset /= 2)
+      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    if (lane == 0) {
+      double value = sum / static_cast<double>(batch);
+      if (l2 != 0.0) value += l2 * (sum_sq + (l2_delta ? l2_delta[c] : 0.0));
+      losses[target_of(src, c)] = value;
+    }
+  }
+}
+
+__global__ void move_kernel(const int64_t* coords, const double* moves, int64_t n, double* theta) {
+  for (int64_t c = thread_index(); c < n; c += thread_stride())
+    if (coords[c] >= 0) theta[coords[c]] += moves[c];
+}
+
+}  // namespace
+
+template <class S>
+void launch_effective(const double* theta, const int32_t* owner, const OpTransform* ops, int64_t n,
+                      S* eff, cudaStream_t stream) {
+  effective_kernel<S><<<grid(n), kThreads, 0, stream>>>(theta, owner, ops, n, eff);
+  check_launch("effective weights kernel");
+}
+
+template <class S>
+void launch_deltas(CandidateSource src, ParticleTable table, int64_t count, const double* theta,
+                   const OpTransform* ops, const S* eff, S* dq, double* l2_terms, double* l2,
+                   cudaStream_t stream) {
+  deltas_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(src, table, count, theta,
+                                                                          ops, eff, dq, l2_terms);
+  check_launch("candidate deltas kernel");
+  l2_kernel<<<grid(count), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
+  check_launch("l2 kernel");
+}
+
+template <class S>
+void launch_broadcast(const S* zinc, int64_t rows, int64_t width, int64_t count, S* z,
+                      cudaStream_t stream) {
+  const int64_t total = rows * width * count;
+  broadcast_kernel<S><<<grid(total), kThreads, 0, stream>>>(zinc, rows * width, total, z);
+  check_launch("broadcast kernel");
+}
+
+template <class S>
+void launch_correct(CandidateSource src, ParticleTable table, int64_t count, int32_t op,
+                    const S* dq, const S* x, int64_t x_stride, int64_t in, S* z, int64_t out,
+                    int64_t rows, cudaStream_t stream) {
+  correct_kernel<S><<<grid(count * rows), kThreads, 0, stream>>>(src, table, count, op, dq, x,
+                                                                 x_stride, in, z, out, rows);
+  check_launch("delta correction kernel");
+}
+
+template <class S>
+void launch_add_bias(S* y, const S* bias, int64_t rows, int64_t width, cudaStream_t stream) {
+  bias_kernel<S><<<grid(rows * width), kThreads, 0, stream>>>(y, bias, width, rows * width);
+  check_launch("bias kernel");
+}
+
+template <class S>
+void launch_activation(const S* x, S* y, int64_t n, int32_t fn, double step, cudaStream_t stream) {
+  // The core's layer casts its step to S before use (kernels::staircase(v, S(step))).
+  activation_kernel<S><<<grid(n), kThreads, 0, stream>>>(x, y, n, fn, static_cast<S>(step));
+  check_launch("activation kernel");
+}
+
+template <class S>
+void launch_sample_losses(const S* out, int64_t rows, int64_t width, int64_t batch, int32_t loss,
+                          const int64_t* labels, const double* targets, S* per,
+                          cudaStream_t stream) {
+  sample_loss_kernel<S>
+      <<<grid(rows), kThreads, 0, stream>>>(out, rows, width, batch, loss, labels, targets, per);
+  check_launch("per-sample loss kernel");
+}
+
+template <class S>
+void launch_objective(CandidateSource src, int64_t count, const S* per, int64_t batch, double l2,
+                      double sum_sq, const double* l2_delta, double* losses, cudaStream_t stream) {
+  objective_kernel<S><<<grid(count * 32), kThreads, 0, stream>>>(src, count, per, batch, l2, sum_sq,
+                                                                 l2_delta, losses);
+  check_launch("objective kernel");
+}
+
+void launch_move(const int64_t* coords, const double* moves, int64_t n, double* theta,
+                 cudaStream_t stream) {
+  move_kernel<<<grid(n), kThreads, 0, stream>>>(coords, moves, n, theta);
+  check_launch("move kernel");
+}
+
+#define POLYPROBE_CUDA_INSTANTIATE(S)                                                              \
+  template void launch_effective<S>(const double*, const int32_t*, const OpTransform*, int64_t,    \
+                                    S*, cudaStream_t);                                             \
+  template void launch_deltas<S>(CandidateSource, ParticleTable, int64_t, const double*,           \
+                                 const OpTransform*, const S*, S*, double*, double*,               \
+                                 cudaStream_t);                                                    \
+  template void launch_broadcast<S>(const S*, int64_t, int64_t, int64_t, S*, cudaStream_t);        \
+  template void launch_correct<S>(CandidateSource, ParticleTable, int64_t, int32_t, const S*,      \
+                                  const S*, int64_t, int64_t, S*, int64_t, int64_t, cudaStream_t); \
+  template void launch_add_bias<S>(S*, const S*, int64_t, int64_t, cudaStream_t);                  \
+  template void launch_activation<S>(const S*, S*, int64_t, int32_t, double, cudaStream_t);        \
+  template void launch_sample_losses<S>(const S*, int64_t, int64_t, int64_t, int32_t,              \
+                                        const int64_t*, const double*, S*, cudaStream_t);          \
+  template void launch_objective<S>(CandidateSource, int64_t, const S*, int64_t, double, double,   \
+                                    const double*, double*, cudaStream_t);
+
+POLYPROBE_CUDA_INSTANTIATE(float)
+POLYPROBE_CUDA_INSTANTIATE(double)
+#undef POLYPROBE_CUDA_INSTANTIATE
+
+}  // namespace polyprobe::cuda

@@ -1,0 +1,161 @@
+// The cuda plugin: candidate evaluation on an NVIDIA GPU through API 2 evaluator sessions.
+// This file is only the ABI glue: every function handed to the host goes through
+// pp::guard, so no exception crosses the boundary. Loading it does no CUDA work; probe()
+// asks the runtime for a device, and on a machine without a driver or a GPU it returns 0
+// with the runtime's reason, so the registry records the plugin as unavailable.
+#include "model_plan.hpp"
+#include "session.hpp"
+
+#include <polyprobe/plugin/plugin.hpp>
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <string_view>
+
+namespace {
+
+using polyprobe::cuda::Session;
+
+Session* as_session(void* self) { return static_cast<Session*>(self); }
+
+int set_batch(void* self, const pp_batch_view* batch, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->set_batch(*batch); });
+}
+int set_particles(void* self, const pp_particle_layout* layout, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->set_particles(*layout); });
+}
+int set_incumbent(void* self, const pp_tensor* theta, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->set_incumbent(*theta); });
+}
+int move_incumbent(void* self, const double* moves, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->move_incumbent(moves); });
+}
+int score(void* self, const pp_score_request* request, double* losses, double* incumbent_loss,
+          pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->score(*request, losses, incumbent_loss); });
+}
+int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->read_incumbent(*theta); });
+}
+const char* explain(void* self) {
+  try {
+    return as_session(self)->explain();
+  } catch (...) {
+    return nullptr;
+  }
+}
+void destroy(void* self) { delete as_session(self); }
+
+const pp_session_api kSessionApi = {sizeof(pp_session_api), &set_batch,      &set_particles,
+                                    &set_incumbent,         &move_incumbent, &score,
+                                    &read_incumbent,        &explain,        &destroy};
+
+// Why a forced path cannot serve; empty when it can.
+std::string path_reason(const char* path, const pp_session_options& options) {
+  if (path == nullptr) return "";
+  const std::string_view p(path);
+  if (p == "auto") return "";
+  const bool subspace = options.subspace != nullptr;
+  if (p == "sparse")
+    return subspace ? "path 'sparse' moves raw parameters; with a subspace use 'subspace-delta'"
+                    : "";
+  if (p == "subspace-delta")
+    return subspace ? "" : "path 'subspace-delta' needs a subspace; in full space use 'sparse'";
+  return "unknown path '" + std::string(p) + "' (paths: " + polyprobe::cuda::kPathNames + ")";
+}
+
+std::string session_reason(const char* path, const pp_model_view& model, const pp_loss_view& loss,
+                           const pp_session_options& options) {
+  std::string reason = path_reason(path, options);
+  if (reason.empty()) reason = polyprobe::cuda::unsupported_reason(model, loss, options);
+  return reason;
+}
+
+int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
+             const pp_session_options* options, pp_error* why) {
+  try {
+    const std::string reason = session_reason(path, *model, *loss, *options);
+    if (reason.empty()) return 1;
+    pp::set_error(why, reason);
+  } catch (const std::exception& e) {
+    pp::set_error(why, e.what());
+  } catch (...) {
+    pp::set_error(why, "unknown exception");
+  }
+  return 0;
+}
+
+int create(const pp_model_view* model, const pp_loss_view* loss, const pp_session_options* options,
+           void** self, const pp_session_api** api, pp_error* err) {
+  return pp::guard(err, [&] {
+    const char* path = PP_HAS_FIELD(options, pp_session_options, path) ? options->path : nullptr;
+    const std::string reason = session_reason(path, *model, *loss, *options);
+    if (!reason.empty()) throw std::invalid_argument(reason);
+    *self = polyprobe::cuda::make_session(*model, *loss, *options).release();
+    *api = &kSessionApi;
+  });
+}
+
+int32_t probe(pp_error* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    pp::set_error(why, std::string("no CUDA device: ") + cudaGetErrorString(status));
+    return 0;
+  }
+  if (count <= 0) {
+    pp::set_error(why, "no CUDA device: the runtime reports none");
+    return 0;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    pp::set_error(why, "no CUDA device: cannot read the properties of device 0");
+    return 0;
+  }
+  if (prop.major < 9) {
+    pp::set_error(why, std::string("device 0 (") + prop.name + ") has compute capability " +
+                           std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                           "; this build targets sm_90");
+    return 0;
+  }
+  // Above any CPU backend's score: on a machine with a GPU, --device cuda is the policy
+  // that selects it, and the score only breaks ties among GPU backends.
+  return 1000 + prop.multiProcessorCount;
+}
+
+constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
+const pp_capability kCaps[] = {
+    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CUDA, kFloats, 0,
+     "full space, linear + activation MLPs: a particle's change corrects its layer's output "
+     "sparsely, the rest one cuBLAS GEMM over the chunk; device-resident"},
+    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, 0,
+     "rank-one subspace coordinates (hybrid): the rows and columns they move correct the "
+     "layer's output, the rest one cuBLAS GEMM over the chunk"},
+};
+
+const pp_plugin kPlugin = [] {
+  pp_plugin p{};
+  p.api_version = PP_PLUGIN_API_VERSION;
+  p.struct_size = sizeof(pp_plugin);
+  p.name = "cuda";
+  p.version = "0.1.0";
+  p.vendor = "polyprobe";
+  p.summary =
+      "GPU candidate evaluation (CUDA, cuBLAS): device-resident sessions for linear + "
+      "activation MLPs, full space and rank-one subspaces, float32 and float64";
+  p.probe = &probe;
+  p.caps = kCaps;
+  p.n_caps = static_cast<int32_t>(std::size(kCaps));
+  p.session_supports = &supports;
+  p.session_create = &create;
+  return p;
+}();
+
+}  // namespace
+
+POLYPROBE_PLUGIN_EXPORT const pp_plugin* polyprobe_plugin_entry(uint32_t host_api_version) {
+  return host_api_version == PP_PLUGIN_API_VERSION ? &kPlugin : nullptr;
+}

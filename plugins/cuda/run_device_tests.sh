@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Runs the cuda plugin's tests on a machine with a GPU, from the repository root of an
+# already-built tree (default build/, or $1): the conformance suite, then a short
+# `polyprobe train --device cuda` smoke run. Prints one summary line; exits non-zero when
+# anything failed or was skipped (a skip here means the GPU was not usable).
+set -uo pipefail
+build=${1:-build}
+log=$(mktemp -d)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true
+
+"$build/bin/test_cuda" --durations yes >"$log/test.txt" 2>&1
+test_rc=$?
+tail -n 30 "$log/test.txt"
+
+"$build/bin/polyprobe" plugins >"$log/plugins.txt" 2>&1
+grep -A3 -i "cuda" "$log/plugins.txt" | head -8
+
+# The embedded default run, on the GPU, kept short.
+"$build/bin/polyprobe" train --device cuda --epochs 1 --time-limit 120 >"$log/train.txt" 2>&1
+train_rc=$?
+tail -n 8 "$log/train.txt"
+
+verdict() { case $1 in 0) echo ok ;; 77) echo skipped ;; *) echo "FAILED($1)" ;; esac; }
+summary=$(grep -E "^(All tests passed|test cases:)" "$log/test.txt" | tail -1)
+echo "cuda device tests: conformance $(verdict $test_rc) [${summary:-no summary}];" \
+     "train --device cuda $(verdict $train_rc); logs in $log"
+[[ $test_rc -eq 0 && $train_rc -eq 0 ]]

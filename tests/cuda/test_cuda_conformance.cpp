@@ -1,0 +1,323 @@
+// The cuda plugin's evaluator sessions against the core's float64 reference: random MLPs
+// (every built-in activation, sign and int8 weights, every loss with l2), full space and
+// rank-one subspaces, through the stateless calls, the polytope form of score() and a whole
+// PolytopeOptimizer trajectory. Needs a CUDA device; without one each case says why and
+// exits with 77 (ctest: skipped), except the load test, which must pass anywhere.
+#include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/loss.hpp>
+#include <polyprobe/model.hpp>
+#include <polyprobe/optimizer.hpp>
+#include <polyprobe/registry.hpp>
+#include <polyprobe/subspaces.hpp>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+using namespace polyprobe;
+
+namespace {
+
+struct Backends {
+  PluginRegistry registry;
+  LayerFactory factory = LayerFactory::with_builtins();
+  Backends() { registry.load_directories({PluginRegistry::executable_plugin_dir()}); }
+  const PluginInfo* cuda() const {
+    for (const PluginInfo& info : registry.plugins())
+      if (info.name == "cuda") return &info;
+    return nullptr;
+  }
+};
+
+Backends& backends() {
+  static Backends b;
+  return b;
+}
+
+// Skips the calling case (exit 77, ctest's SKIP_RETURN_CODE) when no device is usable.
+void require_device() {
+  const PluginInfo* info = backends().cuda();
+  if (info != nullptr && info->available) return;
+  std::fprintf(stderr, "SKIPPED: no usable CUDA device: %s\n",
+               info == nullptr ? "the cuda plugin was not found" : info->reason.c_str());
+  std::fflush(stderr);
+  std::exit(77);
+}
+
+struct Case {
+  Model model;
+  std::unique_ptr<Loss> loss;
+  Batch batch;
+  std::string description;
+};
+
+// A random MLP; `discontinuous` adds sign and staircase activations, sign and int8 weights
+// and the 0-1 loss, whose float32 results may legitimately differ from float64.
+Case random_case(std::mt19937_64& rng, bool discontinuous, int max_width = 9) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  const LayerFactory& f = backends().factory;
+  std::vector<nlohmann::json> activations = {{{"kind", "relu"}},
+                                             {{"kind", "tanh"}},
+                                             {{"kind", "gelu"}},
+                                             {{"kind", "gelu"}, {"approximate", "tanh"}},
+                                             {{"kind", "identity"}}};
+  if (discontinuous)
+    activations.insert(activations.end(),
+                       {{{"kind", "sign"}}, {{"kind", "staircase"}, {"step", 0.3}}});
+  std::vector<std::string> losses = {"cross_entropy", "mse", "hinge"};
+  if (discontinuous) losses.push_back("zero_one");
+
+  const int inputs = pick(2, 7), outputs = pick(2, 4), hidden_layers = pick(1, 3);
+  Case c{Model(Shape{{inputs}}), nullptr, {}, "in " + std::to_string(inputs)};
+  for (int h = 0; h <= hidden_layers; ++h) {
+    const bool last = h == hidden_layers;
+    nlohmann::json attrs = {{"out_features", last ? outputs : pick(2, max_width)},
+                            {"bias", pick(0, 3) != 0}};
+    if (discontinuous && pick(0, 2) == 0) attrs["weight_transform"] = pick(0, 1) ? "sign" : "int8";
+    c.model.add(f.create("linear", attrs, c.model.output_shape()));
+    c.description += " linear" + attrs.dump();
+    if (!last) {
+      nlohmann::json act =
+          activations[static_cast<std::size_t>(pick(0, static_cast<int>(activations.size()) - 1))];
+      const std::string kind = act["kind"];
+      act.erase("kind");
+      c.model.add(f.create(kind, act, c.model.output_shape()));
+      c.description += " " + kind + act.dump();
+    }
+  }
+  c.model.initialize(rng());
+  const std::string loss =
+      losses[static_cast<std::size_t>(pick(0, static_cast<int>(losses.size()) - 1))];
+  c.loss = make_loss(loss, pick(0, 1) ? 1e-3 : 0.0);
+  c.description += " loss " + loss + " l2 " + std::to_string(c.loss->l2);
+  const int rows = pick(1, 40);
+  std::normal_distribution<double> normal;
+  c.batch.inputs = Matrix<double>::NullaryExpr(rows, inputs, [&] { return normal(rng); });
+  if (loss == "mse")
+    c.batch.targets.values =
+        Matrix<double>::NullaryExpr(rows, outputs, [&] { return normal(rng); });
+  else
+    for (int r = 0; r < rows; ++r) c.batch.targets.labels.push_back(pick(0, outputs - 1));
+  return c;
+}
+
+struct Candidates {
+  ParticleMap particles;
+  std::vector<int64_t> particle;
+  std::vector<double> displacement;
+  CandidateSet set() const { return {&particles, particle, displacement}; }
+};
+
+Candidates random_candidates(std::mt19937_64& rng, int64_t n, int32_t d, int per_particle) {
+  Candidates c;
+  c.particles = ParticleMap::contiguous(n, d);
+  std::normal_distribution<double> normal(0.0, 0.3);
+  for (int64_t p = 0; p < c.particles.count(); ++p)
+    for (int k = 0; k < per_particle; ++k) {
+      c.particle.push_back(p);
+      for (int j = 0; j < d; ++j) c.displacement.push_back(normal(rng));
+    }
+  return c;
+}
+
+double max_relative_error(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::abs(got[i] - want[i]) / std::max(std::abs(want[i]), 1e-6));
+  return worst;
+}
+
+EvaluatorRequest cuda_request(DType dtype, const Subspace* subspace = nullptr, int64_t chunk = 0) {
+  EvaluatorRequest r;
+  r.backend = "cuda";
+  r.device = "cuda";
+  r.options.dtype = dtype;
+  r.options.chunk_size = chunk;
+  r.subspace = subspace;
+  return r;
+}
+
+// Losses of the candidates, then of the incumbent.
+std::vector<double> run(Evaluator& evaluator, const Case& c, const Candidates& cands) {
+  evaluator.register_batch(c.batch);
+  std::vector<double> losses(cands.particle.size());
+  evaluator.evaluate(c.model.parameters(), cands.set(), losses);
+  losses.push_back(evaluator.evaluate_base(c.model.parameters()));
+  return losses;
+}
+
+std::unique_ptr<HybridSubspace> hybrid_of(const Model& model) {
+  HybridSubspace::Options options;
+  options.rank = 2;
+  return HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
+}
+
+void check_stateless(DType dtype, bool discontinuous, bool subspace, double tolerance,
+                     int64_t chunk = 0) {
+  std::mt19937_64 rng((dtype == DType::f32 ? 21 : 22) + (subspace ? 100 : 0) + chunk);
+  for (int trial = 0; trial < 30; ++trial) {
+    const Case c = random_case(rng, discontinuous);
+    const auto space = subspace ? hybrid_of(c.model) : nullptr;
+    const int64_t n = subspace ? space->dimension() : c.model.num_parameters();
+    const int32_t d = std::uniform_int_distribution<int32_t>(1, subspace ? 8 : 5)(rng);
+    const Candidates cands = random_candidates(rng, n, d, d + 1);
+    INFO(to_string(dtype) << " trial " << trial << " d " << d << (subspace ? " hybrid" : "") << ": "
+                          << c.description);
+    auto reference = make_reference_evaluator(c.model, *c.loss, space.get(), {DType::f64});
+    auto cuda = backends().registry.make_evaluator(c.model, *c.loss,
+                                                   cuda_request(dtype, space.get(), chunk));
+    const auto want = run(*reference, c, cands);
+    const auto got = run(*cuda, c, cands);
+    CHECK(max_relative_error(got, want) <= tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: the plugin loads and declines cleanly without a device", "[cuda]") {
+  const PluginInfo* info = backends().cuda();
+  REQUIRE(info != nullptr);
+  INFO("reason: " << info->reason);
+  REQUIRE(info->loaded);
+  if (!info->available) {
+    CHECK(info->reason.find("no CUDA device") != std::string::npos);
+    WARN("cuda plugin unavailable here: " << info->reason);
+  }
+  bool sparse = false;
+  for (const CapabilityInfo& cap : info->capabilities)
+    sparse =
+        sparse || (cap.component == "evaluator" && cap.name == "sparse" && cap.device == "cuda");
+  CHECK(sparse);
+}
+
+TEST_CASE("cuda: unsupported layers are declined with the layer named", "[cuda]") {
+  require_device();
+  const LayerFactory& f = backends().factory;
+  Model model(Shape{{2, 6}});
+  model.add(f.create("layer_norm", {}, model.output_shape()));
+  model.add(f.create("flatten", {}, model.output_shape()));
+  model.add(f.create("linear", {{"out_features", 3}}, model.output_shape()));
+  model.initialize(1);
+  auto loss = make_loss("cross_entropy");
+  try {
+    backends().registry.make_evaluator(model, *loss, cuda_request(DType::f64));
+    FAIL("the cuda backend accepted a layer_norm");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("layer 0 (layer_norm)") != std::string::npos);
+  }
+}
+
+TEST_CASE("cuda: full space float64 to 1e-12 with discontinuous models", "[cuda]") {
+  require_device();
+  check_stateless(DType::f64, true, false, 1e-12);
+}
+
+TEST_CASE("cuda: full space float32 to 1e-5 on continuous models", "[cuda]") {
+  require_device();
+  check_stateless(DType::f32, false, false, 1e-5);
+}
+
+TEST_CASE("cuda: hybrid subspace float64 to 1e-12 and float32 to 1e-5", "[cuda]") {
+  require_device();
+  check_stateless(DType::f64, true, true, 1e-12);
+  check_stateless(DType::f32, false, true, 1e-5);
+}
+
+TEST_CASE("cuda: tiny chunks give the same losses", "[cuda]") {
+  require_device();
+  check_stateless(DType::f64, true, false, 1e-12, 3);
+  check_stateless(DType::f64, false, true, 1e-12, 1);
+}
+
+TEST_CASE("cuda: the polytope form of score and move_incumbent match the host", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(7);
+  for (const bool subspace : {false, true})
+    for (int trial = 0; trial < 6; ++trial) {
+      const Case c = random_case(rng, true, 12);
+      const auto space = subspace ? hybrid_of(c.model) : nullptr;
+      const int64_t n = subspace ? space->dimension() : c.model.num_parameters();
+      const int32_t d = 3, V = d + 1, K = 2;
+      const ParticleMap particles = ParticleMap::contiguous(n, d);
+      const int64_t P = particles.count();
+      Matrix<double> polytope = Matrix<double>::Random(V, d);
+      std::vector<double> directions(static_cast<std::size_t>(P * V * d));
+      std::normal_distribution<double> normal;
+      for (double& v : directions) v = normal(rng);
+      std::vector<char> active(static_cast<std::size_t>(P));
+      for (char& a : active) a = static_cast<char>(rng() % 4 != 0);
+      INFO((subspace ? "hybrid " : "full ") << trial << ": " << c.description);
+
+      auto reference = make_reference_evaluator(c.model, *c.loss, space.get(), {DType::f64});
+      auto cuda = backends().registry.make_evaluator(c.model, *c.loss,
+                                                     cuda_request(DType::f64, space.get()));
+      std::vector<double> theta(c.model.parameters().begin(), c.model.parameters().end());
+      for (Evaluator* e : {reference.get(), cuda.get()}) {
+        e->register_batch(c.batch);
+        e->bind_particles(particles, polytope, K);
+        e->sync_incumbent(theta);
+      }
+      for (int step = 0; step < 3; ++step) {
+        const PolytopeProbe probe{directions, 0.2 + 0.1 * step, active};
+        std::vector<double> want(static_cast<std::size_t>(P * V * K), -1.0), got = want;
+        double want_incumbent = 0, got_incumbent = 0;
+        reference->score(probe, want, &want_incumbent);
+        cuda->score(probe, got, &got_incumbent);
+        CHECK(max_relative_error(got, want) <= 1e-12);  // inactive entries stay -1 in both
+        CHECK(std::abs(got_incumbent - want_incumbent) <= 1e-12 * std::abs(want_incumbent));
+        std::vector<double> moves(static_cast<std::size_t>(P * d));
+        for (double& m : moves) m = 0.05 * normal(rng);
+        reference->move_incumbent(moves);
+        cuda->move_incumbent(moves);
+        // The session's device copy is the host's, bit for bit.
+        CHECK(cuda->read_incumbent() == reference->read_incumbent());
+      }
+    }
+}
+
+TEST_CASE("cuda: a PolytopeOptimizer trajectory follows the reference's", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(31);
+  for (const bool subspace : {false, true})
+    for (int trial = 0; trial < 3; ++trial) {
+      Case c = random_case(rng, false, 16);
+      INFO((subspace ? "hybrid " : "full ") << trial << ": " << c.description);
+      OptimizerConfig config;
+      config.seed = 40 + static_cast<uint64_t>(trial);
+      if (trial == 1) config.radius.kind = RadiusModelKind::quadratic;  // the incumbent's loss
+      std::vector<std::vector<double>> finals;
+      for (const bool use_cuda : {false, true}) {
+        Model model = c.model;
+        const auto space = subspace ? hybrid_of(model) : nullptr;
+        auto evaluator = use_cuda
+                             ? backends().registry.make_evaluator(
+                                   model, *c.loss, cuda_request(DType::f64, space.get()))
+                             : make_reference_evaluator(model, *c.loss, space.get(), {DType::f64});
+        PolytopeOptimizer opt(model, config, space.get());
+        opt.register_evaluator(*evaluator, c.batch);
+        for (int s = 0; s < 10; ++s) opt.step();
+        finals.emplace_back(model.parameters().begin(), model.parameters().end());
+        if (use_cuda) CHECK(evaluator->read_incumbent() == finals.back());
+      }
+      double worst = 0;
+      for (std::size_t i = 0; i < finals[0].size(); ++i)
+        worst = std::max(worst, std::abs(finals[0][i] - finals[1][i]));
+      CHECK(worst <= 1e-9);
+    }
+}
+
+TEST_CASE("cuda: explain names the path of every layer", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(5);
+  const Case c = random_case(rng, false);
+  auto cuda = backends().registry.make_evaluator(c.model, *c.loss, cuda_request(DType::f32));
+  const nlohmann::json j = cuda->explain();
+  INFO(j.dump());
+  CHECK(j["plugin"]["path"] == "sparse");
+  CHECK(j["plugin"]["layers"].size() == c.model.num_layers());
+}
