@@ -8,15 +8,18 @@
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/optimizer.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <random>
 #include <sstream>
 #include <thread>
 
+#include <sys/resource.h>
 #include <time.h>
 
 namespace polyprobe::app {
@@ -48,6 +51,39 @@ const std::map<std::string, Baseline>& baselines() {
       {"mnist64-full", {27.9, 15.9, 0}},
   };
   return b;
+}
+
+// The host's peak resident set so far, in bytes (Linux reports KiB).
+double peak_rss_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return 1024.0 * static_cast<double>(usage.ru_maxrss);
+}
+
+// How complete steps are configured: at the reference's radius (probe displacement
+// 0.5 x 1e-2, the radius model fixed) and at `polyprobe train`'s defaults (step and probe
+// radius 2, epsilon 0.3: displacement 0.3, the quadratic radius model, which scores the
+// incumbent with the candidates). The schedule is held constant so every timed step is alike.
+struct StepRegime {
+  const char* name;
+  double step_radius, probe_radius, epsilon;
+  RadiusModelKind radius;
+};
+constexpr StepRegime kRegimes[] = {
+    {"step@reference", 1e-2, 1e-2, 1.0, RadiusModelKind::fixed},
+    {"step@train", 2.0, 2.0, 0.3, RadiusModelKind::quadratic},
+};
+
+std::vector<std::string> regime_names(const Context& ctx) {
+  std::vector<std::string> names = split(ctx.vm["regimes"].as<std::string>());
+  for (const std::string& n : names) {
+    bool known = n == "evaluation";
+    for (const StepRegime& r : kRegimes) known = known || n == r.name;
+    if (!known)
+      throw UsageError("--regimes: unknown regime '" + n +
+                       "' (evaluation, step@reference, step@train)");
+  }
+  return names;
 }
 
 }  // namespace
@@ -128,6 +164,89 @@ double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
 
 namespace {
 
+// Complete optimizer steps on one workload: PolytopeOptimizer::step() as `train` calls it
+// (rotations, the candidates, their losses and the incumbent's, the cost matrix, the
+// transport solve, the move), each timed call one more step of the same run.
+BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
+                                const std::string& device, int threads) {
+  const StepRegime* mode = nullptr;
+  for (const StepRegime& r : kRegimes)
+    if (regime == r.name) mode = &r;
+  Workload w = build_workload(find_workload(name));
+  OptimizerConfig config;
+  config.particle_dim = w.spec.d;
+  config.subspace_particle_dim = w.spec.d;
+  config.polytope = w.spec.polytope;
+  config.step_radius = mode->step_radius;
+  config.probe_radius = mode->probe_radius;
+  config.epsilon = mode->epsilon;
+  config.schedule = ScheduleKind::constant;
+  config.radius.kind = mode->radius;
+  config.seed = 1;
+  PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
+  EvaluatorRequest request;
+  request.backend = ctx.vm["bench-backend"].as<std::string>();
+  request.device = device;
+  request.options.dtype = DType::f32;
+  request.options.threads = threads;
+  request.subspace = w.subspace.get();
+  auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss, request);
+  optimizer.register_evaluator(*evaluator, w.batch);
+  StepInfo last;
+  std::vector<double> cpu_ms;
+  const Timing t = time_calls(
+      [&] {
+        const double cpu0 = thread_cpu_ms();
+        last = optimizer.step();
+        cpu_ms.push_back(thread_cpu_ms() - cpu0);
+      },
+      bench_timing(ctx));
+  BenchRecord r;
+  r.suite = "step";
+  r.workload = name;
+  r.device = device;
+  r.path = regime;
+  r.threads = threads;
+  r.candidates = last.candidates;
+  r.batch = w.spec.batch;
+  r.timing = t;
+  // The losses of these steps are the evaluation regime's paths at another radius; their
+  // parity is that regime's (and the conformance tests', at every radius).
+  r.max_rel_diff = std::numeric_limits<double>::quiet_NaN();
+  const nlohmann::json explain = evaluator->explain();
+  r.extra["regime"] = regime;
+  r.extra["what"] =
+      "complete optimizer steps: rotations, candidates, losses (and the incumbent's), cost "
+      "matrix, transport solve, move; constant schedule";
+  r.extra["probe_displacement"] = 0.5 * mode->probe_radius * mode->epsilon;
+  r.extra["radius_model"] = std::string(to_string(mode->radius));
+  r.extra["evaluator"] = evaluator->name();
+  r.extra["last_step_mean_cost"] = last.mean_cost;
+  r.extra["host_peak_rss_bytes"] = peak_rss_bytes();
+  const nlohmann::json plugin = explain.value("plugin", nlohmann::json::object());
+  if (plugin.contains("device_peak_bytes"))
+    r.extra["device_peak_bytes"] = plugin["device_peak_bytes"];
+  r.extra["candidates_per_second"] = static_cast<double>(last.candidates) / (t.median_ms * 1e-3);
+  if (threads == 1 && device == "cpu") {
+    std::vector<double> timed(cpu_ms.end() - t.reps, cpu_ms.end());
+    std::sort(timed.begin(), timed.end());
+    r.extra["thread_cpu_median_ms"] = timed[timed.size() / 2];
+  }
+  if (const auto it = baselines().find(name); it != baselines().end() && device == "cpu") {
+    // The reference's methods are exact at any radius: its time is the same at both.
+    const double torch = threads == 1 ? it->second.torch_1 : it->second.torch_all;
+    r.extra["torch_best_ms"] = torch;
+    r.extra["speedup_vs_torch_best"] = torch / t.median_ms;
+    if (threads == 1 && it->second.seed_1 > 0)
+      r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
+  }
+  if (name == "mnist128-rank8") r.extra["polystep_h200_candidates_per_second"] = 17088 / 0.3545;
+  if (!ctx.quiet)
+    *ctx.err << name << " " << regime << " " << device << " " << threads
+             << " threads: " << t.median_ms << " ms\n";
+  return r;
+}
+
 std::vector<BenchRecord> run_step(Context& ctx) {
   std::vector<BenchRecord> records;
   const double peak = ctx.vm["no-peak"].as<bool>() ? 0.0 : measure_peak_gflops(ctx, records);
@@ -159,10 +278,21 @@ std::vector<BenchRecord> run_step(Context& ctx) {
                         expect);
     const double expect_base = reference->evaluate_base(w.model->parameters());
 
+    const std::string device = ctx.vm["bench-device"].as<std::string>();
+    const std::vector<int> thread_counts =
+        device == "cpu" ? bench_thread_counts(ctx) : std::vector<int>{1};
+    const std::vector<std::string> regimes = regime_names(ctx);
+    for (const std::string& regime : regimes) {
+      if (regime == "evaluation") continue;
+      for (const int threads : thread_counts)
+        records.push_back(time_complete_steps(ctx, name, regime, device, threads));
+    }
+    if (std::find(regimes.begin(), regimes.end(), "evaluation") == regimes.end()) continue;
     for (const std::string& path : paths)
-      for (const int threads : bench_thread_counts(ctx)) {
+      for (const int threads : thread_counts) {
         EvaluatorRequest request;
         request.backend = ctx.vm["bench-backend"].as<std::string>();
+        request.device = device;
         request.options.dtype = DType::f32;
         request.options.threads = threads;
         request.subspace = w.subspace.get();
@@ -190,15 +320,23 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         BenchRecord r;
         r.suite = "step";
         r.workload = name;
+        r.device = device;
         r.threads = threads;
         r.candidates = count;
+        r.extra["regime"] = "evaluation";
+        r.extra["what"] =
+            "candidate evaluation alone (displacements, incumbent forward, every candidate's "
+            "loss) at the reference's displacement 0.5 x 1e-2, where radius-dependent "
+            "shortcuts apply; see step@train for complete steps at the radius training uses";
+        r.extra["host_peak_rss_bytes"] = peak_rss_bytes();
         r.batch = w.spec.batch;
         r.timing = t;
         r.max_rel_diff = worst;
         std::string ran = path;
-        if (explain.contains("plugin")) {
+        const nlohmann::json plugin = explain.value("plugin", nlohmann::json::object());
+        if (plugin.contains("last_call_candidates_per_path")) {
           // Every path that scored candidates, most candidates first: "site-local+sparse".
-          const auto& counts = explain["plugin"]["last_call_candidates_per_path"];
+          const auto& counts = plugin["last_call_candidates_per_path"];
           std::vector<std::pair<int64_t, std::string>> used;
           for (const auto& [p, n] : counts.items())
             if (n.get<int64_t>() > 0) used.emplace_back(-n.get<int64_t>(), p);
@@ -206,9 +344,11 @@ std::vector<BenchRecord> run_step(Context& ctx) {
           if (!used.empty()) ran.clear();
           for (const auto& [n, p] : used) ran += (ran.empty() ? "" : "+") + p;
           r.extra["candidates_per_path"] = counts;
-          r.extra["chunk_size"] = explain["plugin"]["chunk_size"];
-          r.extra["memory_estimate_bytes"] = explain["plugin"]["memory_estimate_bytes"];
+        } else if (plugin.contains("path")) {
+          ran = plugin["path"].get<std::string>();
         }
+        for (const char* key : {"chunk_size", "memory_estimate_bytes", "device_peak_bytes"})
+          if (plugin.contains(key)) r.extra[key] = plugin[key];
         r.path = path == "auto" ? ran : path;
         r.extra["evaluator"] = evaluator->name();
         if (threads == 1) {
@@ -256,16 +396,22 @@ BenchSuite step_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
-                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens) or all")(
-        "bench-threads", po::value<std::string>()->default_value("1,all"),
-        "thread counts, e.g. 1,2,all")(
+                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8) "
+                    "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
+                              "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
         "step: evaluation paths to time (auto, sparse, subspace-delta, site-local, dense, "
         "inplace, fallback)")("bench-backend", po::value<std::string>()->default_value("cpu_tbb"),
                               "step/forward: the evaluator backend")(
         "parity-sample", po::value<int64_t>()->default_value(512),
         "step: candidates checked against the float64 reference")(
-        "no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak");
+        "no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak")(
+        "regimes", po::value<std::string>()->default_value("evaluation,step@reference,step@train"),
+        "step: what to time: evaluation (candidate evaluation alone at the reference's "
+        "displacement), step@reference and step@train (complete optimizer steps at the "
+        "reference's radius and at train's default radius)")(
+        "bench-device", po::value<std::string>()->default_value("cpu"),
+        "step/forward: the device the backend evaluates on (cpu or cuda)");
   };
   s.run = run_step;
   return s;

@@ -22,6 +22,7 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mnist64-full", {784, 64, 10}, 64, 0, 2},
       {"conv-digits", {}, 32, 0, 2},
       {"attn-tokens", {}, 32, 0, 2},
+      {"mnist128-rank8", {784, 128, 10}, 512, kNoBudget, 8, PolytopeKind::orthoplex},
   };
   return specs;
 }
@@ -106,10 +107,10 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
 
   const int32_t d = spec.d;
   int64_t dimension = w.model->num_parameters();
-  if (spec.subspace_dim > 0) {
+  if (spec.subspace_dim != 0) {
     HybridSubspace::Options options;
     options.rank = 8;
-    options.max_subspace_dim = spec.subspace_dim;
+    options.max_subspace_dim = spec.subspace_dim > 0 ? spec.subspace_dim : 0;
     options.seed = seed + 3;
     w.subspace = HybridSubspace::from_layout(w.model->parameter_entries(),
                                              w.model->num_parameters(), options);
@@ -117,28 +118,10 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
   }
   w.particles = ParticleMap::contiguous(dimension, d);
 
-  // polystep's regular simplex, centred and normalised.
-  w.vertices = d + 1;
-  w.simplex.assign(static_cast<std::size_t>(w.vertices) * static_cast<std::size_t>(d), 0.0);
-  auto at = [&](int64_t v, int64_t k) -> double& {
-    return w.simplex[static_cast<std::size_t>(v * d + k)];
-  };
-  const double dd = d;
-  for (int32_t v = 0; v < d; ++v)
-    for (int32_t k = 0; k < d; ++k)
-      at(v, k) = (v == k ? std::sqrt(1.0 + 1.0 / dd) : 0.0) -
-                 (std::sqrt(dd + 1.0) + 1.0) / std::pow(dd, 1.5);
-  for (int32_t k = 0; k < d; ++k) at(d, k) = 1.0 / std::sqrt(dd);
-  for (int32_t k = 0; k < d; ++k) {
-    double mean = 0;
-    for (int32_t v = 0; v < w.vertices; ++v) mean += at(v, k);
-    for (int32_t v = 0; v < w.vertices; ++v) at(v, k) -= mean / w.vertices;
-  }
-  for (int32_t v = 0; v < w.vertices; ++v) {
-    double norm = 0;
-    for (int32_t k = 0; k < d; ++k) norm += std::pow(at(v, k), 2);
-    for (int32_t k = 0; k < d; ++k) at(v, k) /= std::sqrt(norm);
-  }
+  // The template: polystep's regular simplex (or the orthoplex), centred and normalised.
+  const Matrix<double> polytope = make_template(spec.polytope, d);
+  w.vertices = static_cast<int32_t>(polytope.rows());
+  w.simplex.assign(polytope.data(), polytope.data() + polytope.size());
 
   // Haar rotations: QR of a Gaussian matrix with the sign fix, det +1.
   const int64_t n_particles = w.particles.count();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <polyprobe/candidates.hpp>
+#include <polyprobe/geometry.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/subspaces.hpp>
@@ -19,15 +20,19 @@ struct WorkloadSpec {
   std::string name;
   std::vector<int64_t> sizes;  // layer widths, input first; empty: a structured model (below)
   int64_t batch;
-  int64_t subspace_dim;  // 0 = full space
+  int64_t subspace_dim;  // 0 = full space; > 0 the hybrid budget; kNoBudget: rank alone
   int32_t d;
+  PolytopeKind polytope = PolytopeKind::simplex;
 };
+inline constexpr int64_t kNoBudget = -1;
 
 // mlp64-full, mlp256-full, mlp256-sub512, mnist128-sub256, mnist64-full (the PyTorch
 // reference's MLPs), then the structured models of the site-local path: conv-digits (the
 // embedded 8x8 digits as [1, 8, 8]: conv2d 1->8 k3 pad 1, relu, conv2d 8->16 k3 stride 2
 // pad 1, relu, flatten, linear -> 10) and attn-tokens (seeded random tokens [16, 32]:
-// self_attention with 4 heads, flatten, linear -> 10); batch 32, full space, d = 2.
+// self_attention with 4 heads, flatten, linear -> 10); batch 32, full space, d = 2; and
+// mnist128-rank8, polystep's own MNIST example: 784-128-10 on N(0,1) inputs, batch 512, the
+// hybrid subspace of rank 8 with no budget, orthoplex, d = 8.
 const std::vector<WorkloadSpec>& reference_workloads();
 const WorkloadSpec& find_workload(const std::string& name);
 
@@ -39,8 +44,8 @@ struct Workload {
   Batch batch;
   std::unique_ptr<HybridSubspace> subspace;  // null in full space
   ParticleMap particles;
-  int32_t vertices = 0;              // V = d + 1
-  std::vector<double> simplex;       // [V * d]
+  int32_t vertices = 0;              // V = d + 1 (simplex) or 2 d (orthoplex)
+  std::vector<double> simplex;       // [V * d]: the template (the simplex unless spec says)
   std::vector<double> rotations;     // [P * d * d], float32 values
   std::vector<int64_t> particle;     // [C]
   std::vector<double> displacement;  // [C * d]

@@ -7,6 +7,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
@@ -62,6 +64,24 @@ inline void check(cublasStatus_t status, const char* what) {
   throw std::runtime_error(message);
 }
 
+// What the plugin's buffers hold on the device now and at most so far, in bytes (all
+// sessions of the process; cuBLAS's own workspace is not counted). Host-thread only.
+struct DeviceMemory {
+  static std::size_t& live() {
+    static std::size_t bytes = 0;
+    return bytes;
+  }
+  static std::size_t& peak() {
+    static std::size_t bytes = 0;
+    return bytes;
+  }
+  static void add(std::size_t bytes) {
+    live() += bytes;
+    peak() = std::max(peak(), live());
+  }
+  static void remove(std::size_t bytes) { live() -= bytes; }
+};
+
 // Device memory for `n` elements of T; never copied, only moved.
 template <class T>
 class DeviceBuffer {
@@ -91,6 +111,7 @@ class DeviceBuffer {
     check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
     data_ = static_cast<T*>(p);
     size_ = n;
+    DeviceMemory::add(n * sizeof(T));
   }
   // Grows only: chunk buffers are reused across calls.
   void reserve(std::size_t n) {
@@ -109,7 +130,10 @@ class DeviceBuffer {
 
  private:
   void release() noexcept {
-    if (data_ != nullptr) (void)cudaFree(data_);
+    if (data_ != nullptr) {
+      (void)cudaFree(data_);
+      DeviceMemory::remove(size_ * sizeof(T));
+    }
     data_ = nullptr;
     size_ = 0;
   }

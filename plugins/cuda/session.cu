@@ -361,7 +361,8 @@ class DeviceSession final : public Session {
     j << "{\"evaluator\":\"cuda\",\"device\":\"" << device_name() << "\",\"dtype\":\""
       << (sizeof(T) == 4 ? "float32" : "float64") << "\",\"path\":\"" << path << "\""
       << ",\"forced\":" << (forced_ ? "true" : "false") << ",\"chunk\":" << chunk_cap_
-      << ",\"last_candidates\":" << last_count_ << ",\"layers\":[";
+      << ",\"last_candidates\":" << last_count_ << ",\"device_bytes\":" << DeviceMemory::live()
+      << ",\"device_peak_bytes\":" << DeviceMemory::peak() << ",\"layers\":[";
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (i > 0) j << ",";
