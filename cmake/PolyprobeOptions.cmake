@@ -8,7 +8,6 @@ set_property(CACHE POLYPROBE_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(POLYPROBE_PYTHON "AUTO" CACHE STRING
     "Build the Python package (python/): AUTO (when pybind11 and Debian's python3 are found), ON or OFF")
 set_property(CACHE POLYPROBE_PYTHON PROPERTY STRINGS AUTO ON OFF)
-option(POLYPROBE_PYTHON_WHEEL "Install only the Python package, self-contained (python/setup.py sets it)" OFF)
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type" FORCE)

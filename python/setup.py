@@ -1,9 +1,11 @@
 """Builds polyprobe's Python package with the project's CMake (see pyproject.toml).
 
-The C++ project (one folder up) is configured with POLYPROBE_PYTHON_WHEEL=ON, built, and
-its `python` install component is staged: polyprobe/_core*.so, polyprobe/lib/libpolyprobe.so*
-and polyprobe/plugins/, so the installed package finds its own core and plugins.
-Environment: POLYPROBE_CMAKE_ARGS (extra configure arguments), CMAKE_BUILD_PARALLEL_LEVEL."""
+The C++ project (one folder up) is configured and built (tests off), and its install
+component `python_wheel` is staged: polyprobe/_core*.so, polyprobe/lib/libpolyprobe.so* and
+polyprobe/plugins/, so the installed package finds its own core and plugins.
+Environment: POLYPROBE_BUILD_DIR (an already built tree, e.g. `build`: staged as it is,
+nothing compiled), POLYPROBE_CMAKE_ARGS (extra configure arguments),
+CMAKE_BUILD_PARALLEL_LEVEL."""
 import os
 import pathlib
 import shutil
@@ -19,20 +21,24 @@ ROOT = HERE.parent
 
 class CMakeBuild(build_ext):
     def build_extension(self, ext: Extension) -> None:
-        build = pathlib.Path(self.build_temp).resolve() / "cmake"
         stage = pathlib.Path(self.build_temp).resolve() / "stage"
-        configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
-                     "-DPOLYPROBE_BUILD_TESTS=OFF", "-DPOLYPROBE_PYTHON=ON",
-                     "-DPOLYPROBE_PYTHON_WHEEL=ON", f"-DPython_EXECUTABLE={sys.executable}"]
-        if shutil.which("ninja"):
-            configure += ["-G", "Ninja"]
-        configure += os.environ.get("POLYPROBE_CMAKE_ARGS", "").split()
-        subprocess.run(configure, check=True)
-        subprocess.run(["cmake", "--build", str(build)], check=True)
+        given = os.environ.get("POLYPROBE_BUILD_DIR")
+        if given:
+            build = (ROOT / given).resolve()
+        else:
+            build = pathlib.Path(self.build_temp).resolve() / "cmake"
+            configure = ["cmake", "-S", str(ROOT), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release",
+                         "-DPOLYPROBE_BUILD_TESTS=OFF", "-DPOLYPROBE_PYTHON=ON",
+                         f"-DPython_EXECUTABLE={sys.executable}"]
+            if shutil.which("ninja"):
+                configure += ["-G", "Ninja"]
+            configure += os.environ.get("POLYPROBE_CMAKE_ARGS", "").split()
+            subprocess.run(configure, check=True)
+            subprocess.run(["cmake", "--build", str(build)], check=True)
         if stage.exists():
             shutil.rmtree(stage)
         subprocess.run(["cmake", "--install", str(build), "--prefix", str(stage),
-                        "--component", "python"], check=True)
+                        "--component", "python_wheel"], check=True)
         out = pathlib.Path(self.get_ext_fullpath(ext.name)).parent  # <build_lib>/polyprobe
         out.mkdir(parents=True, exist_ok=True)
         for item in (stage / "polyprobe").iterdir():
