@@ -25,3 +25,23 @@ if(NOT POLYPROBE_CUDA STREQUAL "OFF")
                         "Toolkit in /usr/local/cuda or configure with -DPOLYPROBE_CUDA=OFF")
   endif()
 endif()
+
+# The Python package's effective state, computed once like CUDA's: Debian's /usr/bin/python3
+# (not whatever python3 is first on PATH) and pybind11-dev.
+set(POLYPROBE_HAVE_PYTHON OFF)
+if(NOT POLYPROBE_PYTHON STREQUAL "OFF")
+  if(NOT Python_EXECUTABLE AND EXISTS /usr/bin/python3)
+    set(Python_EXECUTABLE /usr/bin/python3)
+  endif()
+  find_package(Python 3.9 COMPONENTS Interpreter Development.Module)
+  if(Python_FOUND)
+    find_package(pybind11 2.6 CONFIG QUIET)
+  endif()
+  if(Python_FOUND AND pybind11_FOUND)
+    set(POLYPROBE_HAVE_PYTHON ON)
+  elseif(POLYPROBE_PYTHON STREQUAL "ON")
+    message(FATAL_ERROR "POLYPROBE_PYTHON=ON but pybind11 or Python's headers were not found; "
+                        "install pybind11-dev python3-dev python3-numpy (scripts/install-deps.sh) "
+                        "or configure with -DPOLYPROBE_PYTHON=OFF")
+  endif()
+endif()

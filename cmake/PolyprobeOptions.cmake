@@ -5,6 +5,9 @@ option(POLYPROBE_FUZZ "Build the libFuzzer targets in fuzz/ (needs clang; fuzz/r
 option(POLYPROBE_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
 set(POLYPROBE_CUDA "AUTO" CACHE STRING "Build the CUDA plugins: AUTO (when nvcc is found), ON or OFF")
 set_property(CACHE POLYPROBE_CUDA PROPERTY STRINGS AUTO ON OFF)
+set(POLYPROBE_PYTHON "AUTO" CACHE STRING
+    "Build the Python package (python/): AUTO (when pybind11 and Debian's python3 are found), ON or OFF")
+set_property(CACHE POLYPROBE_PYTHON PROPERTY STRINGS AUTO ON OFF)
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type" FORCE)

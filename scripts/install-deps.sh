@@ -8,6 +8,8 @@ packages=(
   libeigen3-dev libtbb-dev nlohmann-json3-dev zlib1g-dev libnlopt-cxx-dev catch2
   clang clang-format clang-tidy libclang-rt-14-dev
   dataset-fashion-mnist
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch python3-tqdm
+  python3-setuptools python3-pip python3-venv python3-optuna
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,129 @@
+// polyprobe._core: the module's entry, the error translator and the plugin registry.
+#include "bindings.hpp"
+
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <cmath>
+#include <memory>
+
+namespace polyprobe::python {
+namespace {
+
+std::unique_ptr<Plugins> g_plugins;
+
+py::dict plugin_dict(const PluginInfo& info) {
+  py::list caps;
+  for (const CapabilityInfo& c : info.capabilities) {
+    py::dict d;
+    d["component"] = c.component;
+    d["name"] = c.name;
+    d["device"] = c.device;
+    d["dtypes"] = c.dtypes;
+    d["summary"] = c.summary;
+    caps.append(d);
+  }
+  py::dict d;
+  d["name"] = info.name;
+  d["version"] = info.version;
+  d["vendor"] = info.vendor;
+  d["summary"] = info.summary;
+  d["path"] = info.path.string();
+  d["abi"] = info.abi;
+  d["loaded"] = info.loaded;
+  d["available"] = info.available;
+  d["score"] = info.score;
+  d["reason"] = info.reason;
+  d["capabilities"] = caps;
+  return d;
+}
+
+}  // namespace
+
+Plugins& plugins() {
+  if (!g_plugins)
+    throw Error("polyprobe's plugins are not loaded; use the `polyprobe` package, not `_core`");
+  return *g_plugins;
+}
+
+bool plugins_loaded() { return g_plugins != nullptr; }
+
+void load_plugins(const std::vector<std::string>& dirs) {
+  if (g_plugins)
+    throw Error(
+        "plugins are already loaded (from the folders polyprobe.plugin_dirs() lists); "
+        "choose plugin folders before the first call that needs them");
+  auto p = std::make_unique<Plugins>();
+  for (const std::string& d : dirs) p->dirs.emplace_back(d);
+  p->registry.load_directories(p->dirs);
+  p->registry.register_layers(p->layers);
+  g_plugins = std::move(p);
+}
+
+py::array_t<double, py::array::c_style> as_f64(py::handle array, const char* what) {
+  auto a = py::array_t<double, py::array::c_style>::ensure(array);
+  if (!a) {
+    PyErr_Clear();
+    throw BadInput(std::string(what) + " must be an array of numbers (got " +
+                   std::string(py::str(py::type::handle_of(array).attr("__name__"))) + ")");
+  }
+  return a;
+}
+
+void check_finite(std::span<const double> values, const std::string& what) {
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      throw BadInput(what + " has a non-finite value (" + std::to_string(values[i]) +
+                     ") at index " + std::to_string(i));
+}
+
+}  // namespace polyprobe::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace polyprobe::python;
+  m.doc() = "polyprobe's C++ core (use the `polyprobe` package, which wraps it)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const BadInput& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const polyprobe::Error& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    } catch (const PythonCallbackError&) {
+      // The Python exception is already set.
+    }
+  });
+  m.def("load_plugins", &load_plugins, py::arg("dirs"),
+        "Loads the plugins of `dirs` (in order) once per process.");
+  m.def("plugins_loaded", &plugins_loaded, "Whether the plugins were loaded.");
+  m.def(
+      "plugin_dirs",
+      [] {
+        std::vector<std::string> out;
+        for (const auto& d : plugins().dirs) out.push_back(d.string());
+        return out;
+      },
+      "The folders searched for plugins, in order.");
+  m.def(
+      "plugins",
+      [] {
+        py::list out;
+        for (const polyprobe::PluginInfo& info : plugins().registry.plugins())
+          out.append(plugin_dict(info));
+        return out;
+      },
+      "Every plugin library found: name, version, capabilities, and why any is unusable.");
+  m.def(
+      "layer_kinds",
+      [] {
+        py::dict out;
+        for (const auto& [kind, entry] : plugins().layers.kinds())
+          out[py::str(kind)] = py::make_tuple(entry.provider, entry.summary);
+        return out;
+      },
+      "Layer kinds a model may use: kind -> (provider, summary).");
+  bind_config(m);
+  bind_blackbox(m);
+  bind_models(m);
+  bind_training(m);
+}
