@@ -3,6 +3,8 @@
 #include <polyprobe/error.hpp>
 
 #include <unistd.h>
+#include <array>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -82,6 +84,12 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
     std::cerr << prefix << "error: " << e.what() << "\n";
     return 1;
   }
+}
+
+std::string format_number(double value) {
+  std::array<char, 64> text{};
+  const auto [end, ec] = std::to_chars(text.data(), text.data() + text.size(), value);
+  return ec == std::errc() ? std::string(text.data(), end) : std::to_string(value);
 }
 
 void add_backend_options(po::options_description& options) {
