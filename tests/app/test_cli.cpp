@@ -34,7 +34,7 @@ int lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("no arguments prints the overview and fails; --help succeeds") {
+TEST_CASE("no arguments prints the overview and fails, --help succeeds") {
   const auto bare = polyprobe("");
   CHECK(bare.exit_code == 2);
   CHECK_THAT(bare.out, Catch::Contains("commands:") && Catch::Contains("plugins"));

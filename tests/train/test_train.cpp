@@ -79,7 +79,7 @@ TEST_CASE("training learns and restores the best validation state", "[train]") {
   CHECK(after == result.best_validation_accuracy);  // the restored state is the best one
 }
 
-TEST_CASE("validate_every and the time limit add validations; the best one is restored",
+TEST_CASE("validate_every and the time limit add validations, and the best one is restored",
           "[train]") {
   const DataSplits data = small_digits();
   Run run;
@@ -209,7 +209,7 @@ TEST_CASE("metrics are JSON lines and a stop request leaves a checkpoint that re
   CHECK(dir.files().size() == 2);
 }
 
-TEST_CASE("a stopped run leaves the best validated state in the model; resuming names its step",
+TEST_CASE("a stopped run leaves the best validated state in the model, resuming names its step",
           "[train][checkpoint]") {
   const DataSplits data = small_digits();
   testing::TempDir dir;
