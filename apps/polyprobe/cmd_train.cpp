@@ -405,12 +405,11 @@ Command train_command() {
         "stop after this many validations without gain (0: never)")(
         "validate-every", po::value<int64_t>()->default_value(0),
         "measure the validation split every this many steps (0: after every epoch); the best "
-        "validated state is restored at the end")("time-limit",
-                                                  po::value<double>()->default_value(0),
+        "validated state is restored at the end")("time-limit", number_value(0),
                                                   "stop after this many seconds (0: none)")(
-        "validation-fraction", po::value<double>()->default_value(0.15),
+        "validation-fraction", number_value(0.15),
         "share of the training data held out for validation")(
-        "test-fraction", po::value<double>()->default_value(0.15),
+        "test-fraction", number_value(0.15),
         "share held out for testing (data sets without their own test split)")(
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")(
@@ -420,11 +419,10 @@ Command train_command() {
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
         "resume", po::bool_switch(), "continue from the checkpoint")(
-        "step-radius", po::value<double>()->default_value(2.0), "optimizer step radius")(
-        "probe-radius", po::value<double>()->default_value(2.0), "optimizer probe radius")(
-        "epsilon", po::value<double>()->default_value(0.3), "radius scale (and OT temperature)")(
-        "epsilon-final", po::value<double>()->default_value(0.02),
-        "final epsilon (linear, cosine)")(
+        "step-radius", number_value(2.0), "optimizer step radius")(
+        "probe-radius", number_value(2.0), "optimizer probe radius")(
+        "epsilon", number_value(0.3), "radius scale (and OT temperature)")(
+        "epsilon-final", number_value(0.02), "final epsilon (linear, cosine)")(
         "schedule", po::value<std::string>()->default_value("cosine"),
         "epsilon schedule: constant, linear, cosine, progressive, power")(
         "radius-model", po::value<std::string>()->default_value("quadratic"),
