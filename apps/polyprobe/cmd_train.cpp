@@ -16,11 +16,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -132,26 +134,55 @@ OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_step
   return config;
 }
 
-// Progress on stderr: a redrawn bar on a terminal, a line per epoch otherwise.
+// The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
+int terminal_width() {
+  winsize size{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  if (const char* columns = std::getenv("COLUMNS")) {
+    const int n = std::atoi(columns);
+    if (n > 0) return n;
+  }
+  return 80;
+}
+
+// Progress on stderr: a redrawn bar on a terminal (cut to its width, so it never wraps), a
+// line per validation otherwise. Loss and accuracy are the epoch's running means, weighted by
+// batch size, not the last batch's.
 class ProgressDisplay {
  public:
   ProgressDisplay(std::ostream& err, bool quiet)
       : err_(err), quiet_(quiet), tty_(isatty(STDERR_FILENO)) {}
   void update(const TrainProgress& p) {
     if (quiet_) return;
+    if (p.epoch != epoch_) epoch_ = p.epoch, samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
+    const auto n = static_cast<double>(std::max<int64_t>(p.batch_samples, 1));
+    samples_ += n;
+    loss_sum_ += n * p.loss;
+    correct_sum_ += n * p.accuracy;
     const int64_t total = std::max<int64_t>(p.epochs * p.steps_per_epoch, 1);
     std::ostringstream line;
-    line << "epoch " << p.epoch + 1 << "/" << p.epochs << "  step " << p.step << "  loss "
-         << std::fixed << std::setprecision(4) << p.loss << "  batch acc " << std::setprecision(1)
-         << 100 * p.accuracy << "%";
+    line << "epoch " << p.epoch + 1 << "/" << p.epochs << "  step " << p.step << "/" << total
+         << "  loss " << std::fixed << std::setprecision(4) << loss_sum_ / samples_ << "  acc "
+         << std::setprecision(1) << 100 * correct_sum_ / samples_ << "%";
     if (p.validation_accuracy) line << "  val acc " << 100 * *p.validation_accuracy << "%";
     line << "  " << std::setprecision(1) << p.seconds << "s";
+    if (p.step < total && p.step > 0)
+      line << "  eta " << std::setprecision(0)
+           << p.seconds / static_cast<double>(p.step) * static_cast<double>(total - p.step) << "s";
     if (tty_) {
-      const int width = 24;
-      const auto filled = static_cast<int>(width * std::min<int64_t>(p.step, total) / total);
-      err_ << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
-           << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << line.str()
-           << "\033[K" << std::flush;
+      const int width = terminal_width();
+      std::string text = line.str();
+      // The bar takes what the numbers leave, up to 20 columns; none below 5.
+      const int room = width - 1 - static_cast<int>(text.size()) - 3;
+      const int bar = room >= 5 ? std::min(room, 20) : 0;
+      if (bar > 0) {
+        const auto filled = static_cast<int>(bar * std::min<int64_t>(p.step, total) / total);
+        text = "[" + std::string(static_cast<std::size_t>(filled), '#') +
+               std::string(static_cast<std::size_t>(bar - filled), '.') + "] " + text;
+      }
+      // One column short of the width: a line that fills it would wrap on some terminals.
+      text.resize(std::min(text.size(), static_cast<std::size_t>(std::max(width - 1, 1))));
+      err_ << "\r" << text << "\033[K" << std::flush;
       if (p.validation_accuracy && p.step >= total) err_ << "\n";
     } else if (p.validation_accuracy) {
       err_ << line.str() << "\n" << std::flush;
@@ -164,6 +195,8 @@ class ProgressDisplay {
  private:
   std::ostream& err_;
   bool quiet_, tty_;
+  int64_t epoch_ = -1;
+  double samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
 };
 
 std::string percent(double fraction) {
@@ -323,7 +356,8 @@ int run(Context& ctx) {
   std::signal(SIGINT, previous);
   display.finish();
 
-  out << "trained " << result.steps << " steps (" << result.epochs_completed << " epochs, "
+  out << "trained " << result.steps << " step" << (result.steps == 1 ? "" : "s") << " ("
+      << result.epochs_completed << " epoch" << (result.epochs_completed == 1 ? "" : "s") << ", "
       << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
   if (result.stopped_early)

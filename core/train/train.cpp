@@ -167,7 +167,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     result.resumed_from_step = state.step;
     if (options.on_resume)
       options.on_resume(TrainProgress{state.step, state.epoch, stream.batches_per_epoch(),
-                                      options.epochs, 0, 0, state.evaluations, state.seconds,
+                                      options.epochs, 0, 0, 0, state.evaluations, state.seconds,
                                       std::nullopt});
   }
   MetricsLog metrics(options.metrics_path, options.resume);
@@ -264,9 +264,9 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     } else {
       reverted_in_a_row = 0;
     }
-    TrainProgress progress{state.step,   stream.epoch(), steps_per_epoch,   options.epochs,
-                           now.loss,     now.accuracy,   state.evaluations, elapsed(),
-                           std::nullopt, reverted};
+    TrainProgress progress{state.step, stream.epoch(), steps_per_epoch, options.epochs,
+                           now.loss,   now.accuracy,   now.samples,     state.evaluations,
+                           elapsed(),  std::nullopt,   reverted};
     nlohmann::json record = {{"step", progress.step},
                              {"epoch", progress.epoch},
                              {"loss", progress.loss},

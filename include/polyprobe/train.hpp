@@ -49,10 +49,11 @@ struct TrainProgress {
   int64_t epoch = 0;  // 0-based epoch of this step
   int64_t steps_per_epoch = 0;
   int64_t epochs = 0;
-  double loss = 0;         // objective of the updated parameters on this minibatch
-  double accuracy = 0;     // their accuracy on this minibatch
-  int64_t candidates = 0;  // candidates scored so far
-  double seconds = 0;      // since the start (of this run and the ones it resumes)
+  double loss = 0;            // objective of the updated parameters on this minibatch
+  double accuracy = 0;        // their accuracy on this minibatch
+  int64_t batch_samples = 0;  // samples in this minibatch
+  int64_t candidates = 0;     // candidates scored so far
+  double seconds = 0;         // since the start (of this run and the ones it resumes)
   std::optional<double> validation_accuracy;  // set when the validation split was measured
   bool reverted = false;  // the step made the minibatch loss non-finite and was undone
 };

@@ -103,12 +103,24 @@ out=$("$polyprobe" train --quiet --data two.csv --test-fraction 0 --validation-f
   fail "two.csv without splits exited $?: $(cat err.txt)"
 grep -q "best training-split accuracy (no validation split)" <<< "$out" && grep -q "^no test split" <<< "$out" &&
   ! grep -q "validation accuracy" <<< "$out" || fail "accuracy over an empty split: $out"
+grep -q "^trained 1 step (1 epoch, " <<< "$out" || fail "summary not pluralised: $out"
 grep -q "warning: --batch 128 is larger than the training split (2 samples)" err.txt ||
   fail "no warning for --batch: $(cat err.txt)"
 for bad in "--time-limit -1" "--hidden 0" "--epochs 0" "--patience -1" "--test-fraction 1.5"; do
   "$polyprobe" train --quiet $bad > /dev/null 2> err.txt
   [[ $? == 2 && $(wc -l < err.txt) == 1 ]] || fail "'$bad' is not a one-line usage error: $(cat err.txt)"
 done
+
+# The progress bar on a 60-column terminal: every redraw fits (no wrapped lines), shows the
+# epoch's running means and an ETA.
+if command -v script > /dev/null; then
+  script -qc "stty cols 60; $polyprobe train --epochs 2 2>&1 > /dev/null" /dev/null > tty.txt
+  redraws=$(tr '\r' '\n' < tty.txt | sed 's/\x1b\[K//g')
+  widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w }' <<< "$redraws")
+  ((widest > 20 && widest < 60)) || fail "progress lines up to $widest columns on a 60-column terminal"
+  grep -q "  acc [0-9.]*%.*eta [0-9]*s" <<< "$redraws" && ! grep -q "batch acc" <<< "$redraws" ||
+    fail "progress line: $(tail -n 2 <<< "$redraws")"
+fi
 
 # Non-finite losses: a model that writes NaN everywhere stops at the first step, naming the
 # layer and the plugin that provides it.
