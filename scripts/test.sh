@@ -12,7 +12,8 @@ step "format check"
 bash scripts/check-format.sh
 
 step "release build"
-cmake --preset ci
+# build/ may hold another configuration (scripts/main.sh turns the tests off): set it again.
+cmake --preset ci -DPOLYPROBE_BUILD_TESTS=ON
 cmake --build --preset ci
 step "release tests"
 ctest --preset ci
@@ -21,7 +22,7 @@ step "clang-tidy"
 bash scripts/check-tidy.sh build
 
 step "sanitizer build (ASan + UBSan)"
-cmake --preset asan
+cmake --preset asan -DPOLYPROBE_BUILD_TESTS=ON
 cmake --build --preset asan
 step "sanitizer tests"
 ctest --preset asan

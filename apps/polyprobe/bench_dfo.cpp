@@ -617,7 +617,7 @@ void dfo_options(po::options_description& o) {
       "dfo: comma-separated problems, by name (every dimension) or name-n, or all")(
       "dfo-min-n", po::value<int>()->default_value(2), "dfo: smallest dimension to run")(
       "dfo-max-n", po::value<int>()->default_value(100), "dfo: largest dimension to run")(
-      "dfo-nlopt-seconds", po::value<double>()->default_value(45),
+      "dfo-nlopt-seconds", number_value(45),
       "dfo: wall-clock cap of one NLopt run (a capped run has not spent its budget)")(
       "dfo-threads", po::value<int>()->default_value(0),
       "dfo: runs in parallel (0: one per hardware thread)")(

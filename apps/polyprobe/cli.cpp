@@ -3,6 +3,9 @@
 #include <polyprobe/error.hpp>
 
 #include <unistd.h>
+#include <algorithm>
+#include <array>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -36,6 +39,35 @@ void load_plugins(Context& context) {
   context.registry.register_layers(context.layers);
 }
 
+std::vector<std::string> long_names(const po::options_description& options) {
+  std::vector<std::string> names;
+  for (const auto& option : options.options()) names.push_back(option->long_name());
+  return names;
+}
+
+std::string did_you_mean(const std::string& word, const po::options_description& options,
+                         const std::string& dashes) {
+  const std::string near = nearest(word, long_names(options));
+  return near.empty() ? "" : " (did you mean " + dashes + near + "?)";
+}
+
+// Every key of a config file is a known option: names the file, the line and the nearest
+// option, which Boost's parser does not.
+void check_config_keys(const std::string& path, const po::options_description& options) {
+  std::ifstream file(path);
+  const std::vector<std::string> names = long_names(options);
+  std::string line;
+  for (int number = 1; std::getline(file, line); ++number) {
+    const auto first = line.find_first_not_of(" \t");
+    if (first == std::string::npos || line[first] == '#' || line[first] == '[') continue;
+    std::string key = line.substr(first, line.find('=') - first);
+    key.erase(key.find_last_not_of(" \t\r") + 1);
+    if (std::find(names.begin(), names.end(), key) == names.end())
+      throw UsageError("config file '" + path + "', line " + std::to_string(number) +
+                       ": unknown option '" + key + "'" + did_you_mean(key, options, ""));
+  }
+}
+
 }  // namespace
 
 int run_command(const Command& command, const std::vector<std::string>& args) {
@@ -63,9 +95,15 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
         const std::string path = context.vm["config"].as<std::string>();
         std::ifstream file(path);
         if (!file) throw UsageError("config file '" + path + "' cannot be read (does it exist?)");
+        check_config_keys(path, all);
         po::store(po::parse_config_file(file, all), context.vm);
       }
       po::notify(context.vm);
+    } catch (const po::unknown_option& e) {
+      std::string name = e.get_option_name();
+      name.erase(0, name.find_first_not_of('-'));
+      throw UsageError(std::string(e.what()) + did_you_mean(name, all, "--") + " (see `polyprobe " +
+                       command.name + " --help`)");
     } catch (const po::error& e) {
       throw UsageError(std::string(e.what()) + " (see `polyprobe " + command.name + " --help`)");
     }
@@ -82,6 +120,40 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
     std::cerr << prefix << "error: " << e.what() << "\n";
     return 1;
   }
+}
+
+std::string format_number(double value) {
+  std::array<char, 64> text{};
+  const auto [end, ec] = std::to_chars(text.data(), text.data() + text.size(), value);
+  return ec == std::errc() ? std::string(text.data(), end) : std::to_string(value);
+}
+
+po::typed_value<double>* number_value(double default_value) {
+  return po::value<double>()->default_value(default_value, format_number(default_value));
+}
+
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  const auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  std::string best;
+  std::size_t best_distance = std::max<std::size_t>(2, word.size() / 3) + 1;
+  for (const std::string& candidate : candidates) {
+    const std::size_t d = distance(word, candidate);
+    if (d < best_distance) best_distance = d, best = candidate;
+  }
+  return best;
 }
 
 void add_backend_options(po::options_description& options) {

@@ -55,6 +55,16 @@ int run_command(const Command& command, const std::vector<std::string>& args);
 // The commands, in the order `polyprobe --help` lists them (commands.cpp).
 const std::vector<Command>& commands();
 
+// The shortest text that reads back as `value` (0.15, not 0.14999999999999999).
+std::string format_number(double value);
+
+// A number option whose --help default prints as typed.
+po::typed_value<double>* number_value(double default_value);
+
+// The candidate nearest to `word` by edit distance, or "" when none is near enough to be a
+// likely typo.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
 // Backend selection options shared by commands that evaluate candidates.
 void add_backend_options(po::options_description& options);
 EvaluatorRequest evaluator_request(const Context& context);

@@ -27,8 +27,9 @@ int run(Context& ctx) {
   std::filesystem::path model_path = weights_path;
   model_path.replace_extension(".json");
   if (vm.count("model")) model_path = vm["model"].as<std::string>();
-  ModelFile spec = read_model_file(model_path, ctx.layers);
+  // The weights first: a missing weights file is named as such, not by its derived .json.
   const TensorFile weights = read_safetensors(weights_path);
+  ModelFile spec = read_model_file(model_path, ctx.layers);
   assign_model_tensors(spec.model, weights, weights_path.string());
   if (vm.count("loss")) spec.loss = vm["loss"].as<std::string>();
   const auto loss = make_loss(spec.loss, 0.0);
@@ -98,8 +99,8 @@ Command eval_command() {
         "train, validation, test, or all (the whole data set)")(
         "loss", po::value<std::string>(), "loss to report (default: the model file's)")(
         "seed", po::value<int64_t>()->default_value(0), "seed of the split (as in training)")(
-        "validation-fraction", po::value<double>()->default_value(0.15), "as in training")(
-        "test-fraction", po::value<double>()->default_value(0.15), "as in training")(
+        "validation-fraction", number_value(0.15), "as in training")(
+        "test-fraction", number_value(0.15), "as in training")(
         "dtype", po::value<std::string>()->default_value("float32"), "float32 or float64")(
         "json", po::bool_switch(), "machine-readable output");
     p.add("weights", 1);

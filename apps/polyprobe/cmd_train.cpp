@@ -2,8 +2,9 @@
 //
 // With no arguments it trains an MLP on the embedded digits data and ends with the line
 // "test accuracy: NN.N%". Progress goes to stderr: a bar on a terminal, one line per epoch
-// otherwise, nothing with --quiet. Ctrl-C stops between two steps and leaves a complete
-// checkpoint to --resume from.
+// otherwise, nothing with --quiet. Ctrl-C stops between two steps, leaves a complete
+// checkpoint to --resume from and, with --save, the best weights so far. Every output path is
+// checked before any work, and none may be one of the run's inputs.
 #include "cli.hpp"
 
 #include <polyprobe/data.hpp>
@@ -15,9 +16,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/ioctl.h>
 #include <unistd.h>
+#include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -50,6 +55,65 @@ std::filesystem::path model_path_for(const std::filesystem::path& weights) {
   return p.replace_extension(".json");
 }
 
+// True when `a` and `b` name the same file: the same inode when both exist, else the same
+// normalised absolute path.
+bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec))
+    return std::filesystem::equivalent(a, b, ec);
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
+// Throws unless `path` (the output `what`) can be created or replaced: its folder exists and
+// is writable and it is not itself a folder.
+void check_writable(const std::filesystem::path& path, const std::string& what) {
+  std::error_code ec;
+  const std::filesystem::path folder = std::filesystem::absolute(path, ec).parent_path();
+  const std::string name = what + " '" + path.string() + "'";
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("cannot write " + name + ": it is a folder");
+  if (!std::filesystem::is_directory(folder, ec))
+    throw Error("cannot write " + name + ": the folder '" + folder.string() +
+                "' does not exist (create it or choose another path)");
+  if (::access(folder.c_str(), W_OK | X_OK) != 0)
+    throw Error("cannot write " + name + ": the folder '" + folder.string() + "' is not writable");
+}
+
+// The run's files, checked before any work: no output may replace an input (the model file,
+// the data file, the config file), and every output's folder must be writable.
+void check_files(const po::variables_map& vm, const std::filesystem::path& save,
+                 const TrainOptions& options) {
+  std::vector<std::pair<std::filesystem::path, std::string>> outputs;
+  if (!save.empty()) {
+    outputs.emplace_back(save, "--save file");
+    outputs.emplace_back(model_path_for(save), "model file (the --save file with .json)");
+  }
+  if (!options.checkpoint_path.empty())
+    outputs.emplace_back(options.checkpoint_path, vm.count("checkpoint")
+                                                      ? "--checkpoint file"
+                                                      : "checkpoint (the --save file + .ckpt)");
+  if (!options.metrics_path.empty()) outputs.emplace_back(options.metrics_path, "--metrics file");
+  std::vector<std::pair<std::filesystem::path, std::string>> inputs;
+  if (vm.count("model")) inputs.emplace_back(vm["model"].as<std::string>(), "--model");
+  if (vm.count("config")) inputs.emplace_back(vm["config"].as<std::string>(), "--config");
+  const std::string data = vm["data"].as<std::string>();
+  if (std::filesystem::exists(data)) inputs.emplace_back(data, "--data");
+  for (const auto& [out, out_what] : outputs) {
+    for (const auto& [in, in_what] : inputs)
+      if (same_file(out, in))
+        throw UsageError("the " + out_what + " '" + out.string() + "' is the " + in_what +
+                         " input; it would be overwritten: choose another " +
+                         (out_what.starts_with("model file")
+                              ? std::string("--save name")
+                              : out_what.substr(0, out_what.find(' '))));
+    for (const auto& [other, other_what] : outputs)
+      if (&other != &out && same_file(out, other) && &other < &out)
+        throw UsageError("the " + out_what + " and the " + other_what + " are both '" +
+                         out.string() + "'; choose different paths");
+    check_writable(out, out_what);
+  }
+}
+
 OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_steps, uint64_t seed) {
   OptimizerConfig config;
   config.particle_dim = vm["particle-dim"].as<int>();
@@ -70,26 +134,55 @@ OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_step
   return config;
 }
 
-// Progress on stderr: a redrawn bar on a terminal, a line per epoch otherwise.
+// The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
+int terminal_width() {
+  winsize size{};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col > 0) return size.ws_col;
+  if (const char* columns = std::getenv("COLUMNS")) {
+    const int n = std::atoi(columns);
+    if (n > 0) return n;
+  }
+  return 80;
+}
+
+// Progress on stderr: a redrawn bar on a terminal (cut to its width, so it never wraps), a
+// line per validation otherwise. Loss and accuracy are the epoch's running means, weighted by
+// batch size, not the last batch's.
 class ProgressDisplay {
  public:
   ProgressDisplay(std::ostream& err, bool quiet)
       : err_(err), quiet_(quiet), tty_(isatty(STDERR_FILENO)) {}
   void update(const TrainProgress& p) {
     if (quiet_) return;
+    if (p.epoch != epoch_) epoch_ = p.epoch, samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
+    const auto n = static_cast<double>(std::max<int64_t>(p.batch_samples, 1));
+    samples_ += n;
+    loss_sum_ += n * p.loss;
+    correct_sum_ += n * p.accuracy;
     const int64_t total = std::max<int64_t>(p.epochs * p.steps_per_epoch, 1);
     std::ostringstream line;
-    line << "epoch " << p.epoch + 1 << "/" << p.epochs << "  step " << p.step << "  loss "
-         << std::fixed << std::setprecision(4) << p.loss << "  batch acc " << std::setprecision(1)
-         << 100 * p.accuracy << "%";
+    line << "epoch " << p.epoch + 1 << "/" << p.epochs << "  step " << p.step << "/" << total
+         << "  loss " << std::fixed << std::setprecision(4) << loss_sum_ / samples_ << "  acc "
+         << std::setprecision(1) << 100 * correct_sum_ / samples_ << "%";
     if (p.validation_accuracy) line << "  val acc " << 100 * *p.validation_accuracy << "%";
     line << "  " << std::setprecision(1) << p.seconds << "s";
+    if (p.step < total && p.step > 0)
+      line << "  eta " << std::setprecision(0)
+           << p.seconds / static_cast<double>(p.step) * static_cast<double>(total - p.step) << "s";
     if (tty_) {
-      const int width = 24;
-      const auto filled = static_cast<int>(width * std::min<int64_t>(p.step, total) / total);
-      err_ << "\r[" << std::string(static_cast<std::size_t>(filled), '#')
-           << std::string(static_cast<std::size_t>(width - filled), '.') << "] " << line.str()
-           << "\033[K" << std::flush;
+      const int width = terminal_width();
+      std::string text = line.str();
+      // The bar takes what the numbers leave, up to 20 columns; none below 5.
+      const int room = width - 1 - static_cast<int>(text.size()) - 3;
+      const int bar = room >= 5 ? std::min(room, 20) : 0;
+      if (bar > 0) {
+        const auto filled = static_cast<int>(bar * std::min<int64_t>(p.step, total) / total);
+        text = "[" + std::string(static_cast<std::size_t>(filled), '#') +
+               std::string(static_cast<std::size_t>(bar - filled), '.') + "] " + text;
+      }
+      // One column short of the width: a line that fills it would wrap on some terminals.
+      text.resize(std::min(text.size(), static_cast<std::size_t>(std::max(width - 1, 1))));
+      err_ << "\r" << text << "\033[K" << std::flush;
       if (p.validation_accuracy && p.step >= total) err_ << "\n";
     } else if (p.validation_accuracy) {
       err_ << line.str() << "\n" << std::flush;
@@ -102,6 +195,8 @@ class ProgressDisplay {
  private:
   std::ostream& err_;
   bool quiet_, tty_;
+  int64_t epoch_ = -1;
+  double samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
 };
 
 std::string percent(double fraction) {
@@ -110,24 +205,60 @@ std::string percent(double fraction) {
   return s.str();
 }
 
+void check_fractions(const SplitOptions& split) {
+  for (const auto& [value, name] : {std::pair{split.validation_fraction, "--validation-fraction"},
+                                    std::pair{split.test_fraction, "--test-fraction"}})
+    if (!(value >= 0 && value < 1))
+      throw UsageError(std::string(name) + " must be in [0, 1), not " + format_number(value));
+  if (split.validation_fraction + split.test_fraction >= 1)
+    throw UsageError("--validation-fraction and --test-fraction must sum to less than 1");
+}
+
+// Before any training: every split a fraction asks for holds samples, the training split
+// holds every class, and the batch fits; says what to change.
+void check_splits(const DataSplits& splits, const SplitOptions& split, int64_t batch,
+                  std::ostream& err) {
+  const std::string name = splits.train.name.substr(0, splits.train.name.find('/'));
+  const int64_t total = splits.train.size() + splits.validation.size() + splits.test.size();
+  const auto empty = [&](const char* which, const char* option, double fraction) {
+    throw UsageError("data '" + name + "' has " + std::to_string(total) + " sample" +
+                     (total == 1 ? "" : "s") + ": " + option + " " + format_number(fraction) +
+                     " leaves the " + which + " split empty; add samples, raise " + option +
+                     ", or set it to 0 to go without a " + which + " split");
+  };
+  if (split.validation_fraction > 0 && splits.validation.size() == 0)
+    empty("validation", "--validation-fraction", split.validation_fraction);
+  if (split.test_fraction > 0 && splits.test.size() == 0)
+    empty("test", "--test-fraction", split.test_fraction);
+  std::vector<int64_t> seen(
+      static_cast<std::size_t>(std::max<int64_t>(splits.train.num_classes, 0)));
+  for (const int64_t label : splits.train.labels)
+    if (label >= 0 && label < static_cast<int64_t>(seen.size()))
+      ++seen[static_cast<std::size_t>(label)];
+  const auto missing = std::count(seen.begin(), seen.end(), 0);
+  if (missing > 0)
+    err << "polyprobe train: warning: " << missing << " of the " << seen.size()
+        << " classes never appear in the training split (" << splits.train.size()
+        << " samples); the model cannot learn them\n";
+  if (batch > splits.train.size())
+    err << "polyprobe train: warning: --batch " << batch << " is larger than the training split ("
+        << splits.train.size() << " samples); every step uses the whole split\n";
+}
+
+// Writes the weights and the model file beside them; returns the line saying so.
+std::string save_weights(const std::filesystem::path& save, const Model& model,
+                         const ModelFile& spec, const PreparedData& data, const std::string& name) {
+  TensorFile weights = model_tensors(model);
+  weights.metadata["polyprobe.standardize"] = data.standardizer.to_text();
+  weights.metadata["polyprobe.data"] = name;
+  write_safetensors(save, weights);
+  write_model_file(model_path_for(save), model, spec.loss, spec.l2);
+  return save.string() + " and " + model_path_for(save).string();
+}
+
 int run(Context& ctx) {
   const po::variables_map& vm = ctx.vm;
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
-  SplitOptions split;
-  split.seed = seed;
-  split.validation_fraction = vm["validation-fraction"].as<double>();
-  split.test_fraction = vm["test-fraction"].as<double>();
-  const PreparedData data = prepare_data(vm["data"].as<std::string>(), split);
-  const DataSplits& splits = data.splits;
-
-  ModelFile spec = vm.count("model")
-                       ? read_model_file(vm["model"].as<std::string>(), ctx.layers)
-                       : default_model(splits.train, ctx.layers, vm["hidden"].as<int64_t>());
-  if (vm.count("loss")) spec.loss = vm["loss"].as<std::string>();
-  if (vm.count("l2")) spec.l2 = vm["l2"].as<double>();
-  Model& model = spec.model;
-  model.initialize(seed);
-  const auto loss = make_loss(spec.loss, spec.l2);
 
   TrainOptions options;
   options.epochs = vm["epochs"].as<int64_t>();
@@ -139,6 +270,11 @@ int run(Context& ctx) {
   options.time_limit_s = vm["time-limit"].as<double>();
   if (options.batch_size <= 0) throw UsageError("--batch must be positive");
   if (options.epochs <= 0) throw UsageError("--epochs must be positive");
+  if (options.patience < 0) throw UsageError("--patience must be >= 0 (0: never stop early)");
+  if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
+    throw UsageError("--time-limit must be a number of seconds >= 0 (0: none)");
+  if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
+    throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
@@ -151,6 +287,26 @@ int run(Context& ctx) {
     throw UsageError("--resume needs --save FILE (its FILE.ckpt) or --checkpoint FILE");
   const EvaluatorRequest request = evaluator_request(ctx);
   options.dtype = request.options.dtype;
+  check_files(vm, save, options);
+
+  SplitOptions split;
+  split.seed = seed;
+  split.validation_fraction = vm["validation-fraction"].as<double>();
+  split.test_fraction = vm["test-fraction"].as<double>();
+  check_fractions(split);
+  const std::string data_name = vm["data"].as<std::string>();
+  const PreparedData data = prepare_data(data_name, split);
+  const DataSplits& splits = data.splits;
+  check_splits(splits, split, options.batch_size, *ctx.err);
+
+  ModelFile spec = vm.count("model")
+                       ? read_model_file(vm["model"].as<std::string>(), ctx.layers)
+                       : default_model(splits.train, ctx.layers, vm["hidden"].as<int64_t>());
+  if (vm.count("loss")) spec.loss = vm["loss"].as<std::string>();
+  if (vm.count("l2")) spec.l2 = vm["l2"].as<double>();
+  Model& model = spec.model;
+  model.initialize(seed);
+  const auto loss = make_loss(spec.loss, spec.l2);
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
@@ -166,6 +322,12 @@ int run(Context& ctx) {
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n"
       << std::flush;
+  options.on_resume = [&](const TrainProgress& p) {
+    out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
+        << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
+        << options.checkpoint_path.string() << "\n"
+        << std::flush;
+  };
 
   ProgressDisplay display(*ctx.err, vm["quiet"].as<bool>());
   options.on_progress = [&](const TrainProgress& p) { display.update(p); };
@@ -175,6 +337,17 @@ int run(Context& ctx) {
   TrainResult result;
   try {
     result = train(model, *loss, optimizer, *evaluator, splits, options);
+  } catch (const NonFiniteLossError& e) {
+    std::signal(SIGINT, previous);
+    display.finish();
+    std::string message = e.what();
+    const auto kind = ctx.layers.kinds().find(e.layer_kind);
+    if (kind != ctx.layers.kinds().end())
+      message +=
+          kind->second.provider == "core"
+              ? " (a core layer kind)"
+              : " (layer kind '" + e.layer_kind + "' from plugin '" + kind->second.provider + "')";
+    throw Error(message);
   } catch (...) {
     std::signal(SIGINT, previous);
     display.finish();
@@ -183,30 +356,44 @@ int run(Context& ctx) {
   std::signal(SIGINT, previous);
   display.finish();
 
-  out << "trained " << result.steps << " steps (" << result.epochs_completed << " epochs, "
+  out << "trained " << result.steps << " step" << (result.steps == 1 ? "" : "s") << " ("
+      << result.epochs_completed << " epoch" << (result.epochs_completed == 1 ? "" : "s") << ", "
       << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
   if (result.stopped_early)
     out << "; stopped early (no validation gain for --patience validations)";
   if (result.reached_time_limit) out << "; reached --time-limit";
+  if (result.reverted_steps > 0)
+    out << "; " << result.reverted_steps << " step" << (result.reverted_steps == 1 ? "" : "s")
+        << " reverted (non-finite loss)";
   out << "\n";
   if (result.interrupted) {
-    out << "interrupted";
+    // train() wrote the checkpoint (the current state) and left the best validated state in
+    // the model.
+    out << "interrupted at step " << result.steps;
+    if (!save.empty()) {
+      const std::string saved = save_weights(save, model, spec, data, data_name);
+      if (result.best_epoch >= 0)
+        out << "; saved the best weights so far (validation accuracy "
+            << percent(result.best_validation_accuracy) << ", step " << result.best_step << ") to "
+            << saved;
+      else
+        out << "; saved the current weights (not validated yet) to " << saved;
+    }
     if (!options.checkpoint_path.empty())
       out << "; checkpoint " << options.checkpoint_path.string() << " (continue with --resume)";
     out << "\n";
     return 130;
   }
   if (result.best_epoch >= 0)
-    out << "best validation accuracy: " << percent(result.best_validation_accuracy) << " (step "
-        << result.best_step << ", epoch " << result.best_epoch + 1 << ", restored)\n";
-  if (!save.empty()) {
-    TensorFile weights = model_tensors(model);
-    weights.metadata["polyprobe.standardize"] = data.standardizer.to_text();
-    weights.metadata["polyprobe.data"] = vm["data"].as<std::string>();
-    write_safetensors(save, weights);
-    write_model_file(model_path_for(save), model, spec.loss, spec.l2);
-    out << "saved " << save.string() << " and " << model_path_for(save).string() << "\n";
+    out << (splits.validation.size() > 0 ? "best validation accuracy: "
+                                         : "best training-split accuracy (no validation split): ")
+        << percent(result.best_validation_accuracy) << " (step " << result.best_step << ", epoch "
+        << result.best_epoch + 1 << ", restored)\n";
+  if (!save.empty()) out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
+  if (splits.test.size() == 0) {
+    out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
+    return 0;
   }
   const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
@@ -252,12 +439,11 @@ Command train_command() {
         "stop after this many validations without gain (0: never)")(
         "validate-every", po::value<int64_t>()->default_value(0),
         "measure the validation split every this many steps (0: after every epoch); the best "
-        "validated state is restored at the end")("time-limit",
-                                                  po::value<double>()->default_value(0),
+        "validated state is restored at the end")("time-limit", number_value(0),
                                                   "stop after this many seconds (0: none)")(
-        "validation-fraction", po::value<double>()->default_value(0.15),
+        "validation-fraction", number_value(0.15),
         "share of the training data held out for validation")(
-        "test-fraction", po::value<double>()->default_value(0.15),
+        "test-fraction", number_value(0.15),
         "share held out for testing (data sets without their own test split)")(
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")(
@@ -267,11 +453,10 @@ Command train_command() {
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
         "resume", po::bool_switch(), "continue from the checkpoint")(
-        "step-radius", po::value<double>()->default_value(2.0), "optimizer step radius")(
-        "probe-radius", po::value<double>()->default_value(2.0), "optimizer probe radius")(
-        "epsilon", po::value<double>()->default_value(0.3), "radius scale (and OT temperature)")(
-        "epsilon-final", po::value<double>()->default_value(0.02),
-        "final epsilon (linear, cosine)")(
+        "step-radius", number_value(2.0), "optimizer step radius")(
+        "probe-radius", number_value(2.0), "optimizer probe radius")(
+        "epsilon", number_value(0.3), "radius scale (and OT temperature)")(
+        "epsilon-final", number_value(0.02), "final epsilon (linear, cosine)")(
         "schedule", po::value<std::string>()->default_value("cosine"),
         "epsilon schedule: constant, linear, cosine, progressive, power")(
         "radius-model", po::value<std::string>()->default_value("quadratic"),

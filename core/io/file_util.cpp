@@ -80,11 +80,11 @@ void write_file_atomically(const fs::path& path, const std::function<void(std::o
     {
       std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
       if (!file)
-        throw Error("cannot create '" + temporary.string() +
-                    "' (does the folder exist and is it writable?)");
+        throw Error("cannot write '" + path.string() + "': the folder '" +
+                    target.parent_path().string() + "' does not exist or is not writable");
       write(file);
       file.flush();
-      if (!file) throw Error("writing '" + temporary.string() + "' failed (disk full?)");
+      if (!file) throw Error("writing '" + path.string() + "' failed (disk full?)");
     }
     fs::rename(temporary, target, ec);
     if (ec)

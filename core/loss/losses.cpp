@@ -22,6 +22,10 @@ void Loss::check_targets(const Targets& targets, int64_t out_features) const {
                     " is out of range for a model with " + std::to_string(out_features) +
                     " outputs");
     }
+  } else if (targets.is_classification()) {
+    throw Error("loss '" + name() + "' needs regression targets (" + std::to_string(out_features) +
+                " values per sample), but the data has class labels; use cross_entropy, hinge "
+                "or zero_one");
   } else if (targets.values.cols() != out_features) {
     throw Error("loss '" + name() + "' needs " + std::to_string(out_features) +
                 " target values per sample, got " + std::to_string(targets.values.cols()));

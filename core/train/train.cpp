@@ -1,5 +1,6 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
@@ -61,6 +62,46 @@ class MetricsLog {
   std::ofstream file_;
 };
 
+// Where a non-finite loss comes from: the first layer whose output on `batch` is not finite
+// although its input is. Sets `kind` to that layer's kind ("" when it is the data, the
+// parameters or the loss).
+template <class S>
+std::string locate_nonfinite_in(const Model& model, const Batch& batch, std::string& kind) {
+  Matrix<S> x = batch.inputs.cast<S>();
+  if (!x.allFinite()) return "the input data holds non-finite features";
+  const auto all = model.parameters();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (!std::isfinite(all[i])) return "parameter " + std::to_string(i) + " is not finite";
+  const std::vector<S> params(all.begin(), all.end());
+  for (std::size_t i = 0; i < model.num_layers(); ++i) {
+    const Layer& layer = model.layer(i);
+    int64_t count = 0;
+    for (const ParamSpec& spec : layer.parameters()) count += spec.numel();
+    Matrix<S> y(x.rows(), layer.output_shape().numel());
+    layer.forward(
+        x,
+        std::span<const S>(params).subspan(static_cast<std::size_t>(model.layer_offset(i)),
+                                           static_cast<std::size_t>(count)),
+        y);
+    if (!y.allFinite()) {
+      kind = layer.kind();
+      return "layers[" + std::to_string(i) + "] (" + kind +
+             ") writes non-finite outputs from finite inputs";
+    }
+    x = std::move(y);
+  }
+  return "every layer's output is finite, so the loss itself is not (check --loss against the "
+         "model's outputs)";
+}
+
+[[noreturn]] void throw_nonfinite(const Model& model, const Batch& batch, DType dtype,
+                                  const std::string& what) {
+  std::string kind;
+  const std::string where = dtype == DType::f64 ? locate_nonfinite_in<double>(model, batch, kind)
+                                                : locate_nonfinite_in<float>(model, batch, kind);
+  throw NonFiniteLossError(what + ": " + where, kind);
+}
+
 void check_compatible(const Model& model, const Loss& loss, const DataSplits& data) {
   for (const Dataset* split : {&data.train, &data.validation, &data.test}) {
     if (split->size() == 0 && split != &data.train) continue;
@@ -95,6 +136,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   if (options.epochs < 0) throw Error("epochs must be >= 0");
   if (options.patience < 0) throw Error("patience must be >= 0");
   if (options.validate_every < 0) throw Error("validate_every must be >= 0");
+  if (options.max_reverted_steps < 1) throw Error("max_reverted_steps must be >= 1");
   if (options.resume && options.checkpoint_path.empty())
     throw Error("resuming needs a checkpoint file (--save or --checkpoint)");
   check_compatible(model, loss, data);
@@ -120,6 +162,14 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     optimizer.load_state(optimizer_state);
     stream.seek(state.epoch, state.position);
   }
+  TrainResult result;
+  if (options.resume) {
+    result.resumed_from_step = state.step;
+    if (options.on_resume)
+      options.on_resume(TrainProgress{state.step, state.epoch, stream.batches_per_epoch(),
+                                      options.epochs, 0, 0, 0, state.evaluations, state.seconds,
+                                      std::nullopt});
+  }
   MetricsLog metrics(options.metrics_path, options.resume);
 
   const auto started = std::chrono::steady_clock::now();
@@ -140,22 +190,23 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     train_detail::write_checkpoint(options.checkpoint_path, state);
   };
 
-  TrainResult result;
   const int64_t steps_per_epoch = stream.batches_per_epoch();
   // Measures the validation split and keeps the parameters if they are the best so far.
   const auto validate = [&](int64_t epoch) {
     const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
     const EvaluationResult v = evaluate_model(model, loss, check, options.dtype);
     ++state.validations;
-    metrics.write({{"step", state.step},
-                   {"epoch", epoch},
-                   {"split", "validation"},
-                   {"loss", v.loss},
-                   {"accuracy", v.accuracy},
-                   {"candidates", state.evaluations},
-                   {"seconds", elapsed()}});
-    const bool better = state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
-                        (v.accuracy == state.best_accuracy && v.loss < state.best_loss);
+    const bool finite = std::isfinite(v.loss);
+    nlohmann::json record = {{"step", state.step},     {"epoch", epoch},
+                             {"split", "validation"},  {"loss", v.loss},
+                             {"accuracy", v.accuracy}, {"candidates", state.evaluations},
+                             {"seconds", elapsed()}};
+    // JSON has no NaN: the loss is written as null, and this says why.
+    if (!finite) record["nonfinite"] = "loss (never kept as the best state)";
+    metrics.write(record);
+    // A non-finite validation never becomes the best state.
+    const bool better = finite && (state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
+                                   (v.accuracy == state.best_accuracy && v.loss < state.best_loss));
     if (better) {
       state.best_epoch = epoch;
       state.best_step = state.step;
@@ -170,23 +221,61 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       result.stopped_early = true;
     return v.accuracy;
   };
+  // The parameters before and after the step, to revert a non-finite one.
+  std::vector<double> before, after;
+  int64_t reverted_in_a_row = 0;
   bool stop = state.epochs_completed >= options.epochs;
   while (!stop) {
     const Batch batch = stream.next();
+    before.assign(model.parameters().begin(), model.parameters().end());
     optimizer.register_evaluator(evaluator, batch);
     const StepInfo info = optimizer.step();
     state.evaluations += info.candidates;
     ++state.step;
-    const EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype);
-    TrainProgress progress{state.step,        stream.epoch(), steps_per_epoch,
-                           options.epochs,    now.loss,       now.accuracy,
-                           state.evaluations, elapsed(),      std::nullopt};
-    metrics.write({{"step", progress.step},
-                   {"epoch", progress.epoch},
-                   {"loss", progress.loss},
-                   {"accuracy", progress.accuracy},
-                   {"candidates", progress.candidates},
-                   {"seconds", progress.seconds}});
+    EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype);
+    bool reverted = false;
+    if (!std::isfinite(now.loss)) {
+      // Undo the step; if the state before it is not finite either, nothing will be.
+      after.assign(model.parameters().begin(), model.parameters().end());
+      std::copy(before.begin(), before.end(), model.parameters().begin());
+      optimizer.resync_from_model();
+      now = evaluate_batch(model, loss, batch, options.dtype);
+      if (!std::isfinite(now.loss))
+        throw_nonfinite(model, batch, options.dtype,
+                        "the loss on the training minibatch of step " + std::to_string(state.step) +
+                            " is not finite before the step moved anything, so no step can fix it");
+      reverted = true;
+      ++result.reverted_steps;
+      if (++reverted_in_a_row >= options.max_reverted_steps) {
+        // Diagnose the last step's state, then leave the last finite one in the model.
+        std::copy(after.begin(), after.end(), model.parameters().begin());
+        try {
+          throw_nonfinite(model, batch, options.dtype,
+                          std::to_string(reverted_in_a_row) +
+                              " steps in a row made the training loss non-finite and were "
+                              "reverted (up to step " +
+                              std::to_string(state.step) + ")");
+        } catch (...) {
+          std::copy(before.begin(), before.end(), model.parameters().begin());
+          optimizer.resync_from_model();
+          throw;
+        }
+      }
+    } else {
+      reverted_in_a_row = 0;
+    }
+    TrainProgress progress{state.step, stream.epoch(), steps_per_epoch, options.epochs,
+                           now.loss,   now.accuracy,   now.samples,     state.evaluations,
+                           elapsed(),  std::nullopt,   reverted};
+    nlohmann::json record = {{"step", progress.step},
+                             {"epoch", progress.epoch},
+                             {"loss", progress.loss},
+                             {"accuracy", progress.accuracy},
+                             {"candidates", progress.candidates},
+                             {"seconds", progress.seconds}};
+    // The loss and accuracy are then those of the restored state.
+    if (reverted) record["reverted"] = "non-finite loss";
+    metrics.write(record);
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) ++state.epochs_completed;
     if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
@@ -216,7 +305,9 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   result.validations = state.validations;
   result.best_validation_accuracy = state.best_accuracy;
   result.best_validation_loss = state.best_loss;
-  if (state.best_epoch >= 0 && !result.interrupted) {
+  // After the checkpoint, so an interrupted run resumes from its current state but leaves the
+  // best validated one in the model for the caller to save.
+  if (state.best_epoch >= 0) {
     std::copy(state.best_parameters.begin(), state.best_parameters.end(),
               model.parameters().begin());
     optimizer.resync_from_model();

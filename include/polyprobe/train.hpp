@@ -7,21 +7,34 @@
 // accuracy (ties: lower validation loss) and restores them at the end, so the model it leaves
 // behind is the best one seen, not the last: a late collapse never costs the best state. It
 // stops after `epochs`, after `patience` validations without improvement, at the time limit,
-// or when `stop` becomes true (e.g. on Ctrl-C), always between two steps. Checkpoints hold
-// everything needed to continue exactly (parameters, best state, optimizer state, data position)
-// and are written atomically (temporary file, then rename), so an interrupted run keeps its last
-// complete checkpoint. train() refuses an optimizer whose radius model is trust_region: its
-// deferred comparisons assume a stationary objective, which a minibatch stream is not (use the
-// manual step API).
+// or when `stop` becomes true (e.g. on Ctrl-C), always between two steps; a stopped run writes
+// its checkpoint and then also restores the best validated state, so the caller can save the
+// best-so-far weights while --resume continues from the checkpoint's current state. Checkpoints
+// hold everything needed to continue exactly (parameters, best state, optimizer state, data
+// position) and are written atomically (temporary file, then rename), so an interrupted run keeps
+// its last complete checkpoint.
+//
+// Non-finite losses: the optimizer already gives a non-finite candidate a finite penalty above
+// every finite cost of its block. train() also checks the incumbent after every step: a step
+// whose minibatch loss is not finite is reverted (the parameters before it restored, the
+// metrics record says "reverted"), a validation whose loss is not finite never becomes the
+// best state, and when the incumbent itself is not finite before the step (nothing can make it
+// finite), or `max_reverted_steps` steps in a row were reverted, train() throws
+// NonFiniteLossError naming the first layer whose output is not finite. train() refuses an
+// optimizer whose radius model is trust_region: its deferred comparisons assume a stationary
+// objective, which a minibatch stream is not (use the manual step API).
 #pragma once
 
 #include <polyprobe/data.hpp>
+#include <polyprobe/error.hpp>
 
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <string>
+#include <utility>
 
 namespace polyprobe {
 
@@ -36,11 +49,13 @@ struct TrainProgress {
   int64_t epoch = 0;  // 0-based epoch of this step
   int64_t steps_per_epoch = 0;
   int64_t epochs = 0;
-  double loss = 0;         // objective of the updated parameters on this minibatch
-  double accuracy = 0;     // their accuracy on this minibatch
-  int64_t candidates = 0;  // candidates scored so far
-  double seconds = 0;      // since the start (of this run and the ones it resumes)
+  double loss = 0;            // objective of the updated parameters on this minibatch
+  double accuracy = 0;        // their accuracy on this minibatch
+  int64_t batch_samples = 0;  // samples in this minibatch
+  int64_t candidates = 0;     // candidates scored so far
+  double seconds = 0;         // since the start (of this run and the ones it resumes)
   std::optional<double> validation_accuracy;  // set when the validation split was measured
+  bool reverted = false;  // the step made the minibatch loss non-finite and was undone
 };
 
 struct TrainOptions {
@@ -54,8 +69,12 @@ struct TrainOptions {
   std::filesystem::path metrics_path;  // JSON lines; empty = none
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
   bool resume = false;                    // continue from checkpoint_path
+  int64_t max_reverted_steps = 20;        // consecutive non-finite steps before giving up
   const std::atomic<bool>* stop = nullptr;
   std::function<void(const TrainProgress&)> on_progress;
+  // Called once, before the first step, when a checkpoint was read (resume): the step, epoch
+  // and seconds it continues from.
+  std::function<void(const TrainProgress&)> on_resume;
 };
 
 struct TrainResult {
@@ -70,7 +89,20 @@ struct TrainResult {
   int64_t validations = 0;
   bool stopped_early = false;  // patience ran out
   bool reached_time_limit = false;
-  bool interrupted = false;  // `stop` was set; the checkpoint (if any) holds the state
+  bool interrupted = false;    // `stop` was set; the checkpoint (if any) holds the current state,
+                               // the model the best validated one (if any validation happened)
+  int64_t reverted_steps = 0;  // steps undone because they made the loss non-finite
+  int64_t resumed_from_step = -1;  // the checkpoint's step when resuming; -1 otherwise
+};
+
+// The incumbent's loss cannot be made finite. `layer_kind` is the kind of the first layer whose
+// output is not finite although its input is ("" when every layer is finite and the loss is
+// not, or the data or parameters are), so a caller can name the plugin that provides it.
+class NonFiniteLossError : public Error {
+ public:
+  NonFiniteLossError(const std::string& message, std::string kind)
+      : Error(message), layer_kind(std::move(kind)) {}
+  std::string layer_kind;
 };
 
 struct EvaluationResult {

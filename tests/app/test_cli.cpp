@@ -36,7 +36,7 @@ int lines(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("no arguments prints the overview and fails; --help succeeds") {
+TEST_CASE("no arguments prints the overview and fails, --help succeeds") {
   const auto bare = polyprobe("");
   CHECK(bare.exit_code == 2);
   CHECK_THAT(bare.out, Catch::Contains("commands:") && Catch::Contains("plugins"));
@@ -186,4 +186,32 @@ TEST_CASE("bench dfo runs seeds, records where each run solved and averages the 
   const auto metric = polyprobe("bench dfo --dfo-config metric=newton");
   CHECK(metric.exit_code == 2);
   CHECK_THAT(metric.err, Catch::Contains("unknown metric 'newton'"));
+}
+
+TEST_CASE("mistakes say how to fix them: the nearest option, the file and line, the weights") {
+  const auto option = polyprobe("train --hiden 3");
+  CHECK(option.exit_code == 2);
+  CHECK_THAT(option.err, Catch::Contains("'--hiden' (did you mean --hidden?)"));
+  CHECK(lines(option.err) == 1);
+  const std::string config = write_file("typo.ini", "epochs = 3\n# a comment\nhiden = 4\n");
+  const auto key = polyprobe("train --config " + config);
+  CHECK(key.exit_code == 2);
+  CHECK_THAT(key.err, Catch::Contains("config file '" + config +
+                                      "', line 3: unknown option 'hiden' (did you mean hidden?)"));
+  const auto far = polyprobe("plugins --colour");
+  CHECK_THAT(far.err, !Catch::Contains("did you mean"));
+  const auto weights = polyprobe("eval --weights /nonexistent/missing.safetensors");
+  CHECK(weights.exit_code == 1);
+  CHECK_THAT(weights.err, Catch::Contains("/nonexistent/missing.safetensors") &&
+                              !Catch::Contains("missing.json"));
+  const auto mse = polyprobe("train --loss mse --quiet --epochs 1");
+  CHECK(mse.exit_code == 1);
+  CHECK_THAT(mse.err, Catch::Contains("needs regression targets") &&
+                          Catch::Contains("the data has class labels"));
+}
+
+TEST_CASE("help prints number defaults as typed") {
+  const auto help = polyprobe("train --help");
+  CHECK_THAT(help.out, Catch::Contains("(=0.15)") && Catch::Contains("(=0.02)") &&
+                           !Catch::Contains("0.1499999"));
 }

@@ -78,5 +78,11 @@ TEST_CASE("bad loss names, weights and labels are clear errors") {
   t.labels = {0, 5};
   CHECK_THROWS_WITH(make_loss("cross_entropy")->check_targets(t, 3),
                     Catch::Contains("label 5 of sample 1 is out of range"));
-  CHECK_THROWS_WITH(make_loss("mse")->check_targets(t, 3), Catch::Contains("target values"));
+  CHECK_THROWS_WITH(make_loss("mse")->check_targets(t, 3),
+                    Catch::Contains("needs regression targets (3 values per sample)") &&
+                        Catch::Contains("class labels"));
+  Targets values;
+  values.values = Matrix<double>::Zero(2, 2);
+  CHECK_THROWS_WITH(make_loss("mse")->check_targets(values, 3),
+                    Catch::Contains("needs 3 target values per sample, got 2"));
 }

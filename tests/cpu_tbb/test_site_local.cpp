@@ -86,7 +86,8 @@ TEST_CASE("cpu_tbb: site-local, conv2d, stride 2 and padding, relu, max-pool, li
   check_site_local(model, {"conv2d"});
 }
 
-TEST_CASE("cpu_tbb: site-local, conv2d with dilation, groups, no bias; depthwise", "[cpu_tbb]") {
+TEST_CASE("cpu_tbb: site-local, conv2d with dilation, groups, no bias, and depthwise",
+          "[cpu_tbb]") {
   const Model grouped = spatial_model(Shape{{4, 7, 8}}, {{"conv2d",
                                                           {{"out_channels", 6},
                                                            {"kernel_size", {2, 3}},

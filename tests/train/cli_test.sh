@@ -54,4 +54,77 @@ printf 'garbage' > bad.safetensors
 [[ $? == 1 ]] && grep -q "bad.safetensors" err.txt || fail "eval of a bad weights file"
 "$polyprobe" eval --weights "$fixtures/linear.safetensors" --model run.json > /dev/null 2> err.txt
 [[ $? == 1 ]] && grep -q "tensor" err.txt || fail "eval of weights of another model"
+
+# The user's files. An input is never overwritten: --save beside the --model file refuses,
+# before any work, and leaves the model file as it was.
+printf '{"description": "mine", "input_shape": [64], "layers": [{"kind": "linear", "out_features": 10}]}' > mine.json
+cp mine.json mine.orig
+out=$("$polyprobe" train --quiet --model mine.json --save mine.safetensors 2> err.txt)
+[[ $? == 2 ]] && grep -q "'mine.json' is the --model input" err.txt || fail "--save over --model: $(cat err.txt)"
+cmp -s mine.json mine.orig && [[ -z $out && ! -e mine.safetensors ]] || fail "mine.json was touched"
+"$polyprobe" train --quiet --data bad.csv --metrics bad.csv > /dev/null 2> err.txt
+[[ $? == 2 ]] && grep -q "is the --data input" err.txt || fail "--metrics over --data: $(cat err.txt)"
+# Every output is checked before any work (no "data:" line), naming the path given.
+out=$("$polyprobe" train --quiet --save nodir/x.safetensors 2> err.txt)
+[[ $? == 1 && -z $out ]] || fail "--save into a missing folder: '$out'"
+grep -q "nodir/x.safetensors'.*does not exist" err.txt && ! grep -q "\.tmp\." err.txt ||
+  fail "--save into a missing folder: $(cat err.txt)"
+"$polyprobe" train --quiet --metrics nodir/m.jsonl > /dev/null 2> err.txt
+[[ $? == 1 ]] && grep -q "metrics file 'nodir/m.jsonl'" err.txt || fail "--metrics: $(cat err.txt)"
+
+# Ctrl-C saves the best weights so far beside the checkpoint; eval reads them and --resume
+# says which step it continues from.
+"$polyprobe" train --quiet --epochs 1000 --validate-every 4 --save int.safetensors \
+  --metrics int.jsonl > int.out 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q '"split":"validation"' int.jsonl 2> /dev/null && break; sleep 0.1; done
+kill -INT "$pid"
+wait "$pid"
+status=$?
+[[ $status == 130 ]] || fail "interrupted train exited $status: $(cat int.out)"
+[[ $(cat int.out) =~ interrupted\ at\ step\ ([0-9]+)\;\ saved\ the\ best\ weights\ so\ far ]] ||
+  fail "interrupt message: $(cat int.out)"
+stopped=${BASH_REMATCH[1]}
+[[ -s int.safetensors && -s int.json && -s int.safetensors.ckpt ]] || fail "interrupt left no weights"
+"$polyprobe" eval --weights int.safetensors > /dev/null || fail "eval of the interrupted weights"
+out=$("$polyprobe" train --quiet --epochs 1 --save int.safetensors --resume) || fail "resume exited $?"
+grep -q "^resuming from step $stopped (epoch " <<< "$out" || fail "resume does not name step $stopped: $out"
+
+# Data too small for its splits: a usage error before training that says what to change, and
+# no accuracy over zero samples.
+printf '1,2,0\n4,3,1\n' > two.csv
+"$polyprobe" train --quiet --data two.csv > /dev/null 2> err.txt
+[[ $? == 2 ]] && grep -q "2 samples: --validation-fraction 0.15 leaves the validation split empty" err.txt ||
+  fail "empty validation split: $(cat err.txt)"
+"$polyprobe" train --quiet --data two.csv --validation-fraction 0 > /dev/null 2> err.txt
+[[ $? == 2 ]] && grep -q "2 samples: --test-fraction 0.15 leaves the test split empty" err.txt ||
+  fail "empty test split: $(cat err.txt)"
+out=$("$polyprobe" train --quiet --data two.csv --test-fraction 0 --validation-fraction 0 --epochs 1 2> err.txt) ||
+  fail "two.csv without splits exited $?: $(cat err.txt)"
+grep -q "best training-split accuracy (no validation split)" <<< "$out" && grep -q "^no test split" <<< "$out" &&
+  ! grep -q "validation accuracy" <<< "$out" || fail "accuracy over an empty split: $out"
+grep -q "^trained 1 step (1 epoch, " <<< "$out" || fail "summary not pluralised: $out"
+grep -q "warning: --batch 128 is larger than the training split (2 samples)" err.txt ||
+  fail "no warning for --batch: $(cat err.txt)"
+for bad in "--time-limit -1" "--hidden 0" "--epochs 0" "--patience -1" "--test-fraction 1.5"; do
+  "$polyprobe" train --quiet $bad > /dev/null 2> err.txt
+  [[ $? == 2 && $(wc -l < err.txt) == 1 ]] || fail "'$bad' is not a one-line usage error: $(cat err.txt)"
+done
+
+# The progress bar on a 60-column terminal: every redraw fits (no wrapped lines), shows the
+# epoch's running means and an ETA.
+if command -v script > /dev/null; then
+  script -qc "stty cols 60; $polyprobe train --epochs 2 2>&1 > /dev/null" /dev/null > tty.txt
+  redraws=$(tr '\r' '\n' < tty.txt | sed 's/\x1b\[K//g')
+  widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w }' <<< "$redraws")
+  ((widest > 20 && widest < 60)) || fail "progress lines up to $widest columns on a 60-column terminal"
+  grep -q "  acc [0-9.]*%.*eta [0-9]*s" <<< "$redraws" && ! grep -q "batch acc" <<< "$redraws" ||
+    fail "progress line: $(tail -n 2 <<< "$redraws")"
+fi
+
+# Non-finite losses: a model that writes NaN everywhere stops at the first step, naming the
+# layer and the plugin that provides it.
+mkdir nanplug && cp "$3/libpolyprobe_fixture_nan_layer.so" nanplug/
+printf '{"input_shape": [64], "layers": [{"kind": "nan_shift"}, {"kind": "linear", "out_features": 10}]}' > nan.json
+expect_error "step 1.*layers\[0\] (nan_shift).*plugin 'fixture_nan_layer'" train --quiet --model nan.json --plugin-dir nanplug
 echo "all CLI checks passed"

@@ -8,12 +8,14 @@
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/registry.hpp>
 #include <polyprobe/train.hpp>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <numeric>
@@ -77,7 +79,7 @@ TEST_CASE("training learns and restores the best validation state", "[train]") {
   CHECK(after == result.best_validation_accuracy);  // the restored state is the best one
 }
 
-TEST_CASE("validate_every and the time limit add validations; the best one is restored",
+TEST_CASE("validate_every and the time limit add validations, and the best one is restored",
           "[train]") {
   const DataSplits data = small_digits();
   Run run;
@@ -205,6 +207,154 @@ TEST_CASE("metrics are JSON lines and a stop request leaves a checkpoint that re
   CHECK(validations == 2);
   // Only the checkpoint and the metrics: no temporary files left behind.
   CHECK(dir.files().size() == 2);
+}
+
+TEST_CASE("a stopped run leaves the best validated state in the model, resuming names its step",
+          "[train][checkpoint]") {
+  const DataSplits data = small_digits();
+  testing::TempDir dir;
+  TrainOptions options;
+  options.epochs = 3;
+  options.batch_size = 100;
+  options.validate_every = 2;
+  options.checkpoint_path = dir / "run.ckpt";
+  std::atomic<bool> stop{false};
+  options.stop = &stop;
+  int steps = 0;
+  options.on_progress = [&](const TrainProgress&) { stop = ++steps == 5; };
+  Run first;
+  const TrainResult cut =
+      train(first.model, *first.loss, first.optimizer, *first.evaluator, data, options);
+  REQUIRE(cut.interrupted);
+  CHECK(cut.steps == 5);
+  CHECK(cut.validations == 2);  // steps 2 and 4
+  CHECK(cut.resumed_from_step == -1);
+  CHECK(evaluate_model(first.model, *first.loss, data.validation).accuracy ==
+        cut.best_validation_accuracy);
+
+  options.stop = nullptr;
+  options.on_progress = nullptr;
+  options.resume = true;
+  std::vector<int64_t> resumed_at;
+  options.on_resume = [&](const TrainProgress& p) { resumed_at.push_back(p.step); };
+  Run second;
+  const TrainResult resumed =
+      train(second.model, *second.loss, second.optimizer, *second.evaluator, data, options);
+  CHECK(resumed_at == std::vector<int64_t>{5});
+  CHECK(resumed.resumed_from_step == 5);
+  CHECK(resumed.steps == 12);
+}
+
+// A model whose first layer is the fixture plugin's nan_shift (x + shift, NaN once more than
+// `max_moved` shifts are not 0; always NaN for a negative max_moved), then a linear layer.
+constexpr int64_t kMaxMoved = 2;  // a candidate moves one particle (2 scalars), a step all
+
+struct NanRun {
+  explicit NanRun(int64_t max_moved) {
+    static PluginRegistry registry;
+    static const LayerFactory factory = [] {
+      registry.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR});
+      LayerFactory f = LayerFactory::with_builtins();
+      registry.register_layers(f);
+      return f;
+    }();
+    const nlohmann::json doc = {{"input_shape", {64}},
+                                {"layers",
+                                 {{{"kind", "nan_shift"}, {"max_moved", max_moved}},
+                                  {{"kind", "linear"}, {"out_features", 10}}}}};
+    model = parse_model_file(doc.dump(), "nan model", factory).model;
+    model.initialize(3);
+    optimizer = std::make_unique<PolytopeOptimizer>(model, quick_config());
+    evaluator = make_reference_evaluator(model, *loss);
+  }
+  TrainResult train(const DataSplits& data, const TrainOptions& options) {
+    return polyprobe::train(model, *loss, *optimizer, *evaluator, data, options);
+  }
+  Model model{Shape{{1}}};
+  std::unique_ptr<Loss> loss = make_loss("cross_entropy");
+  std::unique_ptr<PolytopeOptimizer> optimizer;
+  std::unique_ptr<Evaluator> evaluator;
+};
+
+std::vector<nlohmann::json> read_metrics(const std::filesystem::path& path) {
+  std::vector<nlohmann::json> records;
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+TEST_CASE("a model that is NaN everywhere stops at the first step, naming its layer",
+          "[train][nonfinite]") {
+  const DataSplits data = small_digits();
+  NanRun run(-1);
+  TrainOptions options;
+  options.batch_size = 100;
+  try {
+    run.train(data, options);
+    FAIL("train() accepted a model whose loss is NaN");
+  } catch (const NonFiniteLossError& e) {
+    CHECK(e.layer_kind == "nan_shift");
+    CHECK_THAT(e.what(), Catch::Contains("step 1") &&
+                             Catch::Contains("layers[0] (nan_shift) writes non-finite outputs"));
+  }
+}
+
+TEST_CASE("steps into a NaN region are reverted and every recorded loss stays finite",
+          "[train][nonfinite]") {
+  const DataSplits data = small_digits();
+  testing::TempDir dir;
+  NanRun run(kMaxMoved);
+  TrainOptions options;
+  options.epochs = 3;
+  options.batch_size = 100;
+  options.max_reverted_steps = 1000;
+  options.metrics_path = dir / "m.jsonl";
+  const TrainResult result = run.train(data, options);
+  CHECK(result.reverted_steps > 0);
+  CHECK(result.steps == 12);
+  CHECK(std::isfinite(result.best_validation_loss));
+  CHECK(std::isfinite(evaluate_model(run.model, *run.loss, data.validation).loss));
+  int64_t reverted = 0;
+  for (const auto& record : read_metrics(dir / "m.jsonl")) {
+    CHECK(record["loss"].is_number());
+    reverted += record.contains("reverted");
+  }
+  CHECK(reverted == result.reverted_steps);
+
+  // Given up after max_reverted_steps in a row, naming the layer; the model keeps the last
+  // finite state.
+  NanRun strict(kMaxMoved);
+  options.max_reverted_steps = 1;
+  options.metrics_path.clear();
+  try {
+    strict.train(data, options);
+    FAIL("train() went on after a reverted step with max_reverted_steps = 1");
+  } catch (const NonFiniteLossError& e) {
+    CHECK(e.layer_kind == "nan_shift");
+    CHECK_THAT(e.what(), Catch::Contains("1 steps in a row"));
+  }
+  CHECK(std::isfinite(evaluate_model(strict.model, *strict.loss, data.validation).loss));
+}
+
+TEST_CASE("a validation whose loss is not finite never becomes the best state",
+          "[train][nonfinite]") {
+  DataSplits data = small_digits();
+  data.validation.features(0, 0) = std::numeric_limits<double>::quiet_NaN();
+  testing::TempDir dir;
+  Run run;
+  TrainOptions options;
+  options.epochs = 2;
+  options.batch_size = 100;
+  options.metrics_path = dir / "m.jsonl";
+  const TrainResult result =
+      train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options);
+  CHECK(result.validations == 2);
+  CHECK(result.best_epoch == -1);
+  int nonfinite = 0;
+  for (const auto& record : read_metrics(dir / "m.jsonl"))
+    if (record.contains("split")) nonfinite += record.contains("nonfinite");
+  CHECK(nonfinite == 2);
 }
 
 TEST_CASE("a damaged checkpoint is an error and not a crash", "[train][checkpoint][errors]") {
