@@ -1,9 +1,9 @@
-// Header-only C++ helpers for plugin authors, over plugin_abi.h.
+// Header-only C++ helpers for plugin authors, over plugin/abi.h.
 //
 // A plugin written in C++ uses exceptions and RAII inside, and this header turns them into
 // the ABI's status codes at the boundary: every function pointer a plugin hands out goes
 // through pp::guard, so no exception ever crosses into the host. It depends on nothing but
-// the C++ standard library and plugin_abi.h, so a third-party plugin needs no other part
+// the C++ standard library and plugin/abi.h, so a third-party plugin needs no other part
 // of polyprobe (it does not link the core).
 #pragma once
 
