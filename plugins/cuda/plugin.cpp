@@ -62,6 +62,7 @@ std::string path_reason(const char* path, const pp_session_options& options) {
                     : "";
   if (p == "subspace-delta")
     return subspace ? "" : "path 'subspace-delta' needs a subspace; in full space use 'sparse'";
+  if (p == "layered") return "";
   return "unknown path '" + std::string(p) + "' (paths: " + polyprobe::cuda::kPathNames + ")";
 }
 

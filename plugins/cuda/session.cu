@@ -11,6 +11,7 @@
 // the rows and columns of the particle's rank-one coordinates, with the same arithmetic as
 // kernels::apply_subspace_move.
 #include "device.hpp"
+#include "fused_tail.cuh"
 #include "kernels.cuh"
 #include "model_plan.hpp"
 #include "session.hpp"
@@ -61,6 +62,7 @@ class DeviceSession final : public Session {
         chunk_option_(options.chunk_size) {
     const char* path = options.path;
     forced_ = path != nullptr && std::string_view(path) != "auto";
+    forced_dense_ = path != nullptr && std::string_view(path) == "layered";
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
@@ -70,6 +72,7 @@ class DeviceSession final : public Session {
     }
     ops_d_.upload(ops.data(), ops.size(), stream_.get());
     owner_d_.upload(plan_.owner.data(), plan_.owner.size(), stream_.get());
+    plan_tails();
     theta_d_.resize(sz(plan_.n_params));
     eff_d_.resize(sz(plan_.n_params));
     if (subspace_ != nullptr) upload_subspace();
@@ -209,6 +212,7 @@ class DeviceSession final : public Session {
     elem_max_ = widest;
     has_particles_ = true;
     chunk_cap_ = 0;
+    build_fused_terms();
   }
 
   void set_incumbent(const pp_tensor& theta) override {
@@ -305,15 +309,20 @@ class DeviceSession final : public Session {
       const int64_t cap = chunk_capacity();
       // A chunk: consecutive candidates whose first changed op is the same.
       const int32_t first = first_op_[sz(particle_of(g))];
+      const int32_t mode = fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(g))];
       int32_t last = -1;
       int64_t end = g;
-      while (end < count && end - g < cap && first_op_[sz(particle_of(end))] == first) {
+      while (end < count && end - g < cap && first_op_[sz(particle_of(end))] == first &&
+             (fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(end))]) == mode) {
         last = std::max(last, last_op_[sz(particle_of(end))]);
         ++end;
       }
       src.first = g;
       try {
-        run_chunk(src, end - g, first, last);
+        if (mode >= 0)
+          run_fused_chunk(src, end - g, first, mode);
+        else
+          run_chunk(src, end - g, first, last);
       } catch (const OutOfMemory&) {
         if (end - g <= 1) throw;
         // Halve and retry; the buffers of the failed size are let go first.
@@ -433,6 +442,7 @@ class DeviceSession final : public Session {
                        q.col >= 0 ? -1 : place(q.v, q.cols)};
     }
     sub_coords_d_.upload(coords.data(), coords.size(), stream_.get());
+    sub_coords_h_ = coords;
     basis_d_.upload(basis.data(), basis.size(), stream_.get());
   }
 
@@ -478,6 +488,7 @@ class DeviceSession final : public Session {
         launch_activation<T>(acts_[i].data(), acts_[i + 1].data(), batch_ * op.out, op.fn, op.step,
                              s);
     }
+    refresh_fused_inputs();
     prefix_dirty_ = false;
   }
 
@@ -550,6 +561,241 @@ class DeviceSession final : public Session {
                         losses_d_.data(), s);
   }
 
+  // --- The fused tail (fused_tail.cuh): which ops can end a candidate in one kernel.
+  struct TailPlan {
+    bool ok = false;
+    int32_t hidden = -1;  // -1: op l is the output; 0: m1 is; 1: m1 hidden, m2 the output
+    int32_t m1 = -1, m2 = -1;
+    ActivationChain f1{}, f2{};
+  };
+
+  // Appends the activations from op i on to `chain`; returns the first op that is not one.
+  std::size_t read_chain(std::size_t i, ActivationChain& chain, bool& ok) const {
+    chain.n = 0;
+    for (; i < plan_.ops.size() && plan_.ops[i].op == PP_OP_ACTIVATION; ++i) {
+      if (plan_.ops[i].fn == PP_ACT_IDENTITY) continue;
+      if (chain.n == kFusedMaxChain) {
+        ok = false;
+        return i;
+      }
+      chain.fn[chain.n] = plan_.ops[i].fn;
+      chain.step[chain.n] = plan_.ops[i].step;
+      ++chain.n;
+    }
+    return i;
+  }
+
+  // The fused tail adds changes to the incumbent's values where the layered path recomputes
+  // a layer's output: the same up to rounding, except where rounding decides, at a step of a
+  // discontinuous activation after the sum (sign, staircase in f2) or at a tie of the 0-1
+  // loss (an exact structural tie, such as all-zero logits, comes out as residue). Those
+  // tails take the layered path.
+  static bool discontinuous(const ActivationChain& f) {
+    for (int32_t i = 0; i < f.n; ++i)
+      if (f.fn[i] == PP_ACT_SIGN || f.fn[i] == PP_ACT_STAIRCASE) return true;
+    return false;
+  }
+
+  void plan_tails() {
+    tails_.assign(plan_.ops.size(), TailPlan{});
+    const bool outputs_fit = plan_.out_features <= kFusedMaxOutputs;
+    const bool zero_one = plan_.loss == kernels::LossKind::zero_one;
+    for (std::size_t l = 0; l < plan_.ops.size() && outputs_fit; ++l) {
+      if (plan_.ops[l].op != PP_OP_LINEAR) continue;
+      TailPlan t;
+      bool ok = true;
+      std::size_t i = read_chain(l + 1, t.f1, ok);
+      if (i == plan_.ops.size()) {
+        t.ok = ok && t.f1.n == 0;  // no activation after the output
+        t.hidden = -1;
+      } else {
+        t.m1 = static_cast<int32_t>(i);
+        std::size_t j = read_chain(i + 1, t.f2, ok);
+        if (j == plan_.ops.size()) {
+          t.ok = ok && t.f2.n == 0;
+          t.hidden = 0;
+        } else if (plan_.ops[j].op == PP_OP_LINEAR && j + 1 == plan_.ops.size()) {
+          t.ok = ok && !discontinuous(t.f2);
+          t.hidden = 1;
+          t.m2 = static_cast<int32_t>(j);
+        }
+      }
+      if (zero_one && t.hidden >= 0) t.ok = false;
+      tails_[l] = t;
+    }
+  }
+
+  // Per particle: its rank-one terms and fused mode, or -1 for the general path.
+  void build_fused_terms() {
+    fused_mode_.assign(sz(particles_), -1);
+    std::vector<int64_t> begin{0};
+    std::vector<FusedTerm> terms;
+    std::vector<uint8_t> dense(sz(particles_), 0);
+    std::map<std::pair<int32_t, int64_t>, int32_t> vx_index;  // (op, v offset) -> row
+    vx_rows_.assign(plan_.ops.size(), {});
+    for (int64_t p = 0; p < particles_; ++p) {
+      std::vector<FusedTerm> mine;
+      int32_t op = -1;
+      bool ok = true, is_dense = false;
+      for (int32_t j = 0; j < d_ && ok; ++j) {
+        const int64_t k = coords_h_[sz(p * d_ + j)];
+        if (k < 0) continue;
+        FusedTerm term{j, -1, 0, -1, PP_TRANSFORM_IDENTITY, -1};
+        int64_t offset = k;
+        if (subspace_ != nullptr) offset = subspace_->coords[k].offset;
+        const int32_t o = offset < plan_.n_params ? plan_.owner[sz(offset)] : -1;
+        if (o < 0 || (op >= 0 && o != op) || !tails_[sz(o)].ok) {
+          ok = false;
+          break;
+        }
+        op = o;
+        const OpPlan& lin = plan_.ops[sz(o)];
+        const int64_t weights = lin.out * lin.in, local = offset - lin.param_offset;
+        if (subspace_ == nullptr) {
+          term.raw = k;
+          if (local < weights) {
+            term.unit = static_cast<int32_t>(local / lin.in);
+            term.source = static_cast<int32_t>(local % lin.in);
+            term.transform = lin.weight_transform;
+          } else {
+            term.unit = static_cast<int32_t>(local - weights);
+            term.transform = lin.bias_transform;
+          }
+        } else {
+          const pp_subspace_coord& q = subspace_->coords[k];
+          const DeviceCoord& dq = sub_coords_h_[sz(k)];
+          ok = lin.weight_transform == PP_TRANSFORM_IDENTITY &&
+               lin.bias_transform == PP_TRANSFORM_IDENTITY;
+          if (local == 0 && q.rows == lin.out && q.cols == lin.in) {  // the weight
+            term.unit = static_cast<int32_t>(q.row);
+            term.u = dq.u;
+            if (q.col >= 0) {
+              term.source = static_cast<int32_t>(q.col);
+            } else {
+              auto [it, fresh] =
+                  vx_index.try_emplace({o, dq.v}, static_cast<int32_t>(vx_rows_[sz(o)].size()));
+              if (fresh) vx_rows_[sz(o)].push_back(dq.v);
+              term.source = -it->second - 2;
+            }
+          } else if (local >= weights && q.cols == 1 && q.row >= 0 && q.col == 0) {  // a bias
+            term.unit = static_cast<int32_t>(local - weights + q.row);
+          } else {
+            ok = false;
+          }
+        }
+        is_dense = is_dense || term.unit < 0;
+        mine.push_back(term);
+      }
+      const TailPlan* tail = op >= 0 ? &tails_[sz(op)] : nullptr;
+      ok = ok && tail != nullptr && !mine.empty() && mine.size() <= sz(kFusedMaxTerms) &&
+           (!is_dense || tail->hidden < 1 || plan_.ops[sz(op)].out <= kFusedMaxDense);
+      if (ok) {
+        std::stable_sort(mine.begin(), mine.end(),
+                         [](const FusedTerm& a, const FusedTerm& b) { return a.unit < b.unit; });
+        terms.insert(terms.end(), mine.begin(), mine.end());
+        const bool staged = fused_dense_shared_bytes(plan_.ops[sz(op)].out, plan_.out_features,
+                                                     sizeof(T)) <= kFusedMaxShared;
+        fused_mode_[sz(p)] = tail->hidden < 1 ? (is_dense && staged ? 3 : 0) : (is_dense ? 2 : 1);
+        dense[sz(p)] = is_dense ? 1 : 0;
+      }
+      begin.push_back(static_cast<int64_t>(terms.size()));
+    }
+    if (forced_dense_) std::fill(fused_mode_.begin(), fused_mode_.end(), -1);
+    cudaStream_t s = stream_.get();
+    term_begin_d_.upload(begin.data(), begin.size(), s);
+    terms_d_.upload(terms.data(), terms.size(), s);
+    dense_d_.upload(dense.data(), dense.size(), s);
+    vx_t_.resize(plan_.ops.size());
+    vx_offsets_d_.resize(plan_.ops.size());
+    for (std::size_t o = 0; o < plan_.ops.size(); ++o)
+      vx_offsets_d_[o].upload(vx_rows_[o].data(), vx_rows_[o].size(), s);
+    stream_.synchronize();
+    prefix_dirty_ = true;  // the dense v products are computed with the prefix
+  }
+
+  // The incumbent's activations transposed (one sample per thread reads them coalesced)
+  // and the dense v products of each op's input.
+  void refresh_fused_inputs() {
+    cudaStream_t s = stream_.get();
+    acts_t_.resize(acts_.size());
+    for (std::size_t i = 0; i < acts_.size(); ++i) {
+      const int64_t width = i == 0 ? plan_.in_features : plan_.ops[i - 1].out;
+      acts_t_[i].resize(sz(batch_ * width));
+      launch_transpose<T>(acts_[i].data(), batch_, width, acts_t_[i].data(), s);
+    }
+    // The effective weights of the ops a hidden tail streams through, transposed.
+    weights_t_.resize(plan_.ops.size());
+    for (const TailPlan& tp : tails_) {
+      if (!tp.ok || tp.hidden != 1) continue;
+      const int32_t streamed[2] = {tp.m1, tp.m2};
+      for (const int32_t m : streamed) {
+        const OpPlan& op = plan_.ops[sz(m)];
+        weights_t_[sz(m)].resize(sz(op.out * op.in));
+        launch_transpose<T>(eff_d_.data() + op.param_offset, op.out, op.in,
+                            weights_t_[sz(m)].data(), s);
+      }
+    }
+    for (std::size_t o = 0; o < vx_rows_.size() && o < vx_t_.size(); ++o) {
+      const auto n_v = static_cast<int64_t>(vx_rows_[o].size());
+      if (n_v == 0) continue;
+      vx_t_[o].resize(sz(n_v * batch_));
+      launch_dense_v<T>(basis_d_.data(), vx_offsets_d_[o].data(), n_v, acts_[o].data(), batch_,
+                        plan_.ops[o].in, vx_t_[o].data(), s);
+    }
+  }
+
+  void run_fused_chunk(const CandidateSource& src, int64_t count, int32_t l, int32_t mode) {
+    cudaStream_t s = stream_.get();
+    const TailPlan& tp = tails_[sz(l)];
+    const OpPlan& op = plan_.ops[sz(l)];
+    per_.reserve(sz(count * batch_));
+    FusedTail<T> t{};
+    t.term_begin = term_begin_d_.data();
+    t.terms = terms_d_.data();
+    t.dense = dense_d_.data();
+    t.basis = basis_d_.data();
+    t.theta = theta_d_.data();
+    t.eff = eff_d_.data();
+    t.quant_step = op.quant_step;
+    t.batch = batch_;
+    t.out_l = op.out;
+    t.x_t = acts_t_[sz(l)].data();
+    t.vx_t = sz(l) < vx_t_.size() ? vx_t_[sz(l)].data() : nullptr;
+    t.z_t = acts_t_[sz(l) + 1].data();
+    t.f1 = tp.f1;
+    t.hidden = tp.hidden;
+    if (tp.m1 >= 0) {
+      const OpPlan& m1 = plan_.ops[sz(tp.m1)];
+      t.w_m1 = eff_d_.data() + m1.param_offset;
+      t.width_m1 = m1.out;
+      t.z1_t = acts_t_[sz(tp.m1) + 1].data();
+    }
+    if (tp.m2 >= 0) {
+      t.f2 = tp.f2;
+      t.w_m1_t = weights_t_[sz(tp.m1)].data();
+      t.w_m2_t = weights_t_[sz(tp.m2)].data();
+    }
+    t.logits_t = acts_t_.back().data();
+    t.outputs = plan_.out_features;
+    t.loss = static_cast<int32_t>(plan_.loss);
+    t.labels = labels_d_.data();
+    t.targets = targets_d_.data();
+    launch_fused_tail<T>(src, t, count, mode, per_.data(), s);
+    const double* l2_delta = nullptr;
+    if (plan_.l2 != 0.0) {
+      // The raw parameters' l2 change, as the general path computes it.
+      dq_.reserve(sz(count * elem_max_));
+      l2_terms_.reserve(sz(count * elem_max_));
+      l2c_.reserve(sz(count));
+      launch_deltas<T>(src, table(), count, theta_d_.data(), ops_d_.data(), eff_d_.data(),
+                       dq_.data(), l2_terms_.data(), l2c_.data(), s);
+      l2_delta = l2c_.data();
+    }
+    launch_objective<T>(src, count, per_.data(), batch_, plan_.l2, sum_sq_, l2_delta,
+                        losses_d_.data(), s);
+    ++fused_chunks_;
+  }
+
   void incumbent_objective(double* slot) {
     per_.reserve(sz(batch_));
     CandidateSource one{};
@@ -599,6 +845,19 @@ class DeviceSession final : public Session {
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;
   std::string explain_;
+
+  // The fused tail.
+  std::vector<TailPlan> tails_;                // per op
+  std::vector<int32_t> fused_mode_;            // per particle: -1 general path, else the mode
+  std::vector<DeviceCoord> sub_coords_h_;      // the subspace's coordinates as uploaded
+  std::vector<std::vector<int64_t>> vx_rows_;  // per op: basis offsets of its dense v
+  DeviceBuffer<int64_t> term_begin_d_;
+  DeviceBuffer<FusedTerm> terms_d_;
+  DeviceBuffer<uint8_t> dense_d_;
+  std::vector<DeviceBuffer<int64_t>> vx_offsets_d_;
+  std::vector<DeviceBuffer<T>> vx_t_, acts_t_, weights_t_;
+  bool forced_dense_ = false;  // path "layered": the general path only
+  int64_t fused_chunks_ = 0;
 };
 
 }  // namespace

@@ -25,6 +25,8 @@ std::unique_ptr<Session> make_session(const pp_model_view& model, const pp_loss_
                                       const pp_session_options& options);
 
 // The paths a session can be forced to, for messages.
-inline constexpr const char* kPathNames = "auto, sparse, subspace-delta";
+// "layered" keeps every candidate on the layer-by-layer path (no fused tail): for tests
+// and for measuring what the fused tail gains.
+inline constexpr const char* kPathNames = "auto, sparse, subspace-delta, layered";
 
 }  // namespace polyprobe::cuda

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 
 using namespace polyprobe;
 
@@ -115,10 +116,11 @@ struct Candidates {
   CandidateSet set() const { return {&particles, particle, displacement}; }
 };
 
-Candidates random_candidates(std::mt19937_64& rng, int64_t n, int32_t d, int per_particle) {
+Candidates random_candidates(std::mt19937_64& rng, int64_t n, int32_t d, int per_particle,
+                             double spread = 0.3) {
   Candidates c;
   c.particles = ParticleMap::contiguous(n, d);
-  std::normal_distribution<double> normal(0.0, 0.3);
+  std::normal_distribution<double> normal(0.0, spread);
   for (int64_t p = 0; p < c.particles.count(); ++p)
     for (int k = 0; k < per_particle; ++k) {
       c.particle.push_back(p);
@@ -135,13 +137,15 @@ double max_relative_error(const std::vector<double>& got, const std::vector<doub
   return worst;
 }
 
-EvaluatorRequest cuda_request(DType dtype, const Subspace* subspace = nullptr, int64_t chunk = 0) {
+EvaluatorRequest cuda_request(DType dtype, const Subspace* subspace = nullptr, int64_t chunk = 0,
+                              std::string path = "") {
   EvaluatorRequest r;
   r.backend = "cuda";
   r.device = "cuda";
   r.options.dtype = dtype;
   r.options.chunk_size = chunk;
   r.subspace = subspace;
+  r.path = std::move(path);
   return r;
 }
 
@@ -161,19 +165,19 @@ std::unique_ptr<HybridSubspace> hybrid_of(const Model& model) {
 }
 
 void check_stateless(DType dtype, bool discontinuous, bool subspace, double tolerance,
-                     int64_t chunk = 0) {
+                     int64_t chunk = 0, const std::string& path = "", double spread = 0.3) {
   std::mt19937_64 rng((dtype == DType::f32 ? 21 : 22) + (subspace ? 100 : 0) + chunk);
   for (int trial = 0; trial < 30; ++trial) {
     const Case c = random_case(rng, discontinuous);
     const auto space = subspace ? hybrid_of(c.model) : nullptr;
     const int64_t n = subspace ? space->dimension() : c.model.num_parameters();
     const int32_t d = std::uniform_int_distribution<int32_t>(1, subspace ? 8 : 5)(rng);
-    const Candidates cands = random_candidates(rng, n, d, d + 1);
-    INFO(to_string(dtype) << " trial " << trial << " d " << d << (subspace ? " hybrid" : "") << ": "
-                          << c.description);
+    const Candidates cands = random_candidates(rng, n, d, d + 1, spread);
+    INFO(to_string(dtype) << " trial " << trial << " d " << d << (subspace ? " hybrid" : "")
+                          << " path '" << path << "' spread " << spread << ": " << c.description);
     auto reference = make_reference_evaluator(c.model, *c.loss, space.get(), {DType::f64});
     auto cuda = backends().registry.make_evaluator(c.model, *c.loss,
-                                                   cuda_request(dtype, space.get(), chunk));
+                                                   cuda_request(dtype, space.get(), chunk, path));
     const auto want = run(*reference, c, cands);
     const auto got = run(*cuda, c, cands);
     CHECK(max_relative_error(got, want) <= tolerance);
@@ -235,6 +239,19 @@ TEST_CASE("cuda: tiny chunks give the same losses", "[cuda]") {
   require_device();
   check_stateless(DType::f64, true, false, 1e-12, 3);
   check_stateless(DType::f64, false, true, 1e-12, 1);
+}
+
+TEST_CASE("cuda: the fused tail and the layered path agree with the reference at every radius",
+          "[cuda]") {
+  require_device();
+  // auto takes the fused tail wherever it applies (models of up to three linear ops here);
+  // layered forces every candidate through the layer-by-layer path.
+  for (const double spread : {1e-3, 0.3, 3.0}) {
+    check_stateless(DType::f64, true, false, 1e-12, 0, "layered", spread);
+    check_stateless(DType::f64, true, false, 1e-12, 0, "", spread);
+    check_stateless(DType::f64, true, true, 1e-12, 0, "", spread);
+    check_stateless(DType::f32, false, true, 1e-5, 0, "", spread);
+  }
 }
 
 TEST_CASE("cuda: the polytope form of score and move_incumbent match the host", "[cuda]") {

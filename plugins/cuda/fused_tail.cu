@@ -1,0 +1,414 @@
+// Kernels of the fused tail (fused_tail.cuh).
+#include "device.hpp"
+#include "formulas.cuh"
+#include "fused_tail.cuh"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace polyprobe::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+
+unsigned grid_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
+}
+
+template <class S>
+__device__ S chain(const ActivationChain& f, S v) {
+  for (int32_t i = 0; i < f.n; ++i) v = activate<S>(f.fn[i], v, static_cast<S>(f.step[i]));
+  return v;
+}
+
+// The displacement component j of candidate c (kernels.cu's delta_of: the host's order).
+__device__ double displacement_of(const CandidateSource& s, int64_t c, int32_t j) {
+  const int64_t g = s.first + c;
+  if (!s.polytope) return s.displacement[g * s.d + j];
+  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
+  const int64_t p = s.active[g / vk];
+  const int64_t r = g % vk;
+  const int64_t v = r / s.probes;
+  const int32_t k = static_cast<int32_t>(r % s.probes) + 1;
+  const double scale = s.probe_radius * k / (s.probes + 1.0);
+  return scale * s.directions[(p * s.vertices + v) * s.d + j];
+}
+
+__device__ int64_t particle_at(const CandidateSource& s, int64_t c) {
+  const int64_t g = s.first + c;
+  if (s.polytope) return s.active[g / (static_cast<int64_t>(s.vertices) * s.probes)];
+  return s.particle[g];
+}
+
+// dz at unit o of op l for a dense change: the terms in order.
+template <class S>
+__device__ S dense_change(const FusedTail<S>& t, int64_t first, int64_t n_terms, const S* scaled,
+                          int64_t o) {
+  S dz = S(0);
+#pragma unroll
+  for (int e = 0; e < kFusedMaxTerms; ++e) {
+    if (e >= n_terms) break;
+    const FusedTerm& term = t.terms[first + e];
+    if (term.unit >= 0)
+      dz += term.unit == o ? scaled[e] : S(0);
+    else
+      dz += scaled[e] * static_cast<S>(t.basis[term.u + o]);
+  }
+  return dz;
+}
+
+// logits[k] += w[k * stride] * dh for the outputs; kOut a compile-time bound so the
+// logits stay in registers.
+template <class S, int kOut>
+__device__ void add_column(S* logits, const S* w, int64_t stride, S dh, int64_t outputs) {
+#pragma unroll
+  for (int k = 0; k < kOut; ++k)
+    if (k < outputs) logits[k] += w[k * stride] * dh;
+}
+
+// The per-sample losses of formulas.cuh on register logits (same operations, same order).
+template <class S, int kOut>
+__device__ S register_loss(const FusedTail<S>& t, const S* x, int64_t b) {
+  const int64_t n = t.outputs;
+  const int64_t label = t.labels ? t.labels[b] : 0;
+  switch (t.loss) {
+    case 0: {  // cross_entropy
+      S m = x[0], picked = x[0];
+#pragma unroll
+      for (int i = 1; i < kOut; ++i)
+        if (i < n) m = x[i] > m ? x[i] : m;
+      S sum = 0;
+#pragma unroll
+      for (int i = 0; i < kOut; ++i)
+        if (i < n) {
+          sum += exp(x[i] - m);
+          if (i == label) picked = x[i];
+        }
+      return m + log(sum) - picked;
+    }
+    case 1: {  // mse
+      const double* target = t.targets + b * n;
+      S sum = 0;
+#pragma unroll
+      for (int i = 0; i < kOut; ++i)
+        if (i < n) {
+          const S diff = x[i] - static_cast<S>(target[i]);
+          sum += diff * diff;
+        }
+      return sum / static_cast<S>(n);
+    }
+    case 2: {  // hinge
+      S at = x[0];
+#pragma unroll
+      for (int i = 0; i < kOut; ++i)
+        if (i == label) at = x[i];
+      S sum = 0;
+#pragma unroll
+      for (int i = 0; i < kOut; ++i)
+        if (i < n && i != label) {
+          const S h = S(1) - at + x[i];
+          sum += h > S(0) ? h : S(0);
+        }
+      return sum / static_cast<S>(n);
+    }
+    case 3: {  // zero_one: the first maximal output
+      int best = 0;
+      S top = x[0];
+#pragma unroll
+      for (int i = 1; i < kOut; ++i)
+        if (i < n && x[i] > top) {
+          top = x[i];
+          best = i;
+        }
+      return best == label ? S(0) : S(1);
+    }
+    default:
+      return S(0);
+  }
+}
+
+// kMode 0: no hidden op after l (hidden <= 0); 1: a hidden op, sparse changes only; 2: a
+// hidden op, dense changes (the whole dh of op l held per thread). kOut >= outputs.
+template <class S, int kMode, int kOut>
+__global__ void __launch_bounds__(kThreads)
+    fused_tail_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
+  const int64_t total = count * t.batch;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = i / t.batch, b = i % t.batch;
+    const int64_t p = particle_at(src, c);
+    const int64_t first = t.term_begin[p];
+    const int64_t n_terms = t.term_begin[p + 1] - first;
+    S logits[kOut];
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) logits[k] = k < t.outputs ? t.logits_t[k * t.batch + b] : S(0);
+
+    // theta_t s_t for every term (full space: the effective weight change).
+    S scaled[kFusedMaxTerms];
+#pragma unroll
+    for (int e = 0; e < kFusedMaxTerms; ++e) {
+      scaled[e] = S(0);
+      if (e >= n_terms) continue;
+      const FusedTerm term = t.terms[first + e];
+      const double delta = displacement_of(src, c, term.slot);
+      S theta;
+      if (term.raw >= 0)
+        theta =
+            effective<S>(term.transform, t.theta[term.raw] + delta, t.quant_step) - t.eff[term.raw];
+      else
+        theta = static_cast<S>(delta);
+      S s = S(1);
+      if (term.source >= 0)
+        s = t.x_t[term.source * t.batch + b];
+      else if (term.source <= -2)
+        s = t.vx_t[(-term.source - 2) * t.batch + b];
+      scaled[e] = theta * s;
+    }
+
+    if constexpr (kMode == 0) {
+      // A unit of op l changed by dz, then (through f1 and m1) the logits.
+      auto propagate = [&](int64_t unit, S dz) {
+        if (dz == S(0)) return;
+        if (t.hidden < 0) {  // op l is the output
+#pragma unroll
+          for (int k = 0; k < kOut; ++k)
+            if (k == unit) logits[k] += dz;
+          return;
+        }
+        const S z = t.z_t[unit * t.batch + b];
+        const S dh = chain(t.f1, z + dz) - chain(t.f1, z);
+        if (dh != S(0)) add_column<S, kOut>(logits, t.w_m1 + unit, t.out_l, dh, t.outputs);
+      };
+      if (!t.dense[p]) {
+        // Terms sorted by unit: one change per distinct unit.
+        S dz = S(0);
+#pragma unroll
+        for (int e = 0; e < kFusedMaxTerms; ++e) {
+          if (e >= n_terms) break;
+          dz += scaled[e];
+          if (e + 1 == n_terms || t.terms[first + e + 1].unit != t.terms[first + e].unit) {
+            propagate(t.terms[first + e].unit, dz);
+            dz = S(0);
+          }
+        }
+      } else {
+        for (int64_t o = 0; o < t.out_l; ++o)
+          propagate(o, dense_change(t, first, n_terms, scaled, o));
+      }
+    } else {
+      // A hidden op m1 between op l and the output: dh at op l's units, then m1's units
+      // streamed, each added to the logits as soon as it is known.
+      constexpr int kHeld = kMode == 2 ? kFusedMaxDense : kFusedMaxTerms;
+      int64_t units[kFusedMaxTerms];
+      S dh[kHeld];
+      int n_units = 0;
+      if constexpr (kMode == 1) {
+        S dz = S(0);
+#pragma unroll
+        for (int e = 0; e < kFusedMaxTerms; ++e) {
+          if (e >= n_terms) break;
+          dz += scaled[e];
+          const int32_t unit = t.terms[first + e].unit;
+          if (e + 1 == n_terms || t.terms[first + e + 1].unit != unit) {
+            const S z = t.z_t[unit * t.batch + b];
+            const S change = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+            if (change != S(0)) {
+              units[n_units] = unit;
+              dh[n_units] = change;
+              ++n_units;
+            }
+            dz = S(0);
+          }
+        }
+        // m1's weights transposed ([out_l, width_m1]) and m2's ([width_m1, C]): both read
+        // along contiguous memory as q and k advance.
+        for (int64_t q = 0; n_units > 0 && q < t.width_m1; ++q) {
+          S dz1 = S(0);
+          for (int u = 0; u < n_units; ++u) dz1 += t.w_m1_t[units[u] * t.width_m1 + q] * dh[u];
+          if (dz1 == S(0)) continue;
+          const S z1 = t.z1_t[q * t.batch + b];
+          const S dh1 = chain(t.f2, z1 + dz1) - chain(t.f2, z1);
+          if (dh1 != S(0)) add_column<S, kOut>(logits, t.w_m2_t + q * t.outputs, 1, dh1, t.outputs);
+        }
+      } else {
+        for (int64_t o = 0; o < t.out_l; ++o) {
+          const S dz = dense_change(t, first, n_terms, scaled, o);
+          const S z = t.z_t[o * t.batch + b];
+          dh[o] = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+        }
+        for (int64_t q = 0; q < t.width_m1; ++q) {
+          const S* row = t.w_m1 + q * t.out_l;
+          S dz1 = S(0);
+          for (int64_t o = 0; o < t.out_l; ++o) dz1 += row[o] * dh[o];
+          if (dz1 == S(0)) continue;
+          const S z1 = t.z1_t[q * t.batch + b];
+          const S dh1 = chain(t.f2, z1 + dz1) - chain(t.f2, z1);
+          if (dh1 != S(0)) add_column<S, kOut>(logits, t.w_m2_t + q * t.outputs, 1, dh1, t.outputs);
+        }
+      }
+    }
+    per[i] = register_loss<S, kOut>(t, logits, b);
+  }
+}
+
+// Mode 3: dense changes with no hidden op after l, one block per (candidate, tile of
+// samples), so the particle's dense u vectors and m1's weights are staged once per block in
+// shared memory (the per-unit loop reads them for every sample). Same arithmetic, in the
+// same order, as mode 0's dense branch.
+template <class S, int kOut>
+__global__ void __launch_bounds__(kThreads)
+    fused_dense_kernel(CandidateSource src, FusedTail<S> t, int64_t count, int64_t tiles, S* per) {
+  extern __shared__ unsigned char shared_raw[];
+  S* u_s = reinterpret_cast<S*>(shared_raw);  // [kFusedMaxTerms, out_l]
+  S* w_s = u_s + kFusedMaxTerms * t.out_l;    // [out_l, C]: m1's weights transposed
+  const int64_t out_l = t.out_l;
+  for (int64_t block = blockIdx.x; block < count * tiles; block += gridDim.x) {
+    const int64_t c = block / tiles, b = (block % tiles) * blockDim.x + threadIdx.x;
+    const int64_t p = particle_at(src, c);
+    const int64_t first = t.term_begin[p];
+    const int64_t n_terms = t.term_begin[p + 1] - first;
+    __syncthreads();  // the previous candidate's tables are no longer read
+    for (int64_t i = threadIdx.x; i < n_terms * out_l; i += blockDim.x) {
+      const FusedTerm& term = t.terms[first + i / out_l];
+      u_s[i] = term.unit >= 0 ? S(0) : static_cast<S>(t.basis[term.u + i % out_l]);
+    }
+    if (t.hidden == 0)
+      for (int64_t i = threadIdx.x; i < out_l * t.outputs; i += blockDim.x) {
+        const int64_t o = i / t.outputs, k = i % t.outputs;
+        w_s[i] = t.w_m1[k * out_l + o];
+      }
+    __syncthreads();
+    if (b >= t.batch) continue;
+    S logits[kOut];
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) logits[k] = k < t.outputs ? t.logits_t[k * t.batch + b] : S(0);
+    S scaled[kFusedMaxTerms];
+    int32_t unit[kFusedMaxTerms];
+#pragma unroll
+    for (int e = 0; e < kFusedMaxTerms; ++e) {
+      scaled[e] = S(0);
+      unit[e] = -2;  // no term
+      if (e >= n_terms) continue;
+      const FusedTerm term = t.terms[first + e];
+      const double delta = displacement_of(src, c, term.slot);
+      const S theta = static_cast<S>(delta);  // subspace terms (no transform)
+      S s = S(1);
+      if (term.source >= 0)
+        s = t.x_t[term.source * t.batch + b];
+      else if (term.source <= -2)
+        s = t.vx_t[(-term.source - 2) * t.batch + b];
+      scaled[e] = theta * s;
+      unit[e] = term.unit;
+    }
+    for (int64_t o = 0; o < out_l; ++o) {
+      S dz = S(0);
+#pragma unroll
+      for (int e = 0; e < kFusedMaxTerms; ++e) {
+        if (unit[e] == -2) break;
+        if (unit[e] >= 0)
+          dz += unit[e] == o ? scaled[e] : S(0);
+        else
+          dz += scaled[e] * u_s[e * out_l + o];
+      }
+      if (dz == S(0)) continue;
+      if (t.hidden < 0) {
+#pragma unroll
+        for (int k = 0; k < kOut; ++k)
+          if (k == o) logits[k] += dz;
+        continue;
+      }
+      const S z = t.z_t[o * t.batch + b];
+      const S dh = chain(t.f1, z + dz) - chain(t.f1, z);
+      if (dh == S(0)) continue;
+#pragma unroll
+      for (int k = 0; k < kOut; ++k)
+        if (k < t.outputs) logits[k] += w_s[o * t.outputs + k] * dh;
+    }
+    per[c * t.batch + b] = register_loss<S, kOut>(t, logits, b);
+  }
+}
+
+template <class S>
+__global__ void transpose_kernel(const S* in, int64_t rows, int64_t width, S* out) {
+  const int64_t total = rows * width;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / rows, r = i % rows;  // write-coalesced
+    out[i] = in[r * width + j];
+  }
+}
+
+template <class S>
+__global__ void dense_v_kernel(const double* basis, const int64_t* v_offsets, int64_t n_v,
+                               const S* x, int64_t rows, int64_t in, S* vx_t) {
+  const int64_t total = n_v * rows;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / rows, r = i % rows;
+    const double* v = basis + v_offsets[j];
+    S sum = S(0);
+    for (int64_t k = 0; k < in; ++k) sum += static_cast<S>(v[k]) * x[r * in + k];
+    vx_t[i] = sum;
+  }
+}
+
+}  // namespace
+
+template <class S>
+void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, int32_t mode, S* per,
+                       cudaStream_t stream) {
+  const unsigned blocks = grid_for(count * tail.batch);
+  auto run = [&](auto out) {
+    constexpr int kOut = decltype(out)::value;
+    if (mode == 3) {
+      const int threads =
+          static_cast<int>(std::min<int64_t>(kThreads, (tail.batch + 31) / 32 * 32));
+      const int64_t tiles = (tail.batch + threads - 1) / threads;
+      const int64_t blocks3 = std::min<int64_t>(count * tiles, int64_t{1} << 20);
+      const std::size_t shared = fused_dense_shared_bytes(tail.out_l, tail.outputs, sizeof(S));
+      fused_dense_kernel<S, kOut><<<static_cast<unsigned>(blocks3), threads, shared, stream>>>(
+          src, tail, count, tiles, per);
+    } else if (mode == 0)
+      fused_tail_kernel<S, 0, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+    else if (mode == 1)
+      fused_tail_kernel<S, 1, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+    else
+      fused_tail_kernel<S, 2, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+  };
+  if (tail.outputs <= 4)
+    run(std::integral_constant<int, 4>{});
+  else if (tail.outputs <= 16)
+    run(std::integral_constant<int, 16>{});
+  else if (tail.outputs <= 32)
+    run(std::integral_constant<int, 32>{});
+  else
+    run(std::integral_constant<int, kFusedMaxOutputs>{});
+  check(cudaGetLastError(), "fused tail kernel");
+}
+
+template <class S>
+void launch_transpose(const S* in, int64_t rows, int64_t width, S* out, cudaStream_t stream) {
+  transpose_kernel<S><<<grid_for(rows * width), kThreads, 0, stream>>>(in, rows, width, out);
+  check(cudaGetLastError(), "transpose kernel");
+}
+
+template <class S>
+void launch_dense_v(const double* basis, const int64_t* v_offsets, int64_t n_v, const S* x,
+                    int64_t rows, int64_t in, S* vx_t, cudaStream_t stream) {
+  dense_v_kernel<S>
+      <<<grid_for(n_v * rows), kThreads, 0, stream>>>(basis, v_offsets, n_v, x, rows, in, vx_t);
+  check(cudaGetLastError(), "dense v kernel");
+}
+
+#define POLYPROBE_CUDA_INSTANTIATE(S)                                                        \
+  template void launch_fused_tail<S>(CandidateSource, FusedTail<S>, int64_t, int32_t, S*,    \
+                                     cudaStream_t);                                          \
+  template void launch_transpose<S>(const S*, int64_t, int64_t, S*, cudaStream_t);           \
+  template void launch_dense_v<S>(const double*, const int64_t*, int64_t, const S*, int64_t, \
+                                  int64_t, S*, cudaStream_t);
+POLYPROBE_CUDA_INSTANTIATE(float)
+POLYPROBE_CUDA_INSTANTIATE(double)
+#undef POLYPROBE_CUDA_INSTANTIATE
+
+}  // namespace polyprobe::cuda
