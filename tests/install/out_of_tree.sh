@@ -31,6 +31,27 @@ echo "== train a model that uses both new layers"
 tail -n 1 "$work/train.txt" | grep -E 'test accuracy: [0-9.]+%'
 test -s "$work/weights.safetensors"
 
+echo "== the minimal layer plugin of docs/plugins.md, extracted from the page and built"
+doc="$work/doc_plugin"
+mkdir -p "$doc"
+# Each block after a '<!-- file: NAME -->' line of the page becomes the file NAME.
+awk -v dir="$doc" '
+  /^<!-- file: [^ ]+ -->$/ { file = $3; next }
+  file != "" && /^```/ { if (inside) { inside = 0; file = "" } else inside = 1; next }
+  inside { print > (dir "/" file) }
+' "$src/docs/plugins.md"
+for f in softsign.cpp CMakeLists.txt model.json; do test -s "$doc/$f" || { echo "docs/plugins.md lacks $f"; exit 1; }; done
+cmake -S "$doc" -B "$doc/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$doc/build" >/dev/null
+# Installed beside the host's own plugins, it is found with no search path at all.
+cmake --install "$doc/build" --prefix "$work/prefix" >/dev/null
+POLYPROBE_PLUGIN_PATH= "$host" plugins | tee "$work/doc_plugins.txt"
+grep -E '^softsign +1\.0\.0 +2 +available' "$work/doc_plugins.txt"
+grep -E 'layer softsign' "$work/doc_plugins.txt"
+POLYPROBE_PLUGIN_PATH= "$host" train --model "$doc/model.json" --quiet --seed 1 | tee "$work/doc_train.txt"
+tail -n 1 "$work/doc_train.txt" | grep -E 'test accuracy: [0-9.]+%'
+
 echo "== without the plugin, the same model file is a clear error"
 unset POLYPROBE_PLUGIN_PATH
 if "$host" train --model "$src/examples/layer_plugin/model.json" --quiet 2>"$work/err.txt"; then
