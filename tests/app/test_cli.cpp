@@ -135,6 +135,7 @@ TEST_CASE("an unknown --backend or an unservable --device fails with the reason,
   CHECK_THAT(device.err, Catch::Contains("no plugin can evaluate on cuda"));
 }
 
+#if POLYPROBE_HAVE_NLOPT
 TEST_CASE("bench dfo runs seeds, records where each run solved and averages the profile") {
   const std::string json = std::string(POLYPROBE_TEST_TMP) + "/dfo.json";
   std::filesystem::create_directories(POLYPROBE_TEST_TMP);
@@ -186,6 +187,31 @@ TEST_CASE("bench dfo runs seeds, records where each run solved and averages the 
   const auto metric = polyprobe("bench dfo --dfo-config metric=newton");
   CHECK(metric.exit_code == 2);
   CHECK_THAT(metric.err, Catch::Contains("unknown metric 'newton'"));
+}
+#endif
+
+// Without NLopt (cmake/PolyprobeDependencies.cmake) the build still has `bench dfo`: `all`
+// runs the polyprobe solvers and says the baselines are unavailable, and naming one is a
+// one-line error naming the missing package. In a build with NLopt this checks the other
+// side; tests/app/nlopt_optional.sh builds the host without NLopt and checks it there.
+TEST_CASE("bench dfo without NLopt: the polyprobe solvers only, an NLopt baseline refused") {
+  const auto named = polyprobe("bench dfo --quiet --dfo-problems beale --dfo-solvers nlopt-sbplx");
+  const auto all = polyprobe("bench dfo --quiet --dfo-problems beale --dfo-threads 1");
+  if (POLYPROBE_HAVE_NLOPT) {
+    CHECK(named.exit_code == 0);
+    CHECK(all.exit_code == 0);
+    CHECK_THAT(all.out, Catch::Contains("nlopt-sbplx"));
+    CHECK_THAT(all.out, !Catch::Contains("NLopt baselines unavailable"));
+    return;
+  }
+  CHECK(named.exit_code == 1);
+  CHECK_THAT(named.err, Catch::Contains("nlopt-sbplx is an NLopt baseline") &&
+                            Catch::Contains("built without NLopt") &&
+                            Catch::Contains("libnlopt-cxx-dev"));
+  REQUIRE(all.exit_code == 0);
+  CHECK_THAT(all.out,
+             Catch::Contains("NLopt baselines unavailable") && Catch::Contains("polyprobe-tr-dn"));
+  CHECK_THAT(all.out, !Catch::Contains("nlopt-"));
 }
 
 TEST_CASE("mistakes say how to fix them: the nearest option, the file and line, the weights") {
