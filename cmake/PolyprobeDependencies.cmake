@@ -5,7 +5,14 @@ find_package(TBB REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(ZLIB REQUIRED)
 find_package(Threads REQUIRED)
-find_package(NLopt 2.7 REQUIRED)  # libnlopt-cxx-dev: the baselines of `polyprobe bench dfo`
+# Optional: only the NLopt baselines of `polyprobe bench dfo` use it (libnlopt-cxx-dev).
+# Without it (or with -DCMAKE_DISABLE_FIND_PACKAGE_NLopt=ON) `bench dfo` runs the polyprobe
+# solvers only and says so.
+find_package(NLopt 2.7 QUIET)
+set(POLYPROBE_HAVE_NLOPT OFF)
+if(NLopt_FOUND)
+  set(POLYPROBE_HAVE_NLOPT ON)
+endif()
 if(POLYPROBE_BUILD_TESTS)
   find_package(Catch2 2.13 REQUIRED)
 endif()

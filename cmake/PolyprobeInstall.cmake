@@ -4,12 +4,19 @@ include(CMakePackageConfigHelpers)
 # Exported as polyprobe::core and polyprobe::plugin_api, the names used in-tree too.
 set_target_properties(polyprobe_core PROPERTIES EXPORT_NAME core)
 set_target_properties(polyprobe_plugin_api PROPERTIES EXPORT_NAME plugin_api)
-install(TARGETS polyprobe_core polyprobe_plugin_api EXPORT polyprobeTargets
+# Two export sets, so that the package can define the header-only plugin API without the
+# core's dependencies (polyprobeConfig.cmake looks for Eigen and nlohmann_json only for the
+# core).
+install(TARGETS polyprobe_plugin_api EXPORT polyprobePluginApiTargets
+        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(TARGETS polyprobe_core EXPORT polyprobeCoreTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/polyprobe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(EXPORT polyprobeTargets NAMESPACE polyprobe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
+install(EXPORT polyprobePluginApiTargets NAMESPACE polyprobe::
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
+install(EXPORT polyprobeCoreTargets NAMESPACE polyprobe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/polyprobeConfig.cmake.in
   ${PROJECT_BINARY_DIR}/polyprobeConfig.cmake INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/polyprobeConfigVersion.cmake

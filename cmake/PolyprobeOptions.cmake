@@ -27,3 +27,6 @@ if(CCACHE_PROGRAM)
   set(CMAKE_CXX_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
   set(CMAKE_C_COMPILER_LAUNCHER ${CCACHE_PROGRAM})
 endif()
+option(POLYPROBE_TEST_NLOPT_OFF
+       "Register the ctest that builds the host a second time without NLopt (minutes on a cold cache)"
+       OFF)

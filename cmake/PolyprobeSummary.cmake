@@ -1,3 +1,4 @@
 message(STATUS "polyprobe ${PROJECT_VERSION}: build type ${CMAKE_BUILD_TYPE}, "
-               "CUDA plugins ${POLYPROBE_HAVE_CUDA}, Python ${POLYPROBE_HAVE_PYTHON}, sanitizers ${POLYPROBE_SANITIZE}, "
+               "CUDA plugins ${POLYPROBE_HAVE_CUDA}, Python ${POLYPROBE_HAVE_PYTHON}, "
+               "NLopt baselines of bench dfo ${POLYPROBE_HAVE_NLOPT}, sanitizers ${POLYPROBE_SANITIZE}, "
                "werror ${POLYPROBE_WERROR}, tests ${POLYPROBE_BUILD_TESTS}")

@@ -11,7 +11,12 @@
 
 #include <polyprobe/minimize.hpp>
 
+#ifndef POLYPROBE_HAVE_NLOPT
+#define POLYPROBE_HAVE_NLOPT 0
+#endif
+#if POLYPROBE_HAVE_NLOPT
 #include <nlopt.hpp>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -112,6 +117,24 @@ std::string run_polyprobe(OptimizerConfig config, const MghProblem& p, History& 
   return "budget";
 }
 
+// The NLopt baselines. NLopt is optional (cmake/PolyprobeDependencies.cmake): without it they
+// are not in the solver list, `all` runs the polyprobe solvers only and says so, and naming
+// one is an error that names the missing package.
+constexpr const char* kNloptSolvers[] = {"nlopt-bobyqa", "nlopt-newuoa", "nlopt-neldermead",
+                                         "nlopt-sbplx", "nlopt-cobyla"};
+constexpr const char* kNloptMissing =
+    "this polyprobe was built without NLopt (install libnlopt-cxx-dev, then reconfigure and "
+    "rebuild)";
+
+// NLopt 2.7's COBYLA can loop forever inside its trust-region subproblem (trstlp) without
+// evaluating f, so its maxtime never triggers (NLopt issues #118 and #370; five of these
+// problems at n = 10 hit it). So every NLopt run has a watchdog: the run happens on its own
+// thread, and if it outlives its cap by kNloptGraceSeconds it is abandoned with what it had
+// recorded (stop = "hung"); the stuck thread is detached and keeps its core until the process
+// exits, touching nothing shared (its next evaluation, if any, stops it).
+constexpr double kNloptGraceSeconds = 5;
+
+#if POLYPROBE_HAVE_NLOPT
 // One NLopt run, its history in `h`. `abandoned` (under `lock`) makes every later evaluation
 // stop the run: see run_nlopt.
 std::string run_nlopt_unguarded(nlopt::algorithm algorithm, const MghProblem& p, History& h,
@@ -159,14 +182,6 @@ std::string run_nlopt_unguarded(nlopt::algorithm algorithm, const MghProblem& p,
   }
 }
 
-// NLopt 2.7's COBYLA can loop forever inside its trust-region subproblem (trstlp) without
-// evaluating f, so its maxtime never triggers (NLopt issues #118 and #370; five of these
-// problems at n = 10 hit it). So every NLopt run has a watchdog: the run happens on its own
-// thread, and if it outlives its cap by kNloptGraceSeconds it is abandoned with what it had
-// recorded (stop = "hung"); the stuck thread is detached and keeps its core until the process
-// exits, touching nothing shared (its next evaluation, if any, stops it).
-constexpr double kNloptGraceSeconds = 5;
-
 std::string run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& h) {
   struct Shared {
     std::mutex lock;
@@ -202,6 +217,7 @@ std::string run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& 
   run.join();
   return shared->stop;
 }
+#endif  // POLYPROBE_HAVE_NLOPT
 
 // --dfo-config "key=value,...": overrides applied to the polyprobe-custom solver, which starts
 // from polyprobe-tr-dn. d=n means particle_dim = the problem's dimension.
@@ -228,6 +244,7 @@ std::vector<Solver> solvers(const CustomConfig& custom = {}) {
                    return run_polyprobe(config_for(p.n), p, h, seed);
                  },
                  true});
+#if POLYPROBE_HAVE_NLOPT
   for (auto [name, algorithm] :
        {std::pair{"nlopt-bobyqa", nlopt::LN_BOBYQA}, std::pair{"nlopt-newuoa", nlopt::LN_NEWUOA},
         std::pair{"nlopt-neldermead", nlopt::LN_NELDERMEAD},
@@ -235,6 +252,7 @@ std::vector<Solver> solvers(const CustomConfig& custom = {}) {
     s.push_back({name, [algorithm = algorithm](const MghProblem& p, History& h, uint64_t) {
                    return run_nlopt(algorithm, p, h);
                  }});
+#endif
   return s;
 }
 
@@ -347,6 +365,10 @@ std::vector<Solver> select_solvers(const std::string& list, const CustomConfig& 
   std::vector<Solver> chosen;
   for (const std::string& name : split_list(list)) {
     auto it = std::find_if(all.begin(), all.end(), [&](const Solver& s) { return s.name == name; });
+    if (it == all.end() && !POLYPROBE_HAVE_NLOPT &&
+        std::any_of(std::begin(kNloptSolvers), std::end(kNloptSolvers),
+                    [&](const char* nlopt) { return name == nlopt; }))
+      throw Error("--dfo-solvers: " + name + " is an NLopt baseline, but " + kNloptMissing);
     if (it == all.end()) {
       std::string known;
       for (const Solver& s : all) known += (known.empty() ? "" : ", ") + s.name;
@@ -547,6 +569,8 @@ std::vector<BenchRecord> run_dfo(Context& ctx) {
       << (has_reference ? "these solvers and " + vm["dfo-reference"].as<std::string>()
                         : std::string("these solvers only"))
       << "\n";
+  if (!POLYPROBE_HAVE_NLOPT && vm["dfo-solvers"].as<std::string>() == "all")
+    out << "NLopt baselines unavailable: " << kNloptMissing << "; ran the polyprobe solvers only\n";
   int capped = 0, hung = 0;
   for (const auto& per_solver : runs)
     for (const auto& per_problem : per_solver)

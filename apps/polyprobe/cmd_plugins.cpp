@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 
@@ -28,11 +30,14 @@ nlohmann::json to_json(const PluginInfo& info) {
 
 int run(Context& ctx) {
   const auto& plugins = ctx.registry.plugins();
-  std::vector<std::string> search;
-  for (const auto& dir : PluginRegistry::search_path({})) search.push_back(dir.string());
+  // The search path exactly as load_plugins() applied it: --plugin-dir in the order given,
+  // then POLYPROBE_PLUGIN_PATH, then the install's own folder.
+  std::vector<std::filesystem::path> explicit_dirs;
   if (ctx.vm.count("plugin-dir"))
     for (const auto& d : ctx.vm["plugin-dir"].as<std::vector<std::string>>())
-      search.insert(search.begin(), d);
+      explicit_dirs.emplace_back(d);
+  std::vector<std::string> search;
+  for (const auto& dir : PluginRegistry::search_path(explicit_dirs)) search.push_back(dir.string());
   if (ctx.json) {
     nlohmann::json list = nlohmann::json::array();
     for (const PluginInfo& info : plugins) list.push_back(to_json(info));
@@ -54,12 +59,19 @@ int run(Context& ctx) {
     out << "\nno plugins found; the core's reference evaluator serves every request.\n";
     return 0;
   }
+  // Columns as wide as their longest entry (at least the usual widths), two spaces apart.
+  std::size_t name_w = 16, version_w = 10;
+  for (const PluginInfo& info : plugins) {
+    name_w = std::max(name_w, info.name.size() + 2);
+    version_w = std::max(version_w, info.version.size() + 2);
+  }
+  const int nw = static_cast<int>(name_w), vw = static_cast<int>(version_w);
   out << "\n"
-      << std::left << std::setw(16) << "NAME" << std::setw(10) << "VERSION" << std::setw(5) << "ABI"
+      << std::left << std::setw(nw) << "NAME" << std::setw(vw) << "VERSION" << std::setw(5) << "ABI"
       << std::setw(13) << "STATUS" << std::setw(7) << "SCORE"
       << "PATH\n";
   for (const PluginInfo& info : plugins) {
-    out << std::setw(16) << info.name << std::setw(10)
+    out << std::setw(nw) << info.name << std::setw(vw)
         << (info.version.empty() ? "-" : info.version) << std::setw(5)
         << (info.abi ? std::to_string(info.abi) : "-") << std::setw(13)
         << (info.available ? "available" : "unavailable") << std::setw(7) << info.score

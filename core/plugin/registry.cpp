@@ -12,8 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #ifndef POLYPROBE_PLUGIN_RELDIR
@@ -95,6 +97,40 @@ bool valid_name(const char* name) {
 
 std::string safe(const char* text) { return text == nullptr ? std::string() : std::string(text); }
 
+// Why `path` cannot be a shared library, judged from its first bytes before dlopen sees it
+// (dlopen's own words for these cases are poor: "file too short" for any short text file);
+// empty when it looks like one.
+std::string not_elf_reason(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return "cannot read the file";
+  std::array<char, 64> head{};
+  file.read(head.data(), head.size());
+  const std::streamsize n = file.gcount();
+  if (n < 4 || std::memcmp(head.data(),
+                           "\x7f"
+                           "ELF",
+                           4) != 0)
+    return "not a shared library (invalid ELF header)";
+  if (n < 52) return "not a shared library (truncated ELF header)";  // ELF32's header size
+  return {};
+}
+
+// dlopen's reason out of Boost.DLL's exception text, which wraps it as "...load() failed
+// (dlerror system message: PATH: REASON): Bad file descriptor" (the errno part is
+// Boost's placeholder, not the cause).
+std::string load_failure(const std::string& what, const fs::path& path) {
+  const std::string marker = "dlerror system message: ";
+  const std::size_t at = what.find(marker);
+  if (at == std::string::npos) return what;
+  const std::size_t end = what.rfind(')');
+  std::string reason = what.substr(at + marker.size(), end == std::string::npos || end < at
+                                                           ? std::string::npos
+                                                           : end - at - marker.size());
+  const std::string prefix = path.string() + ": ";
+  if (reason.starts_with(prefix)) reason.erase(0, prefix.size());
+  return reason;
+}
+
 }  // namespace
 
 PluginRegistry::PluginRegistry() = default;
@@ -156,12 +192,13 @@ void PluginRegistry::load_library(const fs::path& requested) {
     descriptors_.push_back(desc);
   };
 
+  if (std::string why = not_elf_reason(path); !why.empty()) return record(why);
   auto* library = new boost::dll::shared_library();
   try {
     library->load(path, boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
   } catch (const std::exception& e) {
     delete library;
-    return record(std::string("cannot load the library: ") + e.what());
+    return record("cannot load the library: " + load_failure(e.what(), path));
   }
   parked_libraries().push_back(library);  // never unloaded, even when rejected below
 
@@ -234,6 +271,16 @@ void PluginRegistry::load_library(const fs::path& requested) {
       info.loaded = false;
       desc = nullptr;
       return record("its layer kind #" + std::to_string(i) + " is incomplete");
+    }
+    // A plugin may also declare its layer kinds as PP_COMPONENT_LAYER capabilities: one
+    // entry per kind, the declared one, completed from the layer kind.
+    auto declared = std::find_if(
+        info.capabilities.begin(), info.capabilities.end(),
+        [&](const CapabilityInfo& c) { return c.component == "layer" && c.name == kind.kind; });
+    if (declared != info.capabilities.end()) {
+      if (declared->summary.empty()) declared->summary = safe(kind.summary);
+      if (declared->dtypes.empty()) declared->dtypes = {"float32", "float64"};
+      continue;
     }
     info.capabilities.push_back(
         {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});

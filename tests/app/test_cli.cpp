@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -103,7 +104,7 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
       wrong_abi_reason = p["reason"].get<std::string>().find(
                              "built for plugin API 1 but this host speaks 2") != std::string::npos;
     if (p["path"].get<std::string>().ends_with("libpolyprobe_not_a_library.so"))
-      not_library_reason = p["reason"].get<std::string>().find("cannot load") != std::string::npos;
+      not_library_reason = p["reason"] == "not a shared library (invalid ELF header)";
   }
   CHECK(cpu_available);
   CHECK(wrong_abi_reason);
@@ -116,6 +117,50 @@ TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
   REQUIRE(r.exit_code == 0);
   CHECK_THAT(r.out, Catch::Contains("fixture_no_device") && Catch::Contains("no CUDA device") &&
                         Catch::Contains("cpu_tbb") && Catch::Contains("available"));
+}
+
+TEST_CASE("plugins: the search path in the order applied, one line per layer, aligned columns") {
+  const std::string a = std::string(POLYPROBE_TEST_TMP) + "/search_a";
+  std::filesystem::create_directories(a);
+  const std::string b = POLYPROBE_FIXTURE_PLUGIN_DIR;
+  const auto r = polyprobe("plugins --plugin-dir " + a + " --plugin-dir " + b);
+  REQUIRE(r.exit_code == 0);
+  const std::size_t at_a = r.out.find("\n  " + a + "\n"), at_b = r.out.find("\n  " + b + "\n");
+  REQUIRE(at_a != std::string::npos);
+  REQUIRE(at_b != std::string::npos);
+  CHECK(at_a < at_b);
+  const auto json = nlohmann::json::parse(
+      polyprobe("plugins --json --plugin-dir " + a + " --plugin-dir " + b).out);
+  REQUIRE(json["search_path"].size() >= 2);
+  CHECK(json["search_path"][0] == a);
+  CHECK(json["search_path"][1] == b);
+
+  // A layer declared as a capability and shipped as a layer kind: listed once.
+  std::size_t count = 0;
+  for (std::size_t at = r.out.find("layer fixture_double"); at != std::string::npos;
+       at = r.out.find("layer fixture_double", at + 1))
+    ++count;
+  CHECK(count == 1);
+  // Every row's VERSION column starts where the header's does, long names included.
+  std::istringstream lines(r.out);
+  std::string line;
+  std::size_t version_col = std::string::npos;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.starts_with("NAME")) version_col = line.find("VERSION");
+    if (version_col == std::string::npos || line.empty() || line[0] == ' ' ||
+        line.starts_with("NAME") || line.starts_with("The core"))
+      continue;
+    ++rows;
+    INFO(line);
+    REQUIRE(line.size() > version_col);
+    CHECK(line[version_col - 1] == ' ');
+    CHECK(line[version_col] != ' ');
+    CHECK(line.find("ABI") == std::string::npos);
+  }
+  CHECK(rows >= 3);
+  CHECK_THAT(r.out,
+             Catch::Contains("fixture_layer_caps_with_a_long_name  1.0.0-a-long-version  2"));
 }
 
 TEST_CASE("version names the plugin API") {
@@ -135,6 +180,7 @@ TEST_CASE("an unknown --backend or an unservable --device fails with the reason,
   CHECK_THAT(device.err, Catch::Contains("no plugin can evaluate on cuda"));
 }
 
+#if POLYPROBE_HAVE_NLOPT
 TEST_CASE("bench dfo runs seeds, records where each run solved and averages the profile") {
   const std::string json = std::string(POLYPROBE_TEST_TMP) + "/dfo.json";
   std::filesystem::create_directories(POLYPROBE_TEST_TMP);
@@ -186,6 +232,31 @@ TEST_CASE("bench dfo runs seeds, records where each run solved and averages the 
   const auto metric = polyprobe("bench dfo --dfo-config metric=newton");
   CHECK(metric.exit_code == 2);
   CHECK_THAT(metric.err, Catch::Contains("unknown metric 'newton'"));
+}
+#endif
+
+// Without NLopt (cmake/PolyprobeDependencies.cmake) the build still has `bench dfo`: `all`
+// runs the polyprobe solvers and says the baselines are unavailable, and naming one is a
+// one-line error naming the missing package. In a build with NLopt this checks the other
+// side; tests/app/nlopt_optional.sh builds the host without NLopt and checks it there.
+TEST_CASE("bench dfo without NLopt: the polyprobe solvers only, an NLopt baseline refused") {
+  const auto named = polyprobe("bench dfo --quiet --dfo-problems beale --dfo-solvers nlopt-sbplx");
+  const auto all = polyprobe("bench dfo --quiet --dfo-problems beale --dfo-threads 1");
+  if (POLYPROBE_HAVE_NLOPT) {
+    CHECK(named.exit_code == 0);
+    CHECK(all.exit_code == 0);
+    CHECK_THAT(all.out, Catch::Contains("nlopt-sbplx"));
+    CHECK_THAT(all.out, !Catch::Contains("NLopt baselines unavailable"));
+    return;
+  }
+  CHECK(named.exit_code == 1);
+  CHECK_THAT(named.err, Catch::Contains("nlopt-sbplx is an NLopt baseline") &&
+                            Catch::Contains("built without NLopt") &&
+                            Catch::Contains("libnlopt-cxx-dev"));
+  REQUIRE(all.exit_code == 0);
+  CHECK_THAT(all.out,
+             Catch::Contains("NLopt baselines unavailable") && Catch::Contains("polyprobe-tr-dn"));
+  CHECK_THAT(all.out, !Catch::Contains("nlopt-"));
 }
 
 TEST_CASE("mistakes say how to fix them: the nearest option, the file and line, the weights") {

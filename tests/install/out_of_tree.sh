@@ -14,10 +14,11 @@ echo "== build examples/layer_plugin against the installed package"
 cmake -S "$src/examples/layer_plugin" -B "$work/example" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/example" >/dev/null
-ls "$work/example"/libpolyprobe_example_layers.so
+# polyprobe_add_plugin: the build tree mirrors the install tree.
+ls "$work/example"/lib/polyprobe/plugins/libpolyprobe_example_layers.so
 
 host="$work/prefix/bin/polyprobe"
-export POLYPROBE_PLUGIN_PATH="$work/example"
+export POLYPROBE_PLUGIN_PATH="$work/example/lib/polyprobe/plugins"
 echo "== the installed host finds both its own plugin and the new one"
 "$host" plugins | tee "$work/plugins.txt"
 grep -E '^example_layers +1\.0\.0 +2 +available' "$work/plugins.txt"
@@ -30,6 +31,48 @@ echo "== train a model that uses both new layers"
   --save "$work/weights.safetensors" | tee "$work/train.txt"
 tail -n 1 "$work/train.txt" | grep -E 'test accuracy: [0-9.]+%'
 test -s "$work/weights.safetensors"
+
+echo "== the minimal layer plugin of docs/plugins.md, extracted from the page and built"
+doc="$work/doc_plugin"
+mkdir -p "$doc"
+# Each block after a '<!-- file: NAME -->' line of the page becomes the file NAME.
+awk -v dir="$doc" '
+  /^<!-- file: [^ ]+ -->$/ { file = $3; next }
+  file != "" && /^```/ { if (inside) { inside = 0; file = "" } else inside = 1; next }
+  inside { print > (dir "/" file) }
+' "$src/docs/plugins.md"
+for f in softsign.cpp CMakeLists.txt model.json; do test -s "$doc/$f" || { echo "docs/plugins.md lacks $f"; exit 1; }; done
+# A plugin that uses neither Eigen nor nlohmann-json configures without them.
+cmake -S "$doc" -B "$doc/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON >/dev/null
+cmake --build "$doc/build" >/dev/null
+# Installed beside the host's own plugins, it is found with no search path at all.
+cmake --install "$doc/build" --prefix "$work/prefix" >/dev/null
+POLYPROBE_PLUGIN_PATH= "$host" plugins | tee "$work/doc_plugins.txt"
+grep -E '^softsign +1\.0\.0 +2 +available' "$work/doc_plugins.txt"
+grep -E 'layer softsign' "$work/doc_plugins.txt"
+POLYPROBE_PLUGIN_PATH= "$host" train --model "$doc/model.json" --quiet --seed 1 | tee "$work/doc_train.txt"
+tail -n 1 "$work/doc_train.txt" | grep -E 'test accuracy: [0-9.]+%'
+
+echo "== the package: polyprobe::core with its dependencies, a clear error without them"
+mkdir -p "$work/consumer"
+cat >"$work/consumer/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.25)
+project(consumer LANGUAGES CXX)
+find_package(polyprobe CONFIG REQUIRED COMPONENTS core)
+if(NOT TARGET polyprobe::core OR NOT TARGET polyprobe::plugin_api)
+  message(FATAL_ERROR "the package defines no polyprobe::core or polyprobe::plugin_api")
+endif()
+CMAKE
+cmake -S "$work/consumer" -B "$work/consumer/ok" "${generator[@]}" \
+  -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+if cmake -S "$work/consumer" -B "$work/consumer/no_eigen" "${generator[@]}" \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=ON \
+  >"$work/consumer.txt" 2>&1; then
+  echo "COMPONENTS core configured without Eigen"; exit 1
+fi
+grep -F "polyprobe::core needs Eigen3 3.4" "$work/consumer.txt"
 
 echo "== without the plugin, the same model file is a clear error"
 unset POLYPROBE_PLUGIN_PATH

@@ -9,6 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 using namespace polyprobe;
 
@@ -67,7 +72,7 @@ TEST_CASE("every broken plugin is recorded with its reason and the others still 
       {"throws", "entry function threw: fixture entry exploded"},
       {"no_device", "unusable on this machine: no CUDA device is present"},
       {"no_entry", "does not export polyprobe_plugin_entry"},
-      {"not_a_library", "cannot load the library"},
+      {"not_a_library", "not a shared library (invalid ELF header)"},
       {"bad_name", "no valid name"},
   };
   for (const Case& c : cases) {
@@ -81,6 +86,54 @@ TEST_CASE("every broken plugin is recorded with its reason and the others still 
   const PluginInfo* cpu = fixtures().find("cpu_tbb");
   REQUIRE(cpu != nullptr);
   CHECK(cpu->available);
+}
+
+TEST_CASE("a file that is not a shared library gets a clean reason, not Boost's errno") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("polyprobe_not_elf_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream(dir / "libpolyprobe_text.so") << "this is text, not an ELF shared object\n";
+    std::ofstream(dir / "libpolyprobe_short_elf.so", std::ios::binary) << "\x7f"
+                                                                          "ELF";
+    // An ELF header and nothing behind it: dlopen's own reason, unwrapped.
+    std::string body =
+        "\x7f"
+        "ELF";
+    body.resize(256, '\0');
+    std::ofstream(dir / "libpolyprobe_broken_elf.so", std::ios::binary) << body;
+  }
+  PluginRegistry registry;
+  registry.load_directories({dir});
+  std::filesystem::remove_all(dir);
+  const PluginInfo* text = by_file(registry, "text");
+  const PluginInfo* short_elf = by_file(registry, "short_elf");
+  const PluginInfo* broken = by_file(registry, "broken_elf");
+  REQUIRE(text != nullptr);
+  REQUIRE(short_elf != nullptr);
+  REQUIRE(broken != nullptr);
+  CHECK(text->reason == "not a shared library (invalid ELF header)");
+  CHECK(short_elf->reason == "not a shared library (truncated ELF header)");
+  CHECK_THAT(broken->reason, Catch::StartsWith("cannot load the library: "));
+  for (const PluginInfo* info : {text, short_elf, broken}) {
+    CHECK_FALSE(info->available);
+    CHECK_THAT(info->reason, !Catch::Contains("Bad file descriptor") &&
+                                 !Catch::Contains("boost::") && !Catch::Contains("dlerror") &&
+                                 !Catch::Contains(dir.string()));
+  }
+}
+
+TEST_CASE("a layer declared as a capability and shipped as a layer kind is listed once") {
+  const PluginInfo* info = by_file(fixtures(), "layer_caps");
+  REQUIRE(info != nullptr);
+  CHECK(info->available);
+  int layers = 0;
+  for (const CapabilityInfo& c : info->capabilities)
+    if (c.component == "layer" && c.name == "fixture_double") {
+      ++layers;
+      CHECK(c.summary == "y = 2 x");  // completed from the layer kind
+    }
+  CHECK(layers == 1);
 }
 
 TEST_CASE("two plugins with the same name: the first found wins, the second says why") {
