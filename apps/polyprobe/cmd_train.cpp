@@ -199,6 +199,24 @@ class ProgressDisplay {
   double samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
 };
 
+// "1 step", "2 steps".
+std::string count(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+// How far the run got, in the progress bar's words: "20 epochs" when it ran them all, "3 of
+// 20 epochs" when it stopped at the end of one, and "epoch 3/20: 2 complete and 5 steps" when
+// it stopped inside one (the epoch the progress bar showed last).
+std::string epochs_done(const TrainResult& result, int64_t steps_per_epoch, int64_t epochs) {
+  const int64_t into = result.steps - result.epochs_completed * steps_per_epoch;
+  if (into <= 0 || result.epochs_completed >= epochs)
+    return result.epochs_completed >= epochs
+               ? count(result.epochs_completed, "epoch")
+               : std::to_string(result.epochs_completed) + " of " + count(epochs, "epoch");
+  return "epoch " + std::to_string(result.epochs_completed + 1) + "/" + std::to_string(epochs) +
+         ": " + std::to_string(result.epochs_completed) + " complete and " + count(into, "step");
+}
+
 std::string percent(double fraction) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << 100.0 * fraction << "%";
@@ -356,9 +374,9 @@ int run(Context& ctx) {
   std::signal(SIGINT, previous);
   display.finish();
 
-  out << "trained " << result.steps << " step" << (result.steps == 1 ? "" : "s") << " ("
-      << result.epochs_completed << " epoch" << (result.epochs_completed == 1 ? "" : "s") << ", "
-      << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
+  out << "trained " << count(result.steps, "step") << " ("
+      << epochs_done(result, steps_per_epoch, options.epochs) << ", "
+      << count(result.evaluations, "candidate") << ") in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
   if (result.stopped_early)
     out << "; stopped early (no validation gain for --patience validations)";
