@@ -188,7 +188,9 @@ Command bench_command() {
       "\nEach record reports the cold (first) call, then the median and interquartile range of\n"
       "timed calls after an untimed warm-up, and the largest relative difference of its results\n"
       "from the float64 reference. Run one timing job at a time on a quiet machine.\n\n"
-      "example:\n  polyprobe bench SUITE --json results.json";
+      "examples:\n"
+      "  polyprobe bench asktell --json results.json\n"
+      "  polyprobe bench dfo --dfo-problems rosenbrock --dfo-max-n 10";
   c.description = description;
   c.options = [](po::options_description& o, po::positional_options_description& p) {
     o.add_options()("suite", po::value<std::string>()->value_name("SUITE"), "the suite to run")(

@@ -434,11 +434,10 @@ Command train_command() {
       "state is restored at the end. The last line is the test accuracy.\n\n"
       "examples:\n"
       "  polyprobe train\n"
-      "  polyprobe train --model examples/models/step_mlp.json --epochs 20 --save "
-      "step.safetensors\n"
-      "  polyprobe train --data fashion-mnist --model examples/models/binary_mlp.json --metrics "
-      "m.jsonl\n"
-      "  polyprobe train --save run.safetensors --resume   # continue after Ctrl-C\n"
+      "  polyprobe train --model examples/models/staircase_mlp.json --save staircase.safetensors\n"
+      "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
+      "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
+      "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
       "  polyprobe eval --weights run.safetensors";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
