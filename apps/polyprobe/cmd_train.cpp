@@ -463,7 +463,8 @@ Command train_command() {
         "test-fraction", number_value(0.15),
         "share held out for testing (data sets without their own test split)")(
         "metrics", po::value<std::string>()->value_name("FILE"),
-        "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")(
+        "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
+        "`polyprobe report FILE -o report.html` draws them")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(
