@@ -69,6 +69,7 @@ void print_records(std::ostream& out, const std::vector<BenchRecord>& records) {
     return s.str();
   };
   std::vector<std::vector<std::string>> rows;
+  rows.reserve(records.size());
   for (const BenchRecord& r : records)
     rows.push_back({r.workload, r.path, std::to_string(r.threads), std::to_string(r.candidates),
                     fixed(r.timing.cold_ms, 3), fixed(r.timing.median_ms, 3),

@@ -362,6 +362,7 @@ std::string paths_chart(const Run& run, int id) {
     return o.str();
   }
   std::vector<std::string> names;
+  names.reserve(totals.size());
   for (const auto& [path, total] : totals) names.push_back(path);
   std::sort(names.begin(), names.end(),
             [&](const std::string& a, const std::string& b) { return totals[a] > totals[b]; });
@@ -501,6 +502,7 @@ int run(Context& ctx) {
     throw Error("cannot write '" + output.string() + "': the folder '" + folder.string() +
                 "' does not exist");
   std::vector<Run> runs;
+  runs.reserve(paths.size());
   for (const std::string& path : paths) runs.push_back(read_run(path));
   name_runs(runs);
   const std::string title = vm.count("title")
