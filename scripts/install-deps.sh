@@ -10,6 +10,7 @@ packages=(
   dataset-fashion-mnist
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch python3-tqdm
   python3-setuptools python3-pip python3-venv python3-optuna
+  chromium
 )
 missing=()
 for p in "${packages[@]}"; do

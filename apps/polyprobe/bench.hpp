@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,20 @@ struct BenchSuite {
   std::string summary;
   std::function<void(po::options_description&)> options;  // (optional) suite options
   std::function<std::vector<BenchRecord>(Context&)> run;
+  // (optional) prints the closing table of `run`'s records; null: one row per record with
+  // its timing (print_records).
+  std::function<void(std::ostream&, const std::vector<BenchRecord>&)> table = nullptr;
 };
+
+// A plain-text table: every column as wide as its widest cell (header included), two spaces
+// between columns; the columns flagged in `right` are right-aligned (numbers).
+void print_columns(std::ostream& out, const std::vector<std::string>& header,
+                   const std::vector<bool>& right,
+                   const std::vector<std::vector<std::string>>& rows);
+
+// The common closing table: workload, path, threads, candidates, cold, median and iqr ms, max
+// rel diff, one row per record.
+void print_records(std::ostream& out, const std::vector<BenchRecord>& records);
 
 // The suites, in the order `polyprobe bench --help` lists them (cmd_bench.cpp).
 const std::vector<BenchSuite>& bench_suites();

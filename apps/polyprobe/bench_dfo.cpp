@@ -28,6 +28,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 namespace polyprobe::app {
@@ -657,13 +658,40 @@ void dfo_options(po::options_description& o) {
       "dfo: a previous `bench dfo --json` file whose best values also count towards f_L");
 }
 
+// The closing table: one row per run (the profiles were printed above), with what it found.
+void print_runs(std::ostream& out, const std::vector<BenchRecord>& records) {
+  const auto number = [](const nlohmann::json& value) {
+    if (!value.is_number()) return std::string("-");
+    std::ostringstream s;
+    s << std::setprecision(4) << value.get<double>();
+    return s.str();
+  };
+  std::vector<std::vector<std::string>> rows;
+  for (const BenchRecord& r : records) {
+    if (!r.extra.contains("best")) continue;  // a data profile
+    const nlohmann::json& solved = r.extra["solved_at_sg"];
+    std::ostringstream ms;
+    ms << std::fixed << std::setprecision(1) << r.timing.cold_ms;
+    rows.push_back({r.workload, r.path, r.extra.contains("seed") ? r.extra["seed"].dump() : "-",
+                    std::to_string(r.candidates), number(r.extra["f0"]), number(r.extra["best"]),
+                    number(r.extra["f_low"]), number(solved.value("1e-3", nlohmann::json())),
+                    number(solved.value("1e-5", nlohmann::json())),
+                    r.extra.value("stop", std::string()), ms.str()});
+  }
+  out << "runs (solved at: simplex gradients until the convergence test held, - never)\n";
+  print_columns(out,
+                {"problem", "solver", "seed", "evaluations", "f0", "best", "f_L", "solved at 1e-3",
+                 "solved at 1e-5", "stop", "ms"},
+                {false, false, true, true, true, true, true, true, true, false, true}, rows);
+}
+
 }  // namespace
 
 BenchSuite dfo_bench_suite() {
   return {"dfo",
           "Moré–Garbow–Hillstrom problems (n = 2..100): polyprobe vs NLopt at equal budgets, as "
           "data profiles",
-          dfo_options, run_dfo};
+          dfo_options, run_dfo, print_runs};
 }
 
 }  // namespace polyprobe::app

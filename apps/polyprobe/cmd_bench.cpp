@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 namespace polyprobe::app {
@@ -36,22 +37,48 @@ double percentile(std::vector<double> v, double q) {
   return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
 }
 
-void print_table(std::ostream& out, const std::vector<BenchRecord>& records) {
-  out << std::left << std::setw(18) << "workload" << std::setw(22) << "path" << std::setw(8)
-      << "threads" << std::setw(11) << "candidates" << std::right << std::setw(11) << "cold ms"
-      << std::setw(12) << "median ms" << std::setw(10) << "iqr ms" << std::setw(12)
-      << "max rel diff"
-      << "\n";
-  for (const BenchRecord& r : records) {
-    out << std::left << std::setw(18) << r.workload << std::setw(22) << r.path << std::setw(8)
-        << r.threads << std::setw(11) << r.candidates << std::right << std::fixed
-        << std::setprecision(3) << std::setw(11) << r.timing.cold_ms << std::setw(12)
-        << r.timing.median_ms << std::setw(10) << r.timing.iqr_ms << std::scientific
-        << std::setprecision(1) << std::setw(12) << r.max_rel_diff << std::defaultfloat << "\n";
-  }
+}  // namespace
+
+void print_columns(std::ostream& out, const std::vector<std::string>& header,
+                   const std::vector<bool>& right,
+                   const std::vector<std::vector<std::string>>& rows) {
+  std::vector<std::size_t> width(header.size());
+  for (std::size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < std::min(row.size(), width.size()); ++c)
+      width[c] = std::max(width[c], row[c].size());
+  const auto line = [&](const std::vector<std::string>& cells) {
+    std::string text;
+    for (std::size_t c = 0; c < width.size(); ++c) {
+      const std::string& cell = c < cells.size() ? cells[c] : std::string();
+      const std::string pad(width[c] - std::min(width[c], cell.size()), ' ');
+      if (c > 0) text += "  ";
+      text += c < right.size() && right[c] ? pad + cell : cell + pad;
+    }
+    text.erase(text.find_last_not_of(' ') + 1);
+    out << text << "\n";
+  };
+  line(header);
+  for (const auto& row : rows) line(row);
 }
 
-}  // namespace
+void print_records(std::ostream& out, const std::vector<BenchRecord>& records) {
+  const auto fixed = [](double value, int digits, bool scientific = false) {
+    std::ostringstream s;
+    s << (scientific ? std::scientific : std::fixed) << std::setprecision(digits) << value;
+    return s.str();
+  };
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(records.size());
+  for (const BenchRecord& r : records)
+    rows.push_back({r.workload, r.path, std::to_string(r.threads), std::to_string(r.candidates),
+                    fixed(r.timing.cold_ms, 3), fixed(r.timing.median_ms, 3),
+                    fixed(r.timing.iqr_ms, 3), fixed(r.max_rel_diff, 1, true)});
+  print_columns(out,
+                {"workload", "path", "threads", "candidates", "cold ms", "median ms", "iqr ms",
+                 "max rel diff"},
+                {false, false, true, true, true, true, true, true}, rows);
+}
 
 Timing time_calls(const std::function<void()>& call, const TimingOptions& options) {
   using clock = std::chrono::steady_clock;
@@ -129,7 +156,10 @@ int run(Context& ctx) {
         " (suites: " + (known.empty() ? "none" : known) + ")");
   }
   const std::vector<BenchRecord> records = it->run(ctx);
-  print_table(*ctx.out, records);
+  if (it->table)
+    it->table(*ctx.out, records);
+  else
+    print_records(*ctx.out, records);
   if (ctx.vm.count("json")) {
     const std::string path = ctx.vm["json"].as<std::string>();
     nlohmann::json list = nlohmann::json::array();
@@ -159,7 +189,9 @@ Command bench_command() {
       "\nEach record reports the cold (first) call, then the median and interquartile range of\n"
       "timed calls after an untimed warm-up, and the largest relative difference of its results\n"
       "from the float64 reference. Run one timing job at a time on a quiet machine.\n\n"
-      "example:\n  polyprobe bench SUITE --json results.json";
+      "examples:\n"
+      "  polyprobe bench asktell --json results.json\n"
+      "  polyprobe bench dfo --dfo-problems rosenbrock --dfo-max-n 10";
   c.description = description;
   c.options = [](po::options_description& o, po::positional_options_description& p) {
     o.add_options()("suite", po::value<std::string>()->value_name("SUITE"), "the suite to run")(

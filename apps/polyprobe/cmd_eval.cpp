@@ -87,7 +87,8 @@ Command eval_command() {
       "--seed and fractions as the training run to get its test split.\n\n"
       "examples:\n"
       "  polyprobe train --save run.safetensors && polyprobe eval --weights run.safetensors\n"
-      "  polyprobe eval --weights w.safetensors --model m.json --data my.csv --split all --json";
+      "  polyprobe eval --weights run.safetensors --model run.json --data digits --split all "
+      "--json";
   c.uses_plugins = true;
   c.options = [](po::options_description& o, po::positional_options_description& p) {
     o.add_options()("weights", po::value<std::string>()->value_name("FILE"),

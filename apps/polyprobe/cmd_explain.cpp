@@ -134,8 +134,9 @@ Command explain_command() {
       "Builds the evaluator for a model, scores one step's candidates on a random batch, and\n"
       "prints per layer the paths taken, why faster paths declined (including layer contracts\n"
       "that failed their probe), the chunk size and the memory estimate.\n\n"
-      "examples:\n  polyprobe explain model.json\n  polyprobe explain --workload mlp256-full "
-      "--threads 1\n"
+      "examples:\n"
+      "  polyprobe explain examples/models/sign_mlp.json\n"
+      "  polyprobe explain --workload mlp256-full --threads 1\n"
       "  polyprobe explain --workload mlp256-sub512 --path dense --json";
   c.options = [](po::options_description& o, po::positional_options_description& p) {
     add_backend_options(o);

@@ -199,6 +199,24 @@ class ProgressDisplay {
   double samples_ = 0, loss_sum_ = 0, correct_sum_ = 0;
 };
 
+// "1 step", "2 steps".
+std::string count(int64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
+
+// How far the run got, in the progress bar's words: "20 epochs" when it ran them all, "3 of
+// 20 epochs" when it stopped at the end of one, and "epoch 3/20: 2 complete and 5 steps" when
+// it stopped inside one (the epoch the progress bar showed last).
+std::string epochs_done(const TrainResult& result, int64_t steps_per_epoch, int64_t epochs) {
+  const int64_t into = result.steps - result.epochs_completed * steps_per_epoch;
+  if (into <= 0 || result.epochs_completed >= epochs)
+    return result.epochs_completed >= epochs
+               ? count(result.epochs_completed, "epoch")
+               : std::to_string(result.epochs_completed) + " of " + count(epochs, "epoch");
+  return "epoch " + std::to_string(result.epochs_completed + 1) + "/" + std::to_string(epochs) +
+         ": " + std::to_string(result.epochs_completed) + " complete and " + count(into, "step");
+}
+
 std::string percent(double fraction) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(1) << 100.0 * fraction << "%";
@@ -356,9 +374,9 @@ int run(Context& ctx) {
   std::signal(SIGINT, previous);
   display.finish();
 
-  out << "trained " << result.steps << " step" << (result.steps == 1 ? "" : "s") << " ("
-      << result.epochs_completed << " epoch" << (result.epochs_completed == 1 ? "" : "s") << ", "
-      << result.evaluations << " candidates) in " << std::fixed << std::setprecision(1)
+  out << "trained " << count(result.steps, "step") << " ("
+      << epochs_done(result, steps_per_epoch, options.epochs) << ", "
+      << count(result.evaluations, "candidate") << ") in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
   if (result.stopped_early)
     out << "; stopped early (no validation gain for --patience validations)";
@@ -416,11 +434,10 @@ Command train_command() {
       "state is restored at the end. The last line is the test accuracy.\n\n"
       "examples:\n"
       "  polyprobe train\n"
-      "  polyprobe train --model examples/models/step_mlp.json --epochs 20 --save "
-      "step.safetensors\n"
-      "  polyprobe train --data fashion-mnist --model examples/models/binary_mlp.json --metrics "
-      "m.jsonl\n"
-      "  polyprobe train --save run.safetensors --resume   # continue after Ctrl-C\n"
+      "  polyprobe train --model examples/models/staircase_mlp.json --save staircase.safetensors\n"
+      "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
+      "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
+      "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
       "  polyprobe eval --weights run.safetensors";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
@@ -446,7 +463,8 @@ Command train_command() {
         "test-fraction", number_value(0.15),
         "share held out for testing (data sets without their own test split)")(
         "metrics", po::value<std::string>()->value_name("FILE"),
-        "write JSON lines (step, epoch, loss, accuracy, candidates, seconds) to FILE")(
+        "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
+        "`polyprobe report FILE -o report.html` draws them")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(

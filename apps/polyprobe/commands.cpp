@@ -9,11 +9,12 @@ Command bench_command();
 Command train_command();
 Command eval_command();
 Command explain_command();
+Command report_command();
 
 const std::vector<Command>& commands() {
   static const std::vector<Command> table = {
-      version_command(), plugins_command(), bench_command(),
-      train_command(),   eval_command(),    explain_command(),
+      version_command(), plugins_command(), bench_command(),  train_command(),
+      eval_command(),    explain_command(), report_command(),
   };
   return table;
 }

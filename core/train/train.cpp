@@ -102,6 +102,25 @@ std::string locate_nonfinite_in(const Model& model, const Batch& batch, std::str
   throw NonFiniteLossError(what + ": " + where, kind);
 }
 
+// Candidates per evaluation path in the evaluator's last call, from its explain(): a plugin's
+// counts ("last_call_candidates_per_path", the paths that scored any), else the one path the
+// evaluator names (the reference's "sequential") with all `candidates`.
+nlohmann::json candidates_per_path(const Evaluator& evaluator, int64_t candidates) {
+  const nlohmann::json explained = evaluator.explain();
+  nlohmann::json paths = nlohmann::json::object();
+  const auto plugin = explained.find("plugin");
+  if (plugin != explained.end() && plugin->is_object()) {
+    const auto counts = plugin->find("last_call_candidates_per_path");
+    if (counts != plugin->end() && counts->is_object())
+      for (const auto& [path, count] : counts->items())
+        if (count.is_number() && count.get<double>() > 0) paths[path] = count;
+    return paths;
+  }
+  const auto path = explained.find("path");
+  if (path != explained.end() && path->is_string()) paths[path->get<std::string>()] = candidates;
+  return paths;
+}
+
 void check_compatible(const Model& model, const Loss& loss, const DataSplits& data) {
   for (const Dataset* split : {&data.train, &data.validation, &data.test}) {
     if (split->size() == 0 && split != &data.train) continue;
@@ -273,6 +292,10 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                              {"accuracy", progress.accuracy},
                              {"candidates", progress.candidates},
                              {"seconds", progress.seconds}};
+    if (!options.metrics_path.empty()) {
+      nlohmann::json paths = candidates_per_path(evaluator, info.candidates);
+      if (!paths.empty()) record["paths"] = std::move(paths);
+    }
     // The loss and accuracy are then those of the restored state.
     if (reverted) record["reverted"] = "non-finite loss";
     metrics.write(record);

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -285,4 +286,83 @@ TEST_CASE("help prints number defaults as typed") {
   const auto help = polyprobe("train --help");
   CHECK_THAT(help.out, Catch::Contains("(=0.15)") && Catch::Contains("(=0.02)") &&
                            !Catch::Contains("0.1499999"));
+}
+
+TEST_CASE("the training summary names the epoch the progress line showed last") {
+  // --patience 1 stops at a validation: with --validate-every 4 at the end of epoch 4 (44 =
+  // 4 x 11 steps), with 5 one step into epoch 5.
+  for (const char* every : {"4", "5"}) {
+    INFO("--validate-every " << every);
+    const auto r =
+        polyprobe(std::string("train --epochs 20 --patience 1 --validate-every ") + every);
+    REQUIRE(r.exit_code == 0);
+    // Without a terminal the progress is one line per validation: "epoch E/N  step S/T ...".
+    std::smatch bar;
+    const std::string last = r.err.substr(r.err.rfind("epoch ", r.err.size() - 2));
+    REQUIRE(std::regex_search(last, bar, std::regex(R"(^epoch (\d+)/(\d+)  step (\d+)/)")));
+    const std::string epoch = bar[1], epochs = bar[2], step = bar[3];
+    const bool inside = std::string(every) == "5";
+    CHECK_THAT(r.out,
+               Catch::Contains("trained " + step + " steps (" +
+                               (inside ? "epoch " + epoch + "/" + epochs + ": " +
+                                             std::to_string(std::stoi(epoch) - 1) + " complete and "
+                                       : epoch + " of " + epochs + " epochs, ")));
+  }
+  const auto full = polyprobe("train --quiet --epochs 2 --batch 512");
+  CHECK_THAT(full.out, Catch::Contains("trained 6 steps (2 epochs, "));
+}
+
+namespace {
+
+// The cells of a table line: what lies between runs of two or more spaces.
+std::vector<std::string> cells(const std::string& line) {
+  std::vector<std::string> out;
+  const std::regex gap(" {2,}");
+  for (std::sregex_token_iterator it(line.begin(), line.end(), gap, -1), end; it != end; ++it)
+    if (it->length() > 0) out.push_back(*it);
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("bench tables keep their columns apart") {
+  const auto r = polyprobe("bench asktell --quiet --repeats 1");
+  REQUIRE(r.exit_code == 0);
+  const auto table = split_lines(r.out);
+  REQUIRE(table.size() == 10);  // the header and 3 sizes x 3 variants
+  CHECK(cells(table[0]) == std::vector<std::string>{"workload", "path", "threads", "candidates",
+                                                    "cold ms", "median ms", "iqr ms",
+                                                    "max rel diff"});
+  for (const std::string& row : table) CHECK(cells(row).size() == 8);
+}
+
+TEST_CASE("bench dfo closes with one row per run, not the profiles again") {
+  const auto r = polyprobe(
+      "bench dfo --quiet --dfo-problems rosenbrock --dfo-max-n 10 "
+      "--dfo-solvers polyprobe-tr-dn,nlopt-sbplx");
+  REQUIRE(r.exit_code == 0);
+  const auto text = split_lines(r.out);
+  const auto runs = std::find_if(text.begin(), text.end(),
+                                 [](const std::string& l) { return l.starts_with("runs"); });
+  REQUIRE(runs != text.end());
+  REQUIRE(std::distance(runs, text.end()) == 6);  // the title, the header, 2 problems x 2
+  CHECK(cells(runs[1]) == std::vector<std::string>{"problem", "solver", "seed", "evaluations", "f0",
+                                                   "best", "f_L", "solved at 1e-3",
+                                                   "solved at 1e-5", "stop", "ms"});
+  for (auto row = runs + 2; row != text.end(); ++row) {
+    INFO(*row);
+    const auto c = cells(*row);
+    REQUIRE(c.size() == 11);
+    CHECK_THAT(c[0], Catch::StartsWith("rosenbrock-"));
+    CHECK(std::stoi(c[3]) > 0);                // evaluations
+    CHECK(std::stod(c[4]) > 0);                // f0 of Rosenbrock's start
+    CHECK(std::stod(c[5]) < std::stod(c[4]));  // best
+  }
 }
