@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Installs what polyprobe needs to build and test on Debian 12, as root. Asks apt only
-# when something is missing, so a machine that already has everything is not touched.
+# Installs what polyprobe needs to build on Debian 12, as root, and with --test also what
+# its tests need (PyTorch for the model round trips, Optuna for the Python comparison,
+# Chromium for the report's rendering). Asks apt only when something is missing, so a
+# machine that already has everything is not touched.
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build git pkg-config
@@ -8,10 +10,11 @@ packages=(
   libeigen3-dev libtbb-dev nlohmann-json3-dev zlib1g-dev libnlopt-cxx-dev catch2
   clang clang-format clang-tidy libclang-rt-14-dev
   dataset-fashion-mnist
-  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch python3-tqdm
-  python3-setuptools python3-pip python3-venv python3-optuna
-  chromium
+  python3-dev pybind11-dev python3-numpy python3-tqdm python3-setuptools python3-pip python3-venv
 )
+if [[ ${1:-} == --test ]]; then
+  packages+=(python3-pytest python3-torch python3-optuna chromium)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
