@@ -94,6 +94,28 @@ int run(Context& ctx) {
     return 0;
   }
   const nlohmann::json& p = explain["plugin"];
+  if (!p.contains("last_call_candidates_per_path")) {
+    // Another plugin's schema: its fields as they come, layers one per line.
+    for (const auto& [key, value] : p.items()) {
+      if (key == "layers" && value.is_array()) {
+        out << "per layer:\n";
+        for (const auto& layer : value) {
+          out << "  layer " << layer.value("layer", -1);
+          for (const auto& [k, v] : layer.items())
+            if (k != "layer")
+              out << ", " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump());
+          out << "\n";
+        }
+      } else if (value.is_object()) {
+        out << key << ":\n";
+        for (const auto& [k, v] : value.items())
+          out << "  " << k << ": " << (v.is_string() ? v.get<std::string>() : v.dump()) << "\n";
+      } else {
+        out << key << ": " << (value.is_string() ? value.get<std::string>() : value.dump()) << "\n";
+      }
+    }
+    return 0;
+  }
   out << "dtype " << p["dtype"].get<std::string>() << ", threads " << p["threads"]
       << ", chunk size " << p["chunk_size"]
       << (p["chunk_size_automatic"].get<bool>() ? " (automatic)" : "") << ", memory estimate "
