@@ -4,6 +4,7 @@
 #include "evaluator_impl.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -189,11 +190,78 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
 }
 
 template <class S>
+Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b,
+                                                  int64_t kink_layer, uint32_t crossing) const {
+  constexpr int lanes = kLanes<S>;
+  const int64_t classes = plan_.out_features, batch = batch_;
+  if (classes > 64) {
+    Packet<S> out;
+    for (int lane = 0; lane < lanes; ++lane)
+      out(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
+    return out;
+  }
+  // x[k] holds the packet's logits of class k: per lane the sums of rank_one_exact.
+  Packet<S> x[64];
+  const Mat<S>& z = acts_t_.back();
+  if (kink_layer < 0) {
+    const LayerPlan& last = plan_.layers.back();
+    for (int64_t k = 0; k < classes; ++k)
+      x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
+             s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+  } else {
+    const auto l = static_cast<std::size_t>(kink_layer);
+    const KinkTable& table = kink_[l];
+    for (int64_t k = 0; k < classes; ++k)
+      x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
+             s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
+    if (crossing != 0) {
+      // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
+      // adds them (in unit order). A packet of units at a time keeps only those whose change
+      // reaches (nearly) their distance to the kink; each is then tested exactly.
+      const S* w_col = weights_t_[l].row(u).data();
+      const int64_t mid = acts_[l + 1].cols();
+      const S near = S(0.999);
+      for (int lane = 0; lane < lanes; ++lane) {
+        if ((crossing >> lane & 1U) == 0) continue;
+        const S sv = s(lane);
+        const int64_t sample = b + lane;
+        const S* pre = acts_[l + 1].row(sample).data();
+        const S* post = acts_[l + 2].row(sample).data();
+        auto add = [&](int64_t j) {
+          const S dz = w_col[j] * sv, v = pre[j] + dz;
+          if ((v > S(0)) == (pre[j] > S(0))) return;
+          const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+          const S* w = weights_t_[l + 2].row(j).data();
+          for (int64_t k = 0; k < classes; ++k) x[k](lane) += w[k] * correction;
+        };
+        int64_t j0 = 0;
+        for (; j0 + lanes <= mid; j0 += lanes) {
+          const Packet<S> reach =
+              (ConstPacketMap<S>(w_col + j0) * sv).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
+          for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
+            add(j0 + std::countr_zero(m));
+        }
+        for (; j0 < mid; ++j0) add(j0);
+      }
+    }
+  }
+  Packet<S> m = x[0];
+  for (int64_t k = 1; k < classes; ++k) m = m.max(x[k]);
+  Packet<S> sum = Packet<S>::Zero();
+  for (int64_t k = 0; k < classes; ++k) sum += (x[k] - m).exp();
+  Packet<S> picked;
+  for (int lane = 0; lane < lanes; ++lane)
+    picked(lane) = x[labels_[static_cast<std::size_t>(b + lane)]](lane);
+  return m + sum.log() - picked;
+}
+
+template <class S>
 void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
                                        int64_t n, int64_t kink_layer, double* mean_losses) const {
   constexpr int lanes = kLanes<S>;
   const int64_t batch = batch_;
   const S limit = static_cast<S>(kMaxSpread);
+  const S above = std::nextafter(limit, std::numeric_limits<S>::infinity());  // q > limit
   const S* c1 = table.c1.data() + u * batch;
   const S* c2 = table.c2.data() + u * batch;
   const S* c3 = table.c3.data() + u * batch;
@@ -215,20 +283,27 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
         break;
       }
       const Packet<S> s = ConstPacketMap<S>(s_row + b);
-      auto outside = (s.abs() * ConstPacketMap<S>(spread + b)) > limit;
+      // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
+      const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
       // K(s) - s g_y = s (kappa_1 - g_y) + kappa_2 s^2/2 + kappa_3 s^3/6 + kappa_4 s^4/24
       // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
       Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) +
                        s * (ConstPacketMap<S>(c1 + b) +
                             s * (ConstPacketMap<S>(c2 + b) +
                                  s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
-      Eigen::Array<bool, lanes, 1> exact = outside;
+      uint32_t crossing = 0;
       if (kink != nullptr)
-        exact = exact || (s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
-                                           -s * ConstPacketMap<S>(room_down + b)) >= kink_margin;
-      if (exact.any())
-        for (int lane = 0; lane < lanes; ++lane)
-          if (exact(lane)) loss(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
+        crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
+                                                       -s * ConstPacketMap<S>(room_down + b)),
+                                     kink_margin);
+      // Exact lanes, the whole packet at once (every lane's loss is its own exact one).
+      if (const uint32_t exact = outside | crossing; exact != 0) {
+        const Packet<S> exact_loss = rank_one_exact_packet(u, s, b, kink_layer, crossing);
+        for (uint32_t m = exact; m != 0; m &= m - 1) {
+          const int lane = std::countr_zero(m);
+          loss(lane) = exact_loss(lane);
+        }
+      }
       partial += loss.template cast<double>();
     }
     mean_losses[i] = (partial.sum() + tail) / static_cast<double>(batch);
@@ -242,7 +317,9 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
                                                   int64_t) const;                                  \
   template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,        \
                                                   int64_t, int64_t, double*) const;                \
-  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;
+  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                 \
+  template Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t, const Packet<S>&, int64_t,   \
+                                                             int64_t, uint32_t) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

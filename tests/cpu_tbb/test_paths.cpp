@@ -97,6 +97,32 @@ TEST_CASE("cpu_tbb: ReLU kink tables are exact on both sides of the kink", "[cpu
   }
 }
 
+TEST_CASE("cpu_tbb: rank-one losses are exact at every radius, full packets of samples",
+          "[cpu_tbb]") {
+  // A batch of 40 (two full float32 packets and a tail) so the vectorised exact pass of the
+  // rank-one logit changes runs: from radii where the cumulant series holds for every
+  // sample to radii where most samples are exact and many ReLU units cross their kinks.
+  // 10 classes, hidden layers wider than one packet of units (a tail of 4).
+  const Model model = make_model(6, {{"linear", {{"out_features", 20}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 36}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 10}}}});
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const Batch batch = make_batch(model, 40);
+  for (const double scale : {1e-4, 1e-2, 0.1, 0.3, 1.0, 3.0}) {
+    INFO("displacement scale " << scale);
+    const Candidates cands = make_candidates(model.num_parameters(), 2, 3, scale);
+    const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(to_string(dtype));
+      const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype));
+      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+      CHECK(got.explain["plugin"]["layers"][2]["kink_tables"].get<bool>());
+    }
+  }
+}
+
 TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factored)", "[cpu_tbb]") {
   const Model model = make_model(5, kMlp);
   const auto loss = make_loss("cross_entropy", 1e-3);
