@@ -90,7 +90,8 @@ void EvaluatorImpl<S>::build_kink_tables() {
     const Mat<S>& z = acts_t_[l + 1];  // [mid, batch], the ReLU's input
     const Eigen::Map<const Mat<S>> w_first(eff_.data() + first.offset, mid, in);
     const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
-    const Mat<S> abs_first_t = weights_t_[l].cwiseAbs();  // [in, mid]
+    Mat<S>& abs_first_t = table.abs_weights;  // [in, mid], kept between calls
+    abs_first_t = weights_t_[l].cwiseAbs();
     arena_->execute([&] {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
@@ -130,43 +131,52 @@ template <class S>
 void EvaluatorImpl<S>::build_direction_tables() {
   direction_.resize(dense_u_.size());
   const std::size_t n_layers = plan_.layers.size();
-  for (std::size_t k = 0; k < dense_u_.size(); ++k) {
-    DirectionTable& table = direction_[k];
-    table.built = false;
-    const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
-    if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
-        plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
-        plan_.layers[l + 2].op != LayerOp::affine ||
-        static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
-      continue;
-    const LayerPlan& second = plan_.layers[l + 2];
-    const int64_t mid = plan_.layers[l].out, batch = batch_;
-    const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
-    const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
-    Mat<S> masked(mid, batch);
-    table.room_up.resize(batch);
-    table.room_down.resize(batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      S up = std::numeric_limits<S>::lowest(), down = std::numeric_limits<S>::lowest();
-      for (int64_t j = 0; j < mid; ++j) {
-        const S zj = z(j, b);
-        masked(j, b) = zj > S(0) ? u(j) : S(0);
-        if (zj == S(0)) {  // at the kink: any move crosses
-          up = down = std::numeric_limits<S>::max();
-          continue;
-        }
-        const S ratio = u(j) / zj;
-        up = std::max(up, -ratio);
-        down = std::max(down, ratio);
-      }
-      table.room_up(b) = up;
-      table.room_down(b) = down;
-    }
-    const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
-    table.response.noalias() = w_second * masked;
-    table.layer = static_cast<int32_t>(l);
-    table.built = true;
-  }
+  // Every direction's table is independent: split over threads (each table is written by
+  // one thread, so the tables are the same for any thread count).
+  arena_->execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, dense_u_.size(), 4),
+        [&](const tbb::blocked_range<std::size_t>& range) {
+          Mat<S> masked;
+          for (std::size_t k = range.begin(); k != range.end(); ++k) {
+            DirectionTable& table = direction_[k];
+            table.built = false;
+            const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
+            if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
+                plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
+                plan_.layers[l + 2].op != LayerOp::affine ||
+                static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
+              continue;
+            const LayerPlan& second = plan_.layers[l + 2];
+            const int64_t mid = plan_.layers[l].out, batch = batch_;
+            const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
+            const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
+            masked.resize(mid, batch);
+            table.room_up.resize(batch);
+            table.room_down.resize(batch);
+            for (int64_t b = 0; b < batch; ++b) {
+              S up = std::numeric_limits<S>::lowest(), down = std::numeric_limits<S>::lowest();
+              for (int64_t j = 0; j < mid; ++j) {
+                const S zj = z(j, b);
+                masked(j, b) = zj > S(0) ? u(j) : S(0);
+                if (zj == S(0)) {  // at the kink: any move crosses
+                  up = down = std::numeric_limits<S>::max();
+                  continue;
+                }
+                const S ratio = u(j) / zj;
+                up = std::max(up, -ratio);
+                down = std::max(down, ratio);
+              }
+              table.room_up(b) = up;
+              table.room_down(b) = down;
+            }
+            const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
+            table.response.noalias() = w_second * masked;
+            table.layer = static_cast<int32_t>(l);
+            table.built = true;
+          }
+        });
+  });
 }
 
 template <class S>

@@ -271,6 +271,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     // One unit u moving by s > 0 makes a ReLU unit cross iff s * room_up(u, b) >= 1 (s < 0:
     // -s * room_down(u, b) >= 1): max_j of -W[j, u] / z_jb and of W[j, u] / z_jb.
     Mat<S> room_up, room_down;
+    Mat<S> abs_weights;   // |W_l|^T [in_l, out_l], scratch of the build
     Cumulants cumulants;  // when layer l+2 is the last: g = response columns
   };
   std::vector<KinkTable> kink_;

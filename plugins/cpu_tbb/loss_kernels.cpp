@@ -3,6 +3,9 @@
 // whole sample-major outputs. Sums are in double, in sample order.
 #include "evaluator_impl.hpp"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -121,36 +124,43 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
   // registers (this table is rebuilt on every call: hundreds of directions x the batch).
   using Rows = Eigen::Array<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Rows p = probs_t_.template cast<double>().array();  // [classes, batch]
-  Rows values(classes, batch);
-  Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch), m4(batch),
-      spread(batch), c(batch), pc2(batch), label_value(batch);
-  for (int64_t u = 0; u < directions; ++u) {
-    for (int64_t k = 0; k < classes; ++k)
-      for (int64_t b = 0; b < batch; ++b)
-        values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
-    mean.setZero();
-    for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
-    m2.setZero();
-    m3.setZero();
-    m4.setZero();
-    spread.setZero();
-    for (int64_t k = 0; k < classes; ++k) {
-      c = values.row(k) - mean;
-      pc2 = p.row(k) * c * c;
-      m2 += pc2;
-      m3 += pc2 * c;
-      m4 += pc2 * c * c;
-      spread = spread.max(c.abs());
-    }
-    for (int64_t b = 0; b < batch; ++b)
-      label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
-    // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
-    table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
-    table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
-    table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
-    table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
-    table.spread.row(u) = spread.template cast<S>().matrix();
-  }
+  // Directions are independent: split over threads (each row is written by one thread, so
+  // the table is the same for any thread count).
+  arena_->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, directions, 16),
+                      [&](const tbb::blocked_range<int64_t>& range) {
+                        Rows values(classes, batch);
+                        Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch),
+                            m4(batch), spread(batch), c(batch), pc2(batch), label_value(batch);
+                        for (int64_t u = range.begin(); u != range.end(); ++u) {
+                          for (int64_t k = 0; k < classes; ++k)
+                            for (int64_t b = 0; b < batch; ++b)
+                              values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
+                          mean.setZero();
+                          for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
+                          m2.setZero();
+                          m3.setZero();
+                          m4.setZero();
+                          spread.setZero();
+                          for (int64_t k = 0; k < classes; ++k) {
+                            c = values.row(k) - mean;
+                            pc2 = p.row(k) * c * c;
+                            m2 += pc2;
+                            m3 += pc2 * c;
+                            m4 += pc2 * c * c;
+                            spread = spread.max(c.abs());
+                          }
+                          for (int64_t b = 0; b < batch; ++b)
+                            label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
+                          // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
+                          table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
+                          table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
+                          table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
+                          table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
+                          table.spread.row(u) = spread.template cast<S>().matrix();
+                        }
+                      });
+  });
   table.built = true;
 }
 
