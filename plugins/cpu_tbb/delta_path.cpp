@@ -26,6 +26,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -188,8 +189,12 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
   const auto& u = dense_u_[static_cast<std::size_t>(u_index)];
   const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
   s.next.resize(out, n * batch);
-  Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.column;
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& acc = s.column;
+  acc.resize(out);
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.tmp_col;
   da.resize(mid);
+  constexpr int lanes = kLanes<S>;
+  const S near = S(0.999);
   for (int64_t i = 0; i < n; ++i) {
     const auto step = s.step.row(i).array();
     for (int64_t o = 0; o < out; ++o)
@@ -198,14 +203,39 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
       const S v = step(b);
       const S room = v > S(0) ? v * table.room_up(b) : -v * table.room_down(b);
       if (room < S(0.999)) continue;
-      // A ReLU unit may cross its kink: this sample's suffix exactly.
+      // A ReLU unit may cross its kink: the linear response above plus, per unit that does
+      // cross, its exact change minus its linear one through the next layer (a column of W
+      // each, not the whole out x mid product). A packet of units at a time keeps those whose
+      // change reaches (nearly) their distance to the kink; each is then tested exactly.
       const S* pre = acts_[l + 1].row(b).data();
       const S* post = acts_[l + 2].row(b).data();
-      for (int64_t j = 0; j < mid; ++j) {
-        const S x = pre[j] + u[static_cast<std::size_t>(j)] * v;
-        da(j) = (x > S(0) ? x : S(0)) - post[j];
+      const S* uu = u.data();
+      if (out <= lanes) {  // a narrow next layer: its whole product is as cheap
+        for (int64_t j = 0; j < mid; ++j) {
+          const S x = pre[j] + uu[j] * v;
+          da(j) = (x > S(0) ? x : S(0)) - post[j];
+        }
+        s.next.col(i * batch + b).noalias() = w_second * da;
+        continue;
       }
-      s.next.col(i * batch + b).noalias() = w_second * da;
+      bool any = false;
+      auto add = [&](int64_t j) {
+        const S dz = uu[j] * v, x = pre[j] + dz;
+        if ((x > S(0)) == (pre[j] > S(0))) return;
+        const S correction = (x > S(0) ? x : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+        if (!any) acc.setZero();
+        any = true;
+        acc += weights_t_[l + 2].row(j).transpose() * correction;
+      };
+      int64_t j0 = 0;
+      for (; j0 + lanes <= mid; j0 += lanes) {
+        const Packet<S> reach =
+            (ConstPacketMap<S>(uu + j0) * v).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
+        for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
+          add(j0 + std::countr_zero(m));
+      }
+      for (; j0 < mid; ++j0) add(j0);
+      if (any) s.next.col(i * batch + b) += acc;
     }
   }
   s.delta.swap(s.next);

@@ -128,7 +128,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     std::vector<int64_t> units;
     std::vector<S> theta;  // [candidates * terms]
     Arr<S> src, tmp_b, max_b, sum_b;
-    Eigen::Matrix<S, Eigen::Dynamic, 1> column;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> column, tmp_col;
     Mat<S> by_direction;  // [distinct dense u, candidates * batch]
     Mat<S> step;          // [candidates, batch]: the scalar move along one direction
     std::vector<int32_t> directions;

@@ -143,6 +143,36 @@ TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factore
   }
 }
 
+TEST_CASE("cpu_tbb: subspace direction tables are exact at every radius (wide next layer)",
+          "[cpu_tbb]") {
+  // The layer after the ReLU is wider than a packet (24 outputs), so samples whose units
+  // cross a kink take the per-unit correction; 9 classes for the narrow one after it.
+  const Model model = make_model(6, {{"linear", {{"out_features", 20}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 24}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 9}}}});
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const Batch batch = make_batch(model, 21);
+  HybridSubspace::Options options;
+  options.rank = 2;
+  const auto hybrid =
+      HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
+  for (const double scale : {1e-3, 0.1, 0.3, 1.0, 3.0}) {
+    INFO("displacement scale " << scale);
+    const Candidates cands = make_candidates(hybrid->dimension(), 8, 4, scale);
+    const Run ref = run_evaluator(model, *loss, batch, cands,
+                                  request("reference", DType::f64, "", hybrid.get()));
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(to_string(dtype));
+      const Run got =
+          run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype, "", hybrid.get()));
+      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+      CHECK(candidates_on(got.explain, "subspace-delta") > 0);
+    }
+  }
+}
+
 TEST_CASE("cpu_tbb: results are bit-identical for any thread count", "[cpu_tbb]") {
   const Model model = make_model(4, {{"linear", {{"out_features", 16}}},
                                      {"relu", {}},
