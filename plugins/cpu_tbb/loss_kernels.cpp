@@ -237,12 +237,17 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
         const int64_t sample = b + lane;
         const S* pre = acts_[l + 1].row(sample).data();
         const S* post = acts_[l + 2].row(sample).data();
+        // The lane's corrections add up in a contiguous row (vector code), then join its logits.
+        S acc[64];
+        bool any = false;
         auto add = [&](int64_t j) {
           const S dz = w_col[j] * sv, v = pre[j] + dz;
           if ((v > S(0)) == (pre[j] > S(0))) return;
           const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
           const S* w = weights_t_[l + 2].row(j).data();
-          for (int64_t k = 0; k < classes; ++k) x[k](lane) += w[k] * correction;
+          if (!any) std::fill(acc, acc + classes, S(0));
+          any = true;
+          for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
         };
         int64_t j0 = 0;
         for (; j0 + lanes <= mid; j0 += lanes) {
@@ -252,6 +257,8 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
             add(j0 + std::countr_zero(m));
         }
         for (; j0 < mid; ++j0) add(j0);
+        if (any)
+          for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
       }
     }
   }
@@ -259,9 +266,10 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
   for (int64_t k = 1; k < classes; ++k) m = m.max(x[k]);
   Packet<S> sum = Packet<S>::Zero();
   for (int64_t k = 0; k < classes; ++k) sum += (x[k] - m).exp();
-  Packet<S> picked;
-  for (int lane = 0; lane < lanes; ++lane)
-    picked(lane) = x[labels_[static_cast<std::size_t>(b + lane)]](lane);
+  // The label's logit: one-hot rows pick it exactly (1 x_y plus zeros).
+  Packet<S> picked = Packet<S>::Zero();
+  for (int64_t k = 0; k < classes; ++k)
+    picked += ConstPacketMap<S>(one_hot_t_.data() + k * batch + b) * x[k];
   return m + sum.log() - picked;
 }
 
