@@ -150,7 +150,6 @@ void StepEngine::plan(uint64_t objective_key) {
   step_r_plan_ = config_.step_radius * epsilon_ * m.step;
 
   const auto P = particles_, V = vertices_;
-  const auto K = probes_;
   rotations_.resize(idx(P * d_ * d_));
   draw_rotations(
       rng_, P, d_, config_.rotation, rotations_,
@@ -173,7 +172,6 @@ void StepEngine::plan(uint64_t objective_key) {
   }
 
   directions_.resize(idx(P * V * d_));
-  displacements_.resize(idx(P * V * K * d_));
   const bool shaped = config_.metric == MetricKind::bfgs;
   if (shaped) sheared_.resize(idx(P * V * d_));
   for (int64_t i = 0; i < P; ++i) {
@@ -185,16 +183,28 @@ void StepEngine::plan(uint64_t objective_key) {
       Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
       sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
     }
-    const double* unit = (shaped ? sheared_.data() : directions_.data()) + i * V * d_;
-    for (int64_t v = 0; v < V; ++v)
-      for (int32_t k = 1; k <= K; ++k) {
-        const double scale = probe_r_ * k / (K + 1.0);
-        double* out = displacements_.data() + ((i * V + v) * K + (k - 1)) * d_;
-        for (int32_t j = 0; j < d_; ++j) out[j] = scale * unit[v * d_ + j];
-      }
   }
+  displacements_ready_ = false;
   screened_ = false;
   planned_ = true;
+}
+
+std::span<const double> StepEngine::displacements() const {
+  if (!displacements_ready_) {
+    const auto P = particles_, V = vertices_;
+    const auto K = probes_;
+    displacements_.resize(idx(P * V * K * d_));
+    const std::span<const double> unit = probe_directions();
+    for (int64_t i = 0; i < P; ++i)
+      for (int64_t v = 0; v < V; ++v)
+        for (int32_t k = 1; k <= K; ++k) {
+          const double scale = probe_r_ * k / (K + 1.0);
+          double* out = displacements_.data() + ((i * V + v) * K + (k - 1)) * d_;
+          for (int32_t j = 0; j < d_; ++j) out[j] = scale * unit[idx((i * V + v) * d_ + j)];
+        }
+    displacements_ready_ = true;
+  }
+  return displacements_;
 }
 
 bool StepEngine::review(double loss, uint64_t objective_key) {
@@ -257,7 +267,8 @@ const std::vector<char>& StepEngine::screen(std::span<const double> screen_losse
 void StepEngine::solve_block(const BlockRange& block, double temperature, StepInfo& info) {
   auto cost = cost_.middleRows(block.first, block.count);
   auto weights = weights_.middleRows(block.first, block.count);
-  Matrix<double> scaled = cost;
+  scaled_ = cost;  // the buffer is kept: no allocation per step
+  MatrixRef<double> scaled = scaled_;
   if (!penalise_nonfinite(scaled, config_.nonfinite_margin)) {
     weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
     return;

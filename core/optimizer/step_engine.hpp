@@ -48,7 +48,9 @@ class StepEngine {
   // Phase 1 of a scored step: draws rotations and fills displacements() in candidate order
   // c = (i V + v) K + (k - 1). `objective_key` changes whenever the objective does.
   void plan(uint64_t objective_key);
-  std::span<const double> displacements() const { return displacements_; }  // [P V K d]
+  // [P V K d], expanded from the probe directions on first use (the one-call polytope form
+  // of VectorSearch never needs it).
+  std::span<const double> displacements() const;
   // Particles whose losses adaptive_probes reuses this step (their candidates need no score).
   const std::vector<char>& reused() const { return reused_; }
   // The unit-radius probe directions of the planned step [P V d]: displacement (i, v, k) is
@@ -137,12 +139,14 @@ class StepEngine {
   std::mt19937_64 rng_before_plan_;
   uint64_t key_ = 0;
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
-  std::vector<double> rotations_;      // [P d d]
-  std::vector<double> directions_;     // [P V d]: R_i t_v
-  std::vector<double> sheared_;        // [P V d]: L_i R_i t_v (metric = bfgs)
-  std::vector<double> gradients_;      // [P d]: the quadratic fit's gradient in template space
-  std::vector<double> displacements_;  // [P V K d]
-  std::vector<char> reused_;           // [P]
+  std::vector<double> rotations_;   // [P d d]
+  std::vector<double> directions_;  // [P V d]: R_i t_v
+  std::vector<double> sheared_;     // [P V d]: L_i R_i t_v (metric = bfgs)
+  std::vector<double> gradients_;   // [P d]: the quadratic fit's gradient in template space
+  mutable std::vector<double> displacements_;  // [P V K d], valid when displacements_ready_
+  mutable bool displacements_ready_ = false;
+  Matrix<double> scaled_;     // solve_block's scaled cost, kept between steps
+  std::vector<char> reused_;  // [P]
   bool screened_ = false;
   std::vector<double> screen_losses_;  // [P V]
   std::vector<char> keep_;             // [P V]

@@ -65,7 +65,6 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     }
   }
   engine_.plan(objective_key);
-  const auto displacement = engine_.displacements();
   const auto& reused = engine_.reused();
 
   // The evaluator keeps the incumbent as a session: bound to these particles once, synced
@@ -81,6 +80,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     candidate_particle_.clear();
     candidate_index_.clear();
     candidate_displacement_.clear();
+    const auto displacement = engine_.displacements();  // expanded only for this form
     for (int64_t i = 0; i < P; ++i) {
       if (reused[static_cast<std::size_t>(i)]) continue;
       for (int64_t v = 0; v < V; ++v)

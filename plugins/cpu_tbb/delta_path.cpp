@@ -26,6 +26,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -90,7 +91,8 @@ void EvaluatorImpl<S>::build_kink_tables() {
     const Mat<S>& z = acts_t_[l + 1];  // [mid, batch], the ReLU's input
     const Eigen::Map<const Mat<S>> w_first(eff_.data() + first.offset, mid, in);
     const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
-    const Mat<S> abs_first_t = weights_t_[l].cwiseAbs();  // [in, mid]
+    Mat<S>& abs_first_t = table.abs_weights;  // [in, mid], kept between calls
+    abs_first_t = weights_t_[l].cwiseAbs();
     arena_->execute([&] {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
@@ -130,43 +132,52 @@ template <class S>
 void EvaluatorImpl<S>::build_direction_tables() {
   direction_.resize(dense_u_.size());
   const std::size_t n_layers = plan_.layers.size();
-  for (std::size_t k = 0; k < dense_u_.size(); ++k) {
-    DirectionTable& table = direction_[k];
-    table.built = false;
-    const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
-    if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
-        plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
-        plan_.layers[l + 2].op != LayerOp::affine ||
-        static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
-      continue;
-    const LayerPlan& second = plan_.layers[l + 2];
-    const int64_t mid = plan_.layers[l].out, batch = batch_;
-    const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
-    const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
-    Mat<S> masked(mid, batch);
-    table.room_up.resize(batch);
-    table.room_down.resize(batch);
-    for (int64_t b = 0; b < batch; ++b) {
-      S up = std::numeric_limits<S>::lowest(), down = std::numeric_limits<S>::lowest();
-      for (int64_t j = 0; j < mid; ++j) {
-        const S zj = z(j, b);
-        masked(j, b) = zj > S(0) ? u(j) : S(0);
-        if (zj == S(0)) {  // at the kink: any move crosses
-          up = down = std::numeric_limits<S>::max();
-          continue;
-        }
-        const S ratio = u(j) / zj;
-        up = std::max(up, -ratio);
-        down = std::max(down, ratio);
-      }
-      table.room_up(b) = up;
-      table.room_down(b) = down;
-    }
-    const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
-    table.response.noalias() = w_second * masked;
-    table.layer = static_cast<int32_t>(l);
-    table.built = true;
-  }
+  // Every direction's table is independent: split over threads (each table is written by
+  // one thread, so the tables are the same for any thread count).
+  arena_->execute([&] {
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, dense_u_.size(), 4),
+        [&](const tbb::blocked_range<std::size_t>& range) {
+          Mat<S> masked;
+          for (std::size_t k = range.begin(); k != range.end(); ++k) {
+            DirectionTable& table = direction_[k];
+            table.built = false;
+            const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
+            if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
+                plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
+                plan_.layers[l + 2].op != LayerOp::affine ||
+                static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
+              continue;
+            const LayerPlan& second = plan_.layers[l + 2];
+            const int64_t mid = plan_.layers[l].out, batch = batch_;
+            const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
+            const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
+            masked.resize(mid, batch);
+            table.room_up.resize(batch);
+            table.room_down.resize(batch);
+            for (int64_t b = 0; b < batch; ++b) {
+              S up = std::numeric_limits<S>::lowest(), down = std::numeric_limits<S>::lowest();
+              for (int64_t j = 0; j < mid; ++j) {
+                const S zj = z(j, b);
+                masked(j, b) = zj > S(0) ? u(j) : S(0);
+                if (zj == S(0)) {  // at the kink: any move crosses
+                  up = down = std::numeric_limits<S>::max();
+                  continue;
+                }
+                const S ratio = u(j) / zj;
+                up = std::max(up, -ratio);
+                down = std::max(down, ratio);
+              }
+              table.room_up(b) = up;
+              table.room_down(b) = down;
+            }
+            const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
+            table.response.noalias() = w_second * masked;
+            table.layer = static_cast<int32_t>(l);
+            table.built = true;
+          }
+        });
+  });
 }
 
 template <class S>
@@ -178,8 +189,12 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
   const auto& u = dense_u_[static_cast<std::size_t>(u_index)];
   const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
   s.next.resize(out, n * batch);
-  Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.column;
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& acc = s.column;
+  acc.resize(out);
+  Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.tmp_col;
   da.resize(mid);
+  constexpr int lanes = kLanes<S>;
+  const S near = S(0.999);
   for (int64_t i = 0; i < n; ++i) {
     const auto step = s.step.row(i).array();
     for (int64_t o = 0; o < out; ++o)
@@ -188,14 +203,39 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
       const S v = step(b);
       const S room = v > S(0) ? v * table.room_up(b) : -v * table.room_down(b);
       if (room < S(0.999)) continue;
-      // A ReLU unit may cross its kink: this sample's suffix exactly.
+      // A ReLU unit may cross its kink: the linear response above plus, per unit that does
+      // cross, its exact change minus its linear one through the next layer (a column of W
+      // each, not the whole out x mid product). A packet of units at a time keeps those whose
+      // change reaches (nearly) their distance to the kink; each is then tested exactly.
       const S* pre = acts_[l + 1].row(b).data();
       const S* post = acts_[l + 2].row(b).data();
-      for (int64_t j = 0; j < mid; ++j) {
-        const S x = pre[j] + u[static_cast<std::size_t>(j)] * v;
-        da(j) = (x > S(0) ? x : S(0)) - post[j];
+      const S* uu = u.data();
+      if (out <= lanes) {  // a narrow next layer: its whole product is as cheap
+        for (int64_t j = 0; j < mid; ++j) {
+          const S x = pre[j] + uu[j] * v;
+          da(j) = (x > S(0) ? x : S(0)) - post[j];
+        }
+        s.next.col(i * batch + b).noalias() = w_second * da;
+        continue;
       }
-      s.next.col(i * batch + b).noalias() = w_second * da;
+      bool any = false;
+      auto add = [&](int64_t j) {
+        const S dz = uu[j] * v, x = pre[j] + dz;
+        if ((x > S(0)) == (pre[j] > S(0))) return;
+        const S correction = (x > S(0) ? x : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+        if (!any) acc.setZero();
+        any = true;
+        acc += weights_t_[l + 2].row(j).transpose() * correction;
+      };
+      int64_t j0 = 0;
+      for (; j0 + lanes <= mid; j0 += lanes) {
+        const Packet<S> reach =
+            (ConstPacketMap<S>(uu + j0) * v).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
+        for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
+          add(j0 + std::countr_zero(m));
+      }
+      for (; j0 < mid; ++j0) add(j0);
+      if (any) s.next.col(i * batch + b) += acc;
     }
   }
   s.delta.swap(s.next);

@@ -368,8 +368,11 @@ void EvaluatorImpl<S>::plan_groups(const Candidates& c) {
     g.terms_begin = static_cast<int64_t>(terms_.size());
     g.why = build_terms(c, particle, terms_, g.first_layer);
     g.terms_end = static_cast<int64_t>(terms_.size());
-    std::stable_sort(terms_.begin() + g.terms_begin, terms_.end(),
-                     [](const Term& a, const Term& b) { return a.layer < b.layer; });
+    // By layer, stably: an insertion sort (a particle has d terms; std::stable_sort would
+    // allocate a buffer per particle).
+    for (auto it = terms_.begin() + g.terms_begin + 1; it < terms_.end(); ++it)
+      for (auto at = it; at > terms_.begin() + g.terms_begin && (at - 1)->layer > at->layer; --at)
+        std::iter_swap(at - 1, at);
     if (g.terms_begin == g.terms_end) {
       g.path = Path::incumbent;  // only padding moves
       g.first_layer = n_layers;

@@ -14,6 +14,10 @@
 #include <tbb/task_arena.h>
 #include <Eigen/Core>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -37,6 +41,23 @@ template <class S>
 using PacketMap = Eigen::Map<Packet<S>, Eigen::Unaligned>;
 template <class S>
 using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
+
+// Bit i set where lane i of p is >= threshold (false for NaN). Eigen's boolean arrays
+// compile to scalar code; this is one vector compare where the instruction set has it.
+template <class S>
+inline uint32_t lanes_at_least(const Packet<S>& p, S threshold) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>)
+    return _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data()), _mm512_set1_ps(threshold), _CMP_GE_OQ);
+  else
+    return _mm512_cmp_pd_mask(_mm512_loadu_pd(p.data()), _mm512_set1_pd(threshold), _CMP_GE_OQ);
+#else
+  uint32_t mask = 0;
+  for (int i = 0; i < kLanes<S>; ++i)
+    if (p(i) >= threshold) mask |= uint32_t{1} << i;
+  return mask;
+#endif
+}
 
 enum class Path : int { delta, dense, inplace, fallback, incumbent, site_local, count };
 inline constexpr int kPathCount = static_cast<int>(Path::count);
@@ -107,7 +128,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     std::vector<int64_t> units;
     std::vector<S> theta;  // [candidates * terms]
     Arr<S> src, tmp_b, max_b, sum_b;
-    Eigen::Matrix<S, Eigen::Dynamic, 1> column;
+    Eigen::Matrix<S, Eigen::Dynamic, 1> column, tmp_col;
     Mat<S> by_direction;  // [distinct dense u, candidates * batch]
     Mat<S> step;          // [candidates, batch]: the scalar move along one direction
     std::vector<int32_t> directions;
@@ -235,6 +256,11 @@ class EvaluatorImpl final : public CandidateEvaluator {
                        int64_t kink_layer, double* mean_losses) const;
   // One sample's exact loss for the same change (b, s = the sample's scalar).
   S rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const;
+  // The same for a packet of samples [b, b + kLanes) at once, the logits and the loss
+  // vectorised over the samples; the lanes whose bit is set in `crossing` may have ReLU units that
+  // cross a kink (found by a vectorised scan of the hidden units, confirmed one by one).
+  Packet<S> rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b, int64_t kink_layer,
+                                  uint32_t crossing) const;
   Cumulants last_layer_cumulants_;  // g = columns of the last affine layer's W
 
   // Kink tables of affine layer l (see delta_path.cpp), when built this call.
@@ -245,6 +271,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
     // One unit u moving by s > 0 makes a ReLU unit cross iff s * room_up(u, b) >= 1 (s < 0:
     // -s * room_down(u, b) >= 1): max_j of -W[j, u] / z_jb and of W[j, u] / z_jb.
     Mat<S> room_up, room_down;
+    Mat<S> abs_weights;   // |W_l|^T [in_l, out_l], scratch of the build
     Cumulants cumulants;  // when layer l+2 is the last: g = response columns
   };
   std::vector<KinkTable> kink_;

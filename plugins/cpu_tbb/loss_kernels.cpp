@@ -3,7 +3,11 @@
 // whole sample-major outputs. Sums are in double, in sample order.
 #include "evaluator_impl.hpp"
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -120,36 +124,43 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
   // registers (this table is rebuilt on every call: hundreds of directions x the batch).
   using Rows = Eigen::Array<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   const Rows p = probs_t_.template cast<double>().array();  // [classes, batch]
-  Rows values(classes, batch);
-  Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch), m4(batch),
-      spread(batch), c(batch), pc2(batch), label_value(batch);
-  for (int64_t u = 0; u < directions; ++u) {
-    for (int64_t k = 0; k < classes; ++k)
-      for (int64_t b = 0; b < batch; ++b)
-        values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
-    mean.setZero();
-    for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
-    m2.setZero();
-    m3.setZero();
-    m4.setZero();
-    spread.setZero();
-    for (int64_t k = 0; k < classes; ++k) {
-      c = values.row(k) - mean;
-      pc2 = p.row(k) * c * c;
-      m2 += pc2;
-      m3 += pc2 * c;
-      m4 += pc2 * c * c;
-      spread = spread.max(c.abs());
-    }
-    for (int64_t b = 0; b < batch; ++b)
-      label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
-    // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
-    table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
-    table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
-    table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
-    table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
-    table.spread.row(u) = spread.template cast<S>().matrix();
-  }
+  // Directions are independent: split over threads (each row is written by one thread, so
+  // the table is the same for any thread count).
+  arena_->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, directions, 16),
+                      [&](const tbb::blocked_range<int64_t>& range) {
+                        Rows values(classes, batch);
+                        Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch),
+                            m4(batch), spread(batch), c(batch), pc2(batch), label_value(batch);
+                        for (int64_t u = range.begin(); u != range.end(); ++u) {
+                          for (int64_t k = 0; k < classes; ++k)
+                            for (int64_t b = 0; b < batch; ++b)
+                              values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
+                          mean.setZero();
+                          for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
+                          m2.setZero();
+                          m3.setZero();
+                          m4.setZero();
+                          spread.setZero();
+                          for (int64_t k = 0; k < classes; ++k) {
+                            c = values.row(k) - mean;
+                            pc2 = p.row(k) * c * c;
+                            m2 += pc2;
+                            m3 += pc2 * c;
+                            m4 += pc2 * c * c;
+                            spread = spread.max(c.abs());
+                          }
+                          for (int64_t b = 0; b < batch; ++b)
+                            label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
+                          // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
+                          table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
+                          table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
+                          table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
+                          table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
+                          table.spread.row(u) = spread.template cast<S>().matrix();
+                        }
+                      });
+  });
   table.built = true;
 }
 
@@ -189,11 +200,86 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
 }
 
 template <class S>
+Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b,
+                                                  int64_t kink_layer, uint32_t crossing) const {
+  constexpr int lanes = kLanes<S>;
+  const int64_t classes = plan_.out_features, batch = batch_;
+  if (classes > 64) {
+    Packet<S> out;
+    for (int lane = 0; lane < lanes; ++lane)
+      out(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
+    return out;
+  }
+  // x[k] holds the packet's logits of class k: per lane the sums of rank_one_exact.
+  Packet<S> x[64];
+  const Mat<S>& z = acts_t_.back();
+  if (kink_layer < 0) {
+    const LayerPlan& last = plan_.layers.back();
+    for (int64_t k = 0; k < classes; ++k)
+      x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
+             s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+  } else {
+    const auto l = static_cast<std::size_t>(kink_layer);
+    const KinkTable& table = kink_[l];
+    for (int64_t k = 0; k < classes; ++k)
+      x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
+             s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
+    if (crossing != 0) {
+      // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
+      // adds them (in unit order). A packet of units at a time keeps only those whose change
+      // reaches (nearly) their distance to the kink; each is then tested exactly.
+      const S* w_col = weights_t_[l].row(u).data();
+      const int64_t mid = acts_[l + 1].cols();
+      const S near = S(0.999);
+      for (int lane = 0; lane < lanes; ++lane) {
+        if ((crossing >> lane & 1U) == 0) continue;
+        const S sv = s(lane);
+        const int64_t sample = b + lane;
+        const S* pre = acts_[l + 1].row(sample).data();
+        const S* post = acts_[l + 2].row(sample).data();
+        // The lane's corrections add up in a contiguous row (vector code), then join its logits.
+        S acc[64];
+        bool any = false;
+        auto add = [&](int64_t j) {
+          const S dz = w_col[j] * sv, v = pre[j] + dz;
+          if ((v > S(0)) == (pre[j] > S(0))) return;
+          const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+          const S* w = weights_t_[l + 2].row(j).data();
+          if (!any) std::fill(acc, acc + classes, S(0));
+          any = true;
+          for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
+        };
+        int64_t j0 = 0;
+        for (; j0 + lanes <= mid; j0 += lanes) {
+          const Packet<S> reach =
+              (ConstPacketMap<S>(w_col + j0) * sv).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
+          for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
+            add(j0 + std::countr_zero(m));
+        }
+        for (; j0 < mid; ++j0) add(j0);
+        if (any)
+          for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
+      }
+    }
+  }
+  Packet<S> m = x[0];
+  for (int64_t k = 1; k < classes; ++k) m = m.max(x[k]);
+  Packet<S> sum = Packet<S>::Zero();
+  for (int64_t k = 0; k < classes; ++k) sum += (x[k] - m).exp();
+  // The label's logit: one-hot rows pick it exactly (1 x_y plus zeros).
+  Packet<S> picked = Packet<S>::Zero();
+  for (int64_t k = 0; k < classes; ++k)
+    picked += ConstPacketMap<S>(one_hot_t_.data() + k * batch + b) * x[k];
+  return m + sum.log() - picked;
+}
+
+template <class S>
 void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
                                        int64_t n, int64_t kink_layer, double* mean_losses) const {
   constexpr int lanes = kLanes<S>;
   const int64_t batch = batch_;
   const S limit = static_cast<S>(kMaxSpread);
+  const S above = std::nextafter(limit, std::numeric_limits<S>::infinity());  // q > limit
   const S* c1 = table.c1.data() + u * batch;
   const S* c2 = table.c2.data() + u * batch;
   const S* c3 = table.c3.data() + u * batch;
@@ -215,20 +301,27 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
         break;
       }
       const Packet<S> s = ConstPacketMap<S>(s_row + b);
-      auto outside = (s.abs() * ConstPacketMap<S>(spread + b)) > limit;
+      // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
+      const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
       // K(s) - s g_y = s (kappa_1 - g_y) + kappa_2 s^2/2 + kappa_3 s^3/6 + kappa_4 s^4/24
       // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
       Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) +
                        s * (ConstPacketMap<S>(c1 + b) +
                             s * (ConstPacketMap<S>(c2 + b) +
                                  s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
-      Eigen::Array<bool, lanes, 1> exact = outside;
+      uint32_t crossing = 0;
       if (kink != nullptr)
-        exact = exact || (s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
-                                           -s * ConstPacketMap<S>(room_down + b)) >= kink_margin;
-      if (exact.any())
-        for (int lane = 0; lane < lanes; ++lane)
-          if (exact(lane)) loss(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
+        crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
+                                                       -s * ConstPacketMap<S>(room_down + b)),
+                                     kink_margin);
+      // Exact lanes, the whole packet at once (every lane's loss is its own exact one).
+      if (const uint32_t exact = outside | crossing; exact != 0) {
+        const Packet<S> exact_loss = rank_one_exact_packet(u, s, b, kink_layer, crossing);
+        for (uint32_t m = exact; m != 0; m &= m - 1) {
+          const int lane = std::countr_zero(m);
+          loss(lane) = exact_loss(lane);
+        }
+      }
       partial += loss.template cast<double>();
     }
     mean_losses[i] = (partial.sum() + tail) / static_cast<double>(batch);
@@ -242,7 +335,9 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
                                                   int64_t) const;                                  \
   template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,        \
                                                   int64_t, int64_t, double*) const;                \
-  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;
+  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                 \
+  template Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t, const Packet<S>&, int64_t,   \
+                                                             int64_t, uint32_t) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

@@ -97,6 +97,32 @@ TEST_CASE("cpu_tbb: ReLU kink tables are exact on both sides of the kink", "[cpu
   }
 }
 
+TEST_CASE("cpu_tbb: rank-one losses are exact at every radius, full packets of samples",
+          "[cpu_tbb]") {
+  // A batch of 40 (two full float32 packets and a tail) so the vectorised exact pass of the
+  // rank-one logit changes runs: from radii where the cumulant series holds for every
+  // sample to radii where most samples are exact and many ReLU units cross their kinks.
+  // 10 classes, hidden layers wider than one packet of units (a tail of 4).
+  const Model model = make_model(6, {{"linear", {{"out_features", 20}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 36}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 10}}}});
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const Batch batch = make_batch(model, 40);
+  for (const double scale : {1e-4, 1e-2, 0.1, 0.3, 1.0, 3.0}) {
+    INFO("displacement scale " << scale);
+    const Candidates cands = make_candidates(model.num_parameters(), 2, 3, scale);
+    const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(to_string(dtype));
+      const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype));
+      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+      CHECK(got.explain["plugin"]["layers"][2]["kink_tables"].get<bool>());
+    }
+  }
+}
+
 TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factored)", "[cpu_tbb]") {
   const Model model = make_model(5, kMlp);
   const auto loss = make_loss("cross_entropy", 1e-3);
@@ -114,6 +140,36 @@ TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factore
     for (const int32_t d : {3, 8})
       check_all_paths(model, *loss, batch, make_candidates(subspace->dimension(), d, 4, 0.3),
                       subspace, "subspace-delta");
+  }
+}
+
+TEST_CASE("cpu_tbb: subspace direction tables are exact at every radius (wide next layer)",
+          "[cpu_tbb]") {
+  // The layer after the ReLU is wider than a packet (24 outputs), so samples whose units
+  // cross a kink take the per-unit correction; 9 classes for the narrow one after it.
+  const Model model = make_model(6, {{"linear", {{"out_features", 20}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 24}}},
+                                     {"relu", {}},
+                                     {"linear", {{"out_features", 9}}}});
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const Batch batch = make_batch(model, 21);
+  HybridSubspace::Options options;
+  options.rank = 2;
+  const auto hybrid =
+      HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
+  for (const double scale : {1e-3, 0.1, 0.3, 1.0, 3.0}) {
+    INFO("displacement scale " << scale);
+    const Candidates cands = make_candidates(hybrid->dimension(), 8, 4, scale);
+    const Run ref = run_evaluator(model, *loss, batch, cands,
+                                  request("reference", DType::f64, "", hybrid.get()));
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(to_string(dtype));
+      const Run got =
+          run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype, "", hybrid.get()));
+      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+      CHECK(candidates_on(got.explain, "subspace-delta") > 0);
+    }
   }
 }
 
