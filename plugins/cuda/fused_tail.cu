@@ -1,4 +1,5 @@
 // Kernels of the fused tail (fused_tail.cuh).
+#include "candidate_source.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
 #include "fused_tail.cuh"
@@ -22,23 +23,22 @@ __device__ S chain(const ActivationChain& f, S v) {
   return v;
 }
 
-// The displacement component j of candidate c (kernels.cu's delta_of: the host's order).
-__device__ double displacement_of(const CandidateSource& s, int64_t c, int32_t j) {
-  const int64_t g = s.first + c;
-  if (!s.polytope) return s.displacement[g * s.d + j];
-  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
-  const int64_t p = s.active[g / vk];
-  const int64_t r = g % vk;
-  const int64_t v = r / s.probes;
-  const int32_t k = static_cast<int32_t>(r % s.probes) + 1;
-  const double scale = s.probe_radius * k / (s.probes + 1.0);
-  return scale * s.directions[(p * s.vertices + v) * s.d + j];
-}
-
-__device__ int64_t particle_at(const CandidateSource& s, int64_t c) {
-  const int64_t g = s.first + c;
-  if (s.polytope) return s.active[g / (static_cast<int64_t>(s.vertices) * s.probes)];
-  return s.particle[g];
+// theta_t s_t of a term for candidate c on sample b: the effective weight change (full
+// space) or the coordinate's displacement (subspace), times the term's input.
+template <class S>
+__device__ S scaled_term(const CandidateSource& src, const FusedTail<S>& t, const FusedTerm& term,
+                         int64_t c, int64_t b) {
+  const double delta = delta_of(src, c, term.slot);
+  const S theta =
+      term.raw >= 0
+          ? effective<S>(term.transform, t.theta[term.raw] + delta, t.quant_step) - t.eff[term.raw]
+          : static_cast<S>(delta);
+  S s = S(1);
+  if (term.source >= 0)
+    s = t.x_t[term.source * t.batch + b];
+  else if (term.source <= -2)
+    s = t.vx_t[(-term.source - 2) * t.batch + b];
+  return theta * s;
 }
 
 // dz at unit o of op l for a dense change: the terms in order.
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = i / t.batch, b = i % t.batch;
-    const int64_t p = particle_at(src, c);
+    const int64_t p = particle_of(src, c);
     const int64_t first = t.term_begin[p];
     const int64_t n_terms = t.term_begin[p + 1] - first;
     S logits[kOut];
@@ -150,20 +150,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < kFusedMaxTerms; ++e) {
       scaled[e] = S(0);
       if (e >= n_terms) continue;
-      const FusedTerm term = t.terms[first + e];
-      const double delta = displacement_of(src, c, term.slot);
-      S theta;
-      if (term.raw >= 0)
-        theta =
-            effective<S>(term.transform, t.theta[term.raw] + delta, t.quant_step) - t.eff[term.raw];
-      else
-        theta = static_cast<S>(delta);
-      S s = S(1);
-      if (term.source >= 0)
-        s = t.x_t[term.source * t.batch + b];
-      else if (term.source <= -2)
-        s = t.vx_t[(-term.source - 2) * t.batch + b];
-      scaled[e] = theta * s;
+      scaled[e] = scaled_term(src, t, t.terms[first + e], c, b);
     }
 
     if constexpr (kMode == 0) {
@@ -265,7 +252,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t out_l = t.out_l;
   for (int64_t block = blockIdx.x; block < count * tiles; block += gridDim.x) {
     const int64_t c = block / tiles, b = (block % tiles) * blockDim.x + threadIdx.x;
-    const int64_t p = particle_at(src, c);
+    const int64_t p = particle_of(src, c);
     const int64_t first = t.term_begin[p];
     const int64_t n_terms = t.term_begin[p + 1] - first;
     __syncthreads();  // the previous candidate's tables are no longer read
@@ -291,14 +278,7 @@ __global__ void __launch_bounds__(kThreads)
       unit[e] = -2;  // no term
       if (e >= n_terms) continue;
       const FusedTerm term = t.terms[first + e];
-      const double delta = displacement_of(src, c, term.slot);
-      const S theta = static_cast<S>(delta);  // subspace terms (no transform)
-      S s = S(1);
-      if (term.source >= 0)
-        s = t.x_t[term.source * t.batch + b];
-      else if (term.source <= -2)
-        s = t.vx_t[(-term.source - 2) * t.batch + b];
-      scaled[e] = theta * s;
+      scaled[e] = scaled_term(src, t, term, c, b);
       unit[e] = term.unit;
     }
     for (int64_t o = 0; o < out_l; ++o) {

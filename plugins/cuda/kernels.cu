@@ -1,6 +1,7 @@
 // Device kernels of the CUDA session. One thread owns each output value it writes, and
 // every sum runs in a fixed order, so results do not depend on scheduling: candidates are
 // compared by tiny loss differences.
+#include "candidate_source.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
 #include "kernels.cuh"
@@ -24,33 +25,6 @@ __device__ int64_t thread_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
 __device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
-
-__device__ int64_t particle_of(const CandidateSource& s, int64_t c) {
-  const int64_t g = s.first + c;
-  if (s.polytope) return s.active[g / (static_cast<int64_t>(s.vertices) * s.probes)];
-  return s.particle[g];
-}
-
-// The displacement of coordinate j, computed in double exactly as the host does it:
-// (probe_radius * k) / (K + 1.0) * direction.
-__device__ double delta_of(const CandidateSource& s, int64_t c, int32_t j) {
-  const int64_t g = s.first + c;
-  if (!s.polytope) return s.displacement[g * s.d + j];
-  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
-  const int64_t p = s.active[g / vk];
-  const int64_t r = g % vk;
-  const int64_t v = r / s.probes;
-  const int32_t k = static_cast<int32_t>(r % s.probes) + 1;
-  const double scale = s.probe_radius * k / (s.probes + 1.0);
-  return scale * s.directions[(p * s.vertices + v) * s.d + j];
-}
-
-__device__ int64_t target_of(const CandidateSource& s, int64_t c) {
-  const int64_t g = s.first + c;
-  if (!s.polytope) return g;
-  const int64_t vk = static_cast<int64_t>(s.vertices) * s.probes;
-  return s.active[g / vk] * vk + g % vk;
-}
 
 template <class S>
 __global__ void effective_kernel(const double* theta, const int32_t* owner, const OpTransform* ops,
