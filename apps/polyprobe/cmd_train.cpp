@@ -331,7 +331,18 @@ int run(Context& ctx) {
   PolytopeOptimizer optimizer(model, optimizer_config(vm, options.epochs * steps_per_epoch, seed));
   Selection selection;
   auto evaluator = ctx.registry.make_evaluator(model, *loss, request, &selection);
-  if (vm["explain"].as<bool>()) *ctx.err << selection.to_json().dump(2) << "\n";
+  if (vm["explain"].as<bool>()) {
+    *ctx.err << selection.to_json().dump(2) << "\n";
+    // A layer whose declared contract failed the evaluator's probe runs on a slower path:
+    // say which and why, since the model file promised more.
+    const nlohmann::json explained = evaluator->explain();
+    const nlohmann::json plugin = explained.value("plugin", nlohmann::json::object());
+    for (const nlohmann::json& layer : plugin.value("layers", nlohmann::json::array()))
+      if (layer.contains("contract_not_trusted"))
+        *ctx.err << "layer " << layer.value("layer", -1) << " ("
+                 << layer.value("kind", std::string("?")) << "): declared contract not trusted: "
+                 << layer["contract_not_trusted"].get<std::string>() << "\n";
+  }
 
   std::ostream& out = *ctx.out;
   out << "data: " << splits.train.name.substr(0, splits.train.name.find('/')) << " ("

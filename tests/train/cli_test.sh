@@ -127,4 +127,11 @@ fi
 mkdir nanplug && cp "$3/libpolyprobe_fixture_nan_layer.so" nanplug/
 printf '{"input_shape": [64], "layers": [{"kind": "nan_shift"}, {"kind": "linear", "out_features": 10}]}' > nan.json
 expect_error "step 1.*layers\[0\] (nan_shift).*plugin 'fixture_nan_layer'" train --quiet --model nan.json --plugin-dir nanplug
+
+# train --explain says when a layer's declared contract was not trusted, and why.
+printf '{"input_shape": [64], "layers": [{"kind": "nan_shift", "max_moved": 1000000, "claim_elementwise": true}, {"kind": "linear", "out_features": 10}]}' > liar.json
+"$polyprobe" train --quiet --explain --epochs 1 --model liar.json --plugin-dir nanplug 2> liar.err > /dev/null ||
+  fail "train with a false contract failed: $(tail -n 3 liar.err)"
+grep -q "layer 0 (nan_shift): declared contract not trusted: declared elementwise but has parameters" liar.err ||
+  fail "train --explain does not say the contract was not trusted: $(cat liar.err)"
 echo "all CLI checks passed"
