@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -297,10 +296,24 @@ TEST_CASE("the training summary names the epoch the progress line showed last") 
         polyprobe(std::string("train --epochs 20 --patience 1 --validate-every ") + every);
     REQUIRE(r.exit_code == 0);
     // Without a terminal the progress is one line per validation: "epoch E/N  step S/T ...".
-    std::smatch bar;
     const std::string last = r.err.substr(r.err.rfind("epoch ", r.err.size() - 2));
-    REQUIRE(std::regex_search(last, bar, std::regex(R"(^epoch (\d+)/(\d+)  step (\d+)/)")));
-    const std::string epoch = bar[1], epochs = bar[2], step = bar[3];
+    // "epoch E/N  step S/T": the three numbers (GCC 12's <regex> trips -Wmaybe-uninitialized
+    // in the sanitizer build, so this is parsed by hand).
+    std::string epoch, epochs, step;
+    {
+      std::istringstream in(last);
+      std::string word, fraction;
+      in >> word >> fraction;
+      REQUIRE(word == "epoch");
+      epoch = fraction.substr(0, fraction.find('/'));
+      epochs = fraction.substr(fraction.find('/') + 1);
+      in >> word >> fraction;
+      REQUIRE(word == "step");
+      step = fraction.substr(0, fraction.find('/'));
+      REQUIRE(!epoch.empty());
+      REQUIRE(!epochs.empty());
+      REQUIRE(!step.empty());
+    }
     const bool inside = std::string(every) == "5";
     CHECK_THAT(r.out,
                Catch::Contains("trained " + step + " steps (" +
@@ -317,9 +330,14 @@ namespace {
 // The cells of a table line: what lies between runs of two or more spaces.
 std::vector<std::string> cells(const std::string& line) {
   std::vector<std::string> out;
-  const std::regex gap(" {2,}");
-  for (std::sregex_token_iterator it(line.begin(), line.end(), gap, -1), end; it != end; ++it)
-    if (it->length() > 0) out.push_back(*it);
+  std::size_t at = 0;
+  while (at < line.size()) {
+    const std::size_t gap = line.find("  ", at);
+    const std::string cell = line.substr(at, gap == std::string::npos ? gap : gap - at);
+    if (!cell.empty()) out.push_back(cell);
+    if (gap == std::string::npos) break;
+    at = line.find_first_not_of(' ', gap);
+  }
   return out;
 }
 
