@@ -86,6 +86,26 @@ std::vector<std::string> regime_names(const Context& ctx) {
   return names;
 }
 
+// The evaluator a step record times: the bench's backend on `device`, float32 candidates.
+EvaluatorRequest step_request(const Context& ctx, const Workload& w, const std::string& device,
+                              int threads, const std::string& path = "") {
+  EvaluatorRequest request;
+  request.backend = ctx.vm["bench-backend"].as<std::string>();
+  request.device = device;
+  request.options.dtype = DType::f32;
+  request.options.threads = threads;
+  request.subspace = w.subspace.get();
+  request.path = path == "auto" ? "" : path;
+  return request;
+}
+
+// The median of the timed calls' thread CPU times (the last `reps` of `cpu_ms`).
+double timed_median(const std::vector<double>& cpu_ms, int reps) {
+  std::vector<double> timed(cpu_ms.end() - reps, cpu_ms.end());
+  std::sort(timed.begin(), timed.end());
+  return timed[timed.size() / 2];
+}
+
 }  // namespace
 
 std::vector<int> bench_thread_counts(const Context& ctx) {
@@ -184,13 +204,8 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   config.radius.kind = mode->radius;
   config.seed = 1;
   PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
-  EvaluatorRequest request;
-  request.backend = ctx.vm["bench-backend"].as<std::string>();
-  request.device = device;
-  request.options.dtype = DType::f32;
-  request.options.threads = threads;
-  request.subspace = w.subspace.get();
-  auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss, request);
+  auto evaluator =
+      ctx.registry.make_evaluator(*w.model, *w.loss, step_request(ctx, w, device, threads));
   optimizer.register_evaluator(*evaluator, w.batch);
   StepInfo last;
   std::vector<double> cpu_ms;
@@ -228,9 +243,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
     r.extra["device_peak_bytes"] = plugin["device_peak_bytes"];
   r.extra["candidates_per_second"] = static_cast<double>(last.candidates) / (t.median_ms * 1e-3);
   if (threads == 1 && device == "cpu") {
-    std::vector<double> timed(cpu_ms.end() - t.reps, cpu_ms.end());
-    std::sort(timed.begin(), timed.end());
-    r.extra["thread_cpu_median_ms"] = timed[timed.size() / 2];
+    r.extra["thread_cpu_median_ms"] = timed_median(cpu_ms, t.reps);
   }
   if (const auto it = baselines().find(name); it != baselines().end() && device == "cpu") {
     // The reference's methods are exact at any radius: its time is the same at both.
@@ -290,14 +303,8 @@ std::vector<BenchRecord> run_step(Context& ctx) {
     if (std::find(regimes.begin(), regimes.end(), "evaluation") == regimes.end()) continue;
     for (const std::string& path : paths)
       for (const int threads : thread_counts) {
-        EvaluatorRequest request;
-        request.backend = ctx.vm["bench-backend"].as<std::string>();
-        request.device = device;
-        request.options.dtype = DType::f32;
-        request.options.threads = threads;
-        request.subspace = w.subspace.get();
-        request.path = path == "auto" ? "" : path;
-        auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss, request);
+        auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss,
+                                                     step_request(ctx, w, device, threads, path));
         evaluator->register_batch(w.batch);
         std::vector<double> losses(static_cast<std::size_t>(count));
         double base = 0;
@@ -354,9 +361,7 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         if (threads == 1) {
           // With one thread the work runs on the calling thread: its CPU time is the call's
           // cost without the time other processes took from it (the machine is shared).
-          std::vector<double> timed(cpu_ms.end() - t.reps, cpu_ms.end());
-          std::sort(timed.begin(), timed.end());
-          r.extra["thread_cpu_median_ms"] = timed[timed.size() / 2];
+          r.extra["thread_cpu_median_ms"] = timed_median(cpu_ms, t.reps);
         }
         r.extra["parity_sample"] = sample.size();
         r.extra["us_per_candidate"] = 1e3 * t.median_ms / static_cast<double>(count);
