@@ -32,7 +32,7 @@ std::string forced_path(const pp_session_options& options) {
   if (!PP_HAS_FIELD(&options, pp_session_options, path) || options.path == nullptr ||
       is(options.path, "auto"))
     return {};
-  const std::string forced = options.path;
+  std::string forced = options.path;
   const bool known = forced == "sparse" || forced == "subspace-delta" || forced == "dense" ||
                      forced == "inplace" || forced == "fallback" || forced == "site-local";
   if (!known)
