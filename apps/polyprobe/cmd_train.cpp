@@ -24,6 +24,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -478,6 +479,15 @@ int run(Context& ctx) {
     return 0;
   }
   const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
+  // The metrics file ends with the test result of the restored state, so a file alone gives
+  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
+  if (!options.metrics_path.empty())
+    std::ofstream(options.metrics_path, std::ios::app)
+        << nlohmann::json{{"split", "test"},           {"step", result.steps},
+                          {"seconds", result.seconds}, {"restored_step", result.best_step},
+                          {"loss", test.loss},         {"accuracy", test.accuracy}}
+               .dump()
+        << "\n";
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;

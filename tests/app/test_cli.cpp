@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -455,4 +456,25 @@ TEST_CASE("bench dfo --dfo-config reads the option table's keys") {
   const auto ignored = polyprobe("bench dfo --dfo-config radius=quadratic,trust_min=0.1");
   CHECK(ignored.exit_code == 2);
   CHECK_THAT(ignored.err, Catch::Contains("--trust-min has no effect here"));
+}
+
+TEST_CASE("the metrics file ends with the restored state's test result") {
+  const std::string path = std::string(POLYPROBE_TEST_TMP) + "/final-test.jsonl";
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  std::filesystem::remove(path);
+  const auto r = polyprobe("train --quiet --epochs 2 --metrics " + path);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream file(path);
+  std::string line, last;
+  while (std::getline(file, line)) last = line;
+  const nlohmann::json record = nlohmann::json::parse(last);
+  CHECK(record.at("split") == "test");
+  // The accuracy printed last is the recorded one, rounded.
+  const std::string printed = r.out.substr(r.out.rfind("test accuracy: ") + 15);
+  CHECK(std::abs(100 * record.at("accuracy").get<double>() - std::stod(printed)) <= 0.05);
+  CHECK(record.at("seconds").get<double>() > 0);
+  CHECK(record.at("restored_step").get<int64_t>() <= record.at("step").get<int64_t>());
+  // `polyprobe report` draws the file (the test record is not a step).
+  const auto report = polyprobe("report " + path + " -o " + path + ".html");
+  CHECK(report.exit_code == 0);
 }
