@@ -335,6 +335,9 @@ int run(Context& ctx) {
   if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
     throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
+  options.record_test = vm["metrics-test"].as<bool>();
+  if (options.record_test && options.metrics_path.empty())
+    throw UsageError("--metrics-test writes into the metrics file: add --metrics FILE");
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
   if (vm.count("checkpoint"))
@@ -546,6 +549,10 @@ Command train_command() {
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
         "`polyprobe report FILE -o report.html` draws them")(
+        "metrics-test", po::bool_switch(),
+        "with --metrics: measure the test split whenever the best validated state changes and "
+        "write its accuracy into every validation record (for curves of test accuracy against "
+        "time: scripts/accuracy_curves.py)")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(
