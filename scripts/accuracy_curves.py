@@ -25,7 +25,9 @@ def test_points(path):
             if record.get("split") == "validation" and "best_test_accuracy" in record:
                 points.append((record["seconds"], record["best_test_accuracy"], record["step"]))
             elif record.get("split") == "test":
-                points.append((record["seconds"], record["accuracy"], record["step"]))
+                # The run's end; with --metrics-test its last validation already says it.
+                if not points or points[-1][2] != record["step"]:
+                    points.append((record["seconds"], record["accuracy"], record["step"]))
     if not points:
         sys.exit(f"FAIL: {path} has no test results (train with --metrics-test and a test split)")
     return points
