@@ -11,6 +11,7 @@
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/safetensors.hpp>
 #include <polyprobe/train.hpp>
 
@@ -23,6 +24,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -114,24 +116,63 @@ void check_files(const po::variables_map& vm, const std::filesystem::path& save,
   }
 }
 
-OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_steps, uint64_t seed) {
-  OptimizerConfig config;
-  config.particle_dim = vm["particle-dim"].as<int>();
-  config.step_radius = vm["step-radius"].as<double>();
-  config.probe_radius = vm["probe-radius"].as<double>();
-  config.epsilon = vm["epsilon"].as<double>();
-  config.epsilon_final = vm["epsilon-final"].as<double>();
-  config.schedule = parse_schedule(vm["schedule"].as<std::string>());
-  config.radius.kind = parse_radius_model(vm["radius-model"].as<std::string>());
-  if (config.radius.kind == RadiusModelKind::trust_region)
-    throw UsageError(
-        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
-        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
-  config.polytope = parse_polytope(vm["polytope"].as<std::string>());
-  config.total_steps = total_steps;
-  config.seed = seed;
-  config.validate();
-  return config;
+// The optimizer's options as `train` shows them: one --help section per group of the core's
+// option table, every value a string that the table parses (so the command line and --config
+// files read the same text, and the defaults print as the table prints them).
+void add_optimizer_options(po::options_description& options) {
+  const OptimizerSettings defaults = training_defaults();
+  std::vector<std::pair<std::string, std::unique_ptr<po::options_description>>> groups;
+  for (const OptimizerOption& option : optimizer_options()) {
+    if (option.scope == OptionScope::minimize) continue;
+    const std::string caption = "optimizer: " + option.group;
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& g) { return g.first == caption; });
+    if (group == groups.end())
+      group =
+          groups.emplace(groups.end(), caption, std::make_unique<po::options_description>(caption));
+    std::string help = option.help;
+    if (!option.requirement.empty()) help += "; needs " + option.requirement;
+    auto* value = po::value<std::string>()->default_value(option.get(defaults));
+    switch (option.type) {
+      case OptionType::integer:
+        value->value_name("N");
+        break;
+      case OptionType::number:
+        value->value_name("X");
+        break;
+      case OptionType::flag:
+        value->implicit_value("on")->value_name("on|off");
+        break;
+      case OptionType::choice:
+        value->value_name("NAME");
+        break;
+    }
+    group->second->add_options()(option.name.c_str(), value, help.c_str());
+  }
+  for (const auto& group : groups) options.add(*group.second);
+}
+
+// The optimizer from the training defaults and the options the user gave (command line or
+// --config); the schedule runs over the whole run. Every rule of the table is checked here,
+// before any work.
+OptimizerSettings optimizer_settings(const po::variables_map& vm, int64_t total_steps,
+                                     uint64_t seed) {
+  OptimizerSettings settings = training_defaults();
+  try {
+    for (const OptimizerOption& option : optimizer_options())
+      if (option.scope != OptionScope::minimize && vm.count(option.name) &&
+          !vm[option.name].defaulted())
+        set_option(settings, option.name, vm[option.name].as<std::string>());
+    settings.optimizer.total_steps = total_steps;
+    settings.optimizer.seed = seed;
+    if (!settings.given.contains("subspace-seed")) settings.subspace.seed = seed + 3;
+    validate_settings(settings, OptionScope::training);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return settings;
 }
 
 // The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
@@ -294,6 +335,9 @@ int run(Context& ctx) {
   if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
     throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
+  options.record_test = vm["metrics-test"].as<bool>();
+  if (options.record_test && options.metrics_path.empty())
+    throw UsageError("--metrics-test writes into the metrics file: add --metrics FILE");
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
   if (vm.count("checkpoint"))
@@ -328,9 +372,20 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  PolytopeOptimizer optimizer(model, optimizer_config(vm, options.epochs * steps_per_epoch, seed));
+  const OptimizerSettings settings = optimizer_settings(vm, options.epochs * steps_per_epoch, seed);
+  const std::unique_ptr<Subspace> subspace = make_subspace(model, settings.subspace);
+  PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
+  EvaluatorRequest model_request = request;
+  model_request.subspace = subspace.get();
   Selection selection;
-  auto evaluator = ctx.registry.make_evaluator(model, *loss, request, &selection);
+  auto evaluator = ctx.registry.make_evaluator(model, *loss, model_request, &selection);
+  // The screen of --multifidelity-screen scores the first rows of each batch with its own
+  // evaluator (registered on them by the optimizer).
+  std::unique_ptr<Evaluator> screen_evaluator;
+  if (settings.optimizer.multifidelity_screen) {
+    screen_evaluator = ctx.registry.make_evaluator(model, *loss, model_request);
+    optimizer.set_screen_evaluator(*screen_evaluator);
+  }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
@@ -349,8 +404,10 @@ int run(Context& ctx) {
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
-      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n"
-      << std::flush;
+      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
+  if (subspace)
+    out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
+  out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
         << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
@@ -425,6 +482,15 @@ int run(Context& ctx) {
     return 0;
   }
   const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
+  // The metrics file ends with the test result of the restored state, so a file alone gives
+  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
+  if (!options.metrics_path.empty())
+    std::ofstream(options.metrics_path, std::ios::app)
+        << nlohmann::json{{"split", "test"},           {"step", result.steps},
+                          {"seconds", result.seconds}, {"restored_step", result.best_step},
+                          {"loss", test.loss},         {"accuracy", test.accuracy}}
+               .dump()
+        << "\n";
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;
@@ -443,8 +509,15 @@ Command train_command() {
       "statistics of the training split; validation runs after every epoch (or every\n"
       "--validate-every steps) and when --time-limit ends the run, and the best validation\n"
       "state is restored at the end. The last line is the test accuracy.\n\n"
+      "The optimizer options below are the whole polytope optimizer, grouped as\n"
+      "docs/training.md lists them; each is also a --config key (`num-probe = 2`). An option\n"
+      "that has no effect where it is given, or an invalid combination, is an error naming\n"
+      "the rule. Flags: --momentum alone, or --momentum=off.\n\n"
       "examples:\n"
       "  polyprobe train\n"
+      "  polyprobe train --subspace hybrid --subspace-rank 4 --step-radius 1\n"
+      "  polyprobe train --num-probe 2 --polytope orthoplex --blocks per_layer\n"
+      "  polyprobe train --momentum --radius-model fixed\n"
       "  polyprobe train --model examples/models/staircase_mlp.json --save staircase.safetensors\n"
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
@@ -476,23 +549,17 @@ Command train_command() {
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
         "`polyprobe report FILE -o report.html` draws them")(
+        "metrics-test", po::bool_switch(),
+        "with --metrics: measure the test split whenever the best validated state changes and "
+        "write its accuracy into every validation record (for curves of test accuracy against "
+        "time: scripts/accuracy_curves.py)")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
-        "resume", po::bool_switch(), "continue from the checkpoint")(
-        "step-radius", number_value(2.0), "optimizer step radius")(
-        "probe-radius", number_value(2.0), "optimizer probe radius")(
-        "epsilon", number_value(0.3), "radius scale (and OT temperature)")(
-        "epsilon-final", number_value(0.02), "final epsilon (linear, cosine)")(
-        "schedule", po::value<std::string>()->default_value("cosine"),
-        "epsilon schedule: constant, linear, cosine, progressive, power")(
-        "radius-model", po::value<std::string>()->default_value("quadratic"),
-        "fixed, adaptive or quadratic (trust_region needs the manual step API)")(
-        "polytope", po::value<std::string>()->default_value("simplex"),
-        "simplex, orthoplex or cube")("particle-dim", po::value<int>()->default_value(2),
-                                      "coordinates per particle");
+        "resume", po::bool_switch(), "continue from the checkpoint");
+    add_optimizer_options(o);
     add_backend_options(o);
   };
   c.run = run;

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace polyprobe {
@@ -210,6 +211,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   };
 
   const int64_t steps_per_epoch = stream.batches_per_epoch();
+  std::optional<double> best_test_accuracy;  // record_test: of the best state so far
   // Measures the validation split and keeps the parameters if they are the best so far.
   const auto validate = [&](int64_t epoch) {
     const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
@@ -222,10 +224,15 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                              {"seconds", elapsed()}};
     // JSON has no NaN: the loss is written as null, and this says why.
     if (!finite) record["nonfinite"] = "loss (never kept as the best state)";
-    metrics.write(record);
     // A non-finite validation never becomes the best state.
     const bool better = finite && (state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
                                    (v.accuracy == state.best_accuracy && v.loss < state.best_loss));
+    if (options.record_test && data.test.size() > 0) {
+      if (better)
+        best_test_accuracy = evaluate_model(model, loss, data.test, options.dtype).accuracy;
+      if (best_test_accuracy) record["best_test_accuracy"] = *best_test_accuracy;
+    }
+    metrics.write(record);
     if (better) {
       state.best_epoch = epoch;
       state.best_step = state.step;

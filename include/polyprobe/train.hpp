@@ -70,6 +70,11 @@ struct TrainOptions {
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
   bool resume = false;                    // continue from checkpoint_path
   int64_t max_reverted_steps = 20;        // consecutive non-finite steps before giving up
+  // Metrics only: whenever a validation finds a new best state, also measure the test split,
+  // and write the test accuracy of the best state so far into every validation record
+  // ("best_test_accuracy"), so one run gives the curve of the restored state's test accuracy
+  // against time. Its time counts in "seconds". A resumed run knows it from its next best.
+  bool record_test = false;
   const std::atomic<bool>* stop = nullptr;
   std::function<void(const TrainProgress&)> on_progress;
   // Called once, before the first step, when a checkpoint was read (resume): the step, epoch
