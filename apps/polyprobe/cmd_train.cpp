@@ -12,6 +12,7 @@
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/safetensors.hpp>
+#include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
 
 #include <nlohmann/json.hpp>
@@ -114,24 +115,52 @@ void check_files(const po::variables_map& vm, const std::filesystem::path& save,
   }
 }
 
-OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_steps, uint64_t seed) {
+OptimizerConfig optimizer_config(const po::variables_map& vm, const PluginRegistry& registry,
+                                 int64_t total_steps, uint64_t seed, bool subspace) {
   OptimizerConfig config;
   config.particle_dim = vm["particle-dim"].as<int>();
+  config.subspace_particle_dim = vm["subspace-particle-dim"].as<int>();
   config.step_radius = vm["step-radius"].as<double>();
   config.probe_radius = vm["probe-radius"].as<double>();
   config.epsilon = vm["epsilon"].as<double>();
   config.epsilon_final = vm["epsilon-final"].as<double>();
   config.schedule = parse_schedule(vm["schedule"].as<std::string>());
-  config.radius.kind = parse_radius_model(vm["radius-model"].as<std::string>());
-  if (config.radius.kind == RadiusModelKind::trust_region)
-    throw UsageError(
-        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
-        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
   config.polytope = parse_polytope(vm["polytope"].as<std::string>());
   config.total_steps = total_steps;
   config.seed = seed;
+  const std::string radius = vm["radius-model"].as<std::string>();
+  if (radius == "trust_region")
+    throw UsageError(
+        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
+        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
+  // Last: a plugin's model is told the configuration as it stands.
+  registry.choose_radius_model(radius, config, subspace, vm["radius-options"].as<std::string>());
   config.validate();
   return config;
+}
+
+// The subspace --subspace asks for (null for "none": the full parameter space). The error
+// for a kind no loaded plugin provides names the plugin polyprobe ships it in.
+std::unique_ptr<Subspace> make_subspace(const po::variables_map& vm, const PluginRegistry& registry,
+                                        const Model& model, uint64_t seed) {
+  const std::string kind = vm["subspace"].as<std::string>();
+  if (kind == "none") return nullptr;
+  SubspaceOptions options;
+  options.rank = vm["subspace-rank"].as<int64_t>();
+  options.max_dimension = vm["subspace-dim"].as<int64_t>();
+  options.seed = seed;
+  if (options.rank <= 0) throw UsageError("--subspace-rank must be positive");
+  if (options.max_dimension < 0) throw UsageError("--subspace-dim must be >= 0 (0: no bound)");
+  try {
+    return registry.make_subspace(kind, model, options);
+  } catch (const Error& e) {
+    const std::string shipped = shipped_plugin_of("subspace", kind);
+    if (shipped.empty() || registry.find(shipped) != nullptr) throw;
+    throw Error(std::string(e.what()) + ". polyprobe ships --subspace " + kind +
+                " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+                ".so): put its folder on the plugin path (--plugin-dir DIR or "
+                "POLYPROBE_PLUGIN_PATH), or reinstall it into the install's plugin folder");
+  }
 }
 
 // The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
@@ -328,9 +357,17 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  PolytopeOptimizer optimizer(model, optimizer_config(vm, options.epochs * steps_per_epoch, seed));
+  // The subspace is recreated identically on --resume: its bases depend only on the options
+  // and the seed.
+  const std::unique_ptr<Subspace> subspace = make_subspace(vm, ctx.registry, model, seed);
+  PolytopeOptimizer optimizer(model,
+                              optimizer_config(vm, ctx.registry, options.epochs * steps_per_epoch,
+                                               seed, subspace != nullptr),
+                              subspace.get());
+  EvaluatorRequest subspace_request = request;
+  subspace_request.subspace = subspace.get();
   Selection selection;
-  auto evaluator = ctx.registry.make_evaluator(model, *loss, request, &selection);
+  auto evaluator = ctx.registry.make_evaluator(model, *loss, subspace_request, &selection);
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
@@ -349,8 +386,14 @@ int run(Context& ctx) {
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
-      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n"
-      << std::flush;
+      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n";
+  if (subspace != nullptr || optimizer.config().radius.kind == RadiusModelKind::plugin)
+    out << "search: "
+        << (subspace ? "subspace " + subspace->kind() + " (" +
+                           std::to_string(subspace->dimension()) + " coordinates)"
+                     : std::string("full space"))
+        << "; radius model " << vm["radius-model"].as<std::string>() << "\n";
+  out << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
         << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
@@ -449,6 +492,8 @@ Command train_command() {
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
       "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
+      "  polyprobe train --subspace hybrid --subspace-dim 400 --epochs 2\n"
+      "  polyprobe train --subspace factored --subspace-rank 4 --epochs 2\n"
       "  polyprobe eval --weights run.safetensors";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
@@ -489,7 +534,18 @@ Command train_command() {
         "schedule", po::value<std::string>()->default_value("cosine"),
         "epsilon schedule: constant, linear, cosine, progressive, power")(
         "radius-model", po::value<std::string>()->default_value("quadratic"),
-        "fixed, adaptive or quadratic (trust_region needs the manual step API)")(
+        "fixed, adaptive, quadratic (trust_region needs the manual step API), or a plugin's "
+        "radius model listed by `polyprobe plugins`")(
+        "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
+        "options of a plugin's radius model, as a JSON object")(
+        "subspace", po::value<std::string>()->default_value("none"),
+        "search space: none (the full parameter space), hybrid, or a plugin's subspace kind "
+        "listed by `polyprobe plugins` (factored: the plugin factored_subspace)")(
+        "subspace-rank", po::value<int64_t>()->default_value(8), "basis rank per weight")(
+        "subspace-dim", po::value<int64_t>()->default_value(0),
+        "bound on the subspace's coordinates (0: none)")(
+        "subspace-particle-dim", po::value<int>()->default_value(8),
+        "coordinates per particle in a subspace")(
         "polytope", po::value<std::string>()->default_value("simplex"),
         "simplex, orthoplex or cube")("particle-dim", po::value<int>()->default_value(2),
                                       "coordinates per particle");
