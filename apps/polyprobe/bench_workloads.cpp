@@ -113,7 +113,7 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed, const PluginReg
   if (spec.factored_rank > 0) {
     if (registry == nullptr)
       throw Error("workload '" + spec.name + "' needs the plugin factored_subspace");
-    w.subspace = registry->make_subspace("factored", *w.model, {spec.factored_rank, 0, seed + 3});
+    w.subspace = registry->make_subspace(*w.model, {"factored", spec.factored_rank, 0, seed + 3});
     dimension = w.subspace->dimension();
   } else if (spec.subspace_dim != 0) {
     HybridSubspace::Options options;

@@ -101,7 +101,7 @@ int run(Context& ctx) {
       text += (text.empty() ? "" : ", ") + c.name + (c.provider == "core" ? "" : " (" + c.provider + ")");
     return text;
   };
-  out << "\nsubspace kinds (--subspace): none, " << names(ctx.registry.subspace_kinds()) << "\n"
+  out << "\nsubspace kinds (--subspace): " << names(ctx.registry.subspace_kinds()) << "\n"
       << "radius models (--radius-model): " << names(ctx.registry.radius_models()) << "\n"
       << "\nThe core's reference evaluator is always available (`--backend reference`).\n";
   return 0;

@@ -11,6 +11,7 @@
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/safetensors.hpp>
 #include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
@@ -24,6 +25,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -115,52 +117,90 @@ void check_files(const po::variables_map& vm, const std::filesystem::path& save,
   }
 }
 
-OptimizerConfig optimizer_config(const po::variables_map& vm, const PluginRegistry& registry,
-                                 int64_t total_steps, uint64_t seed, bool subspace) {
-  OptimizerConfig config;
-  config.particle_dim = vm["particle-dim"].as<int>();
-  config.subspace_particle_dim = vm["subspace-particle-dim"].as<int>();
-  config.step_radius = vm["step-radius"].as<double>();
-  config.probe_radius = vm["probe-radius"].as<double>();
-  config.epsilon = vm["epsilon"].as<double>();
-  config.epsilon_final = vm["epsilon-final"].as<double>();
-  config.schedule = parse_schedule(vm["schedule"].as<std::string>());
-  config.polytope = parse_polytope(vm["polytope"].as<std::string>());
-  config.total_steps = total_steps;
-  config.seed = seed;
-  const std::string radius = vm["radius-model"].as<std::string>();
-  if (radius == "trust_region")
-    throw UsageError(
-        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
-        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
-  // Last: a plugin's model is told the configuration as it stands.
-  registry.choose_radius_model(radius, config, subspace, vm["radius-options"].as<std::string>());
-  config.validate();
-  return config;
+// The optimizer's options as `train` shows them: one --help section per group of the core's
+// option table, every value a string that the table parses (so the command line and --config
+// files read the same text, and the defaults print as the table prints them).
+void add_optimizer_options(po::options_description& options) {
+  const OptimizerSettings defaults = training_defaults();
+  std::vector<std::pair<std::string, std::unique_ptr<po::options_description>>> groups;
+  for (const OptimizerOption& option : optimizer_options()) {
+    if (option.scope == OptionScope::minimize) continue;
+    const std::string caption = "optimizer: " + option.group;
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& g) { return g.first == caption; });
+    if (group == groups.end())
+      group =
+          groups.emplace(groups.end(), caption, std::make_unique<po::options_description>(caption));
+    std::string help = option.help;
+    if (!option.requirement.empty()) help += "; needs " + option.requirement;
+    auto* value = po::value<std::string>()->default_value(option.get(defaults));
+    switch (option.type) {
+      case OptionType::integer:
+        value->value_name("N");
+        break;
+      case OptionType::number:
+        value->value_name("X");
+        break;
+      case OptionType::flag:
+        value->implicit_value("on")->value_name("on|off");
+        break;
+      case OptionType::choice:
+        value->value_name("NAME");
+        break;
+    }
+    group->second->add_options()(option.name.c_str(), value, help.c_str());
+  }
+  for (const auto& group : groups) options.add(*group.second);
 }
 
-// The subspace --subspace asks for (null for "none": the full parameter space). The error
-// for a kind no loaded plugin provides names the plugin polyprobe ships it in.
-std::unique_ptr<Subspace> make_subspace(const po::variables_map& vm, const PluginRegistry& registry,
-                                        const Model& model, uint64_t seed) {
-  const std::string kind = vm["subspace"].as<std::string>();
-  if (kind == "none") return nullptr;
-  SubspaceOptions options;
-  options.rank = vm["subspace-rank"].as<int64_t>();
-  options.max_dimension = vm["subspace-dim"].as<int64_t>();
-  options.seed = seed;
-  if (options.rank <= 0) throw UsageError("--subspace-rank must be positive");
-  if (options.max_dimension < 0) throw UsageError("--subspace-dim must be >= 0 (0: no bound)");
-  try {
-    return registry.make_subspace(kind, model, options);
-  } catch (const Error& e) {
+// The optimizer from the training defaults and the options the user gave (command line or
+// --config); the schedule runs over the whole run. Every rule of the table is checked here,
+// before any work.
+OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRegistry& registry,
+                                     int64_t total_steps, uint64_t seed) {
+  OptimizerSettings settings = training_defaults();
+  // The loaded plugins' subspace kinds and radius models are names the table accepts too.
+  for (const NamedComponent& kind : registry.subspace_kinds())
+    if (kind.provider != "core") settings.plugin_subspace_kinds.push_back(kind.name);
+  for (const NamedComponent& model : registry.radius_models())
+    if (model.provider != "core") settings.plugin_radius_models.push_back(model.name);
+  // A kind polyprobe ships as a plugin that is not on the plugin path: say which plugin.
+  if (vm.count("subspace")) {
+    const std::string kind = vm["subspace"].as<std::string>();
     const std::string shipped = shipped_plugin_of("subspace", kind);
-    if (shipped.empty() || registry.find(shipped) != nullptr) throw;
-    throw Error(std::string(e.what()) + ". polyprobe ships --subspace " + kind +
-                " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
-                ".so): put its folder on the plugin path (--plugin-dir DIR or "
-                "POLYPROBE_PLUGIN_PATH), or reinstall it into the install's plugin folder");
+    const auto& offered = settings.plugin_subspace_kinds;
+    if (!shipped.empty() && std::find(offered.begin(), offered.end(), kind) == offered.end())
+      throw UsageError("--subspace: unknown subspace kind '" + kind + "' (kinds: " +
+                       subspace_kind_names() + "). polyprobe ships --subspace " + kind +
+                       " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+                       ".so), which is not on the plugin path: put its folder there "
+                       "(--plugin-dir DIR or POLYPROBE_PLUGIN_PATH) or reinstall it into the "
+                       "install's plugin folder");
   }
+  try {
+    for (const OptimizerOption& option : optimizer_options())
+      if (option.scope != OptionScope::minimize && vm.count(option.name) &&
+          !vm[option.name].defaulted())
+        set_option(settings, option.name, vm[option.name].as<std::string>());
+    settings.optimizer.total_steps = total_steps;
+    settings.optimizer.seed = seed;
+    if (!settings.given.contains("subspace-seed")) settings.subspace.seed = seed + 3;
+    // A plugin's radius model is created now, told the configuration as it stands, so a
+    // configuration it refuses is an error before any work.
+    const std::string radius_options = vm["radius-options"].as<std::string>();
+    if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+      registry.choose_radius_model(settings.optimizer.radius.plugin_name, settings.optimizer,
+                                   settings.subspace.kind != "full", radius_options);
+    else if (!vm["radius-options"].defaulted())
+      throw UsageError("--radius-options has no effect here: it applies to a plugin's radius "
+                       "model (drop it or choose one with --radius-model)");
+    validate_settings(settings, OptionScope::training);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return settings;
 }
 
 // The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
@@ -357,17 +397,22 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  // The subspace is recreated identically on --resume: its bases depend only on the options
-  // and the seed.
-  const std::unique_ptr<Subspace> subspace = make_subspace(vm, ctx.registry, model, seed);
-  PolytopeOptimizer optimizer(model,
-                              optimizer_config(vm, ctx.registry, options.epochs * steps_per_epoch,
-                                               seed, subspace != nullptr),
-                              subspace.get());
-  EvaluatorRequest subspace_request = request;
-  subspace_request.subspace = subspace.get();
+  const OptimizerSettings settings =
+      optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
+  // The subspace is recreated identically on --resume: its bases depend only on its settings.
+  const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
+  PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
+  EvaluatorRequest model_request = request;
+  model_request.subspace = subspace.get();
   Selection selection;
-  auto evaluator = ctx.registry.make_evaluator(model, *loss, subspace_request, &selection);
+  auto evaluator = ctx.registry.make_evaluator(model, *loss, model_request, &selection);
+  // The screen of --multifidelity-screen scores the first rows of each batch with its own
+  // evaluator (registered on them by the optimizer).
+  std::unique_ptr<Evaluator> screen_evaluator;
+  if (settings.optimizer.multifidelity_screen) {
+    screen_evaluator = ctx.registry.make_evaluator(model, *loss, model_request);
+    optimizer.set_screen_evaluator(*screen_evaluator);
+  }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
@@ -386,14 +431,12 @@ int run(Context& ctx) {
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
-      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n";
-  if (subspace != nullptr || optimizer.config().radius.kind == RadiusModelKind::plugin)
-    out << "search: "
-        << (subspace ? "subspace " + subspace->kind() + " (" +
-                           std::to_string(subspace->dimension()) + " coordinates)"
-                     : std::string("full space"))
-        << "; radius model " << vm["radius-model"].as<std::string>() << "\n";
-  out << std::flush;
+      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
+  if (subspace)
+    out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
+  if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+    out << "; radius model " << settings.optimizer.radius.plugin_name << " (plugin)";
+  out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
         << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
@@ -468,6 +511,15 @@ int run(Context& ctx) {
     return 0;
   }
   const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
+  // The metrics file ends with the test result of the restored state, so a file alone gives
+  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
+  if (!options.metrics_path.empty())
+    std::ofstream(options.metrics_path, std::ios::app)
+        << nlohmann::json{{"split", "test"},           {"step", result.steps},
+                          {"seconds", result.seconds}, {"restored_step", result.best_step},
+                          {"loss", test.loss},         {"accuracy", test.accuracy}}
+               .dump()
+        << "\n";
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;
@@ -486,14 +538,19 @@ Command train_command() {
       "statistics of the training split; validation runs after every epoch (or every\n"
       "--validate-every steps) and when --time-limit ends the run, and the best validation\n"
       "state is restored at the end. The last line is the test accuracy.\n\n"
+      "The optimizer options below are the whole polytope optimizer, grouped as\n"
+      "docs/training.md lists them; each is also a --config key (`num-probe = 2`). An option\n"
+      "that has no effect where it is given, or an invalid combination, is an error naming\n"
+      "the rule. Flags: --momentum alone, or --momentum=off.\n\n"
       "examples:\n"
       "  polyprobe train\n"
+      "  polyprobe train --subspace hybrid --subspace-rank 4 --step-radius 1\n"
+      "  polyprobe train --num-probe 2 --polytope orthoplex --blocks per_layer\n"
+      "  polyprobe train --momentum --radius-model fixed\n"
       "  polyprobe train --model examples/models/staircase_mlp.json --save staircase.safetensors\n"
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
       "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
-      "  polyprobe train --subspace hybrid --subspace-dim 400 --epochs 2\n"
-      "  polyprobe train --subspace factored --subspace-rank 4 --epochs 2\n"
       "  polyprobe eval --weights run.safetensors";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
@@ -527,28 +584,9 @@ Command train_command() {
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
         "resume", po::bool_switch(), "continue from the checkpoint")(
-        "step-radius", number_value(2.0), "optimizer step radius")(
-        "probe-radius", number_value(2.0), "optimizer probe radius")(
-        "epsilon", number_value(0.3), "radius scale (and OT temperature)")(
-        "epsilon-final", number_value(0.02), "final epsilon (linear, cosine)")(
-        "schedule", po::value<std::string>()->default_value("cosine"),
-        "epsilon schedule: constant, linear, cosine, progressive, power")(
-        "radius-model", po::value<std::string>()->default_value("quadratic"),
-        "fixed, adaptive, quadratic (trust_region needs the manual step API), or a plugin's "
-        "radius model listed by `polyprobe plugins`")(
         "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
-        "options of a plugin's radius model, as a JSON object")(
-        "subspace", po::value<std::string>()->default_value("none"),
-        "search space: none (the full parameter space), hybrid, or a plugin's subspace kind "
-        "listed by `polyprobe plugins` (factored: the plugin factored_subspace)")(
-        "subspace-rank", po::value<int64_t>()->default_value(8), "basis rank per weight")(
-        "subspace-dim", po::value<int64_t>()->default_value(0),
-        "bound on the subspace's coordinates (0: none)")(
-        "subspace-particle-dim", po::value<int>()->default_value(8),
-        "coordinates per particle in a subspace")(
-        "polytope", po::value<std::string>()->default_value("simplex"),
-        "simplex, orthoplex or cube")("particle-dim", po::value<int>()->default_value(2),
-                                      "coordinates per particle");
+        "options of a plugin's radius model (--radius-model), as a JSON object");
+    add_optimizer_options(o);
     add_backend_options(o);
   };
   c.run = run;

@@ -18,7 +18,7 @@
 namespace polyprobe {
 class Accumulator;
 class RadiusModel;
-struct SubspaceOptions;
+struct SubspaceSettings;
 }
 
 namespace polyprobe::detail {
@@ -107,7 +107,7 @@ std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
 // reason when it refuses the model).
 std::unique_ptr<Subspace> make_plugin_subspace(const pp_subspace_kind* kind,
                                                const std::string& plugin, const Model& model,
-                                               const SubspaceOptions& options);
+                                               const SubspaceSettings& settings);
 
 // A RadiusModel whose controller is a plugin's (throws with the plugin's reason when it
 // refuses `config`).

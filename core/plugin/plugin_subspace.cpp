@@ -12,7 +12,7 @@ namespace {
 class PluginSubspace final : public RankOneSubspace {
  public:
   PluginSubspace(const pp_subspace_kind* kind, std::string plugin, const Model& model,
-                 const SubspaceOptions& options)
+                 const SubspaceSettings& options)
       : kind_(kind), plugin_(std::move(plugin)) {
     const ModelView view(model);
     const std::vector<ParameterEntry> layout = model.parameter_entries();
@@ -24,7 +24,7 @@ class PluginSubspace final : public RankOneSubspace {
     pp_subspace_options opts{};
     opts.struct_size = sizeof(opts);
     opts.rank = options.rank;
-    opts.max_dimension = options.max_dimension;
+    opts.max_dimension = options.max_subspace_dim;
     opts.seed = options.seed;
     pp_error err{};
     if (kind_->create(view.get(), entries.data(), static_cast<int32_t>(entries.size()), &opts,
@@ -78,7 +78,7 @@ class PluginSubspace final : public RankOneSubspace {
 
 std::unique_ptr<Subspace> make_plugin_subspace(const pp_subspace_kind* kind,
                                                const std::string& plugin, const Model& model,
-                                               const SubspaceOptions& options) {
+                                               const SubspaceSettings& options) {
   return std::make_unique<PluginSubspace>(kind, plugin, model, options);
 }
 

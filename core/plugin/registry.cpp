@@ -524,8 +524,8 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
 }
 
 std::vector<NamedComponent> PluginRegistry::subspace_kinds() const {
-  std::vector<NamedComponent> kinds = {
-      {"hybrid", "core", "fixed orthonormal bases on both sides of every weight (polystep's)"}};
+  std::vector<NamedComponent> kinds;
+  for (const SubspaceKind& k : polyprobe::subspace_kinds()) kinds.push_back({k.name, "core", k.summary});
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     if (!infos_[i].available) continue;
     for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
@@ -546,25 +546,20 @@ std::string names_of(const std::vector<NamedComponent>& components) {
 
 }  // namespace
 
-std::unique_ptr<Subspace> PluginRegistry::make_subspace(const std::string& kind, const Model& model,
-                                                        const SubspaceOptions& options) const {
-  if (options.rank <= 0)
+std::unique_ptr<Subspace> PluginRegistry::make_subspace(const Model& model,
+                                                        const SubspaceSettings& settings) const {
+  const std::string& kind = settings.kind;
+  if (find_subspace_kind(kind) != nullptr) return polyprobe::make_subspace(model, settings);
+  if (settings.rank <= 0)
     throw Error("subspace '" + kind + "': the rank must be positive, got " +
-                std::to_string(options.rank));
-  if (options.max_dimension < 0)
+                std::to_string(settings.rank));
+  if (settings.max_subspace_dim < 0)
     throw Error("subspace '" + kind + "': the dimension bound must be >= 0 (0 = none), got " +
-                std::to_string(options.max_dimension));
-  if (kind == "hybrid") {
-    HybridSubspace::Options o;
-    o.rank = options.rank;
-    o.max_subspace_dim = options.max_dimension;
-    o.seed = options.seed;
-    return HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), o);
-  }
+                std::to_string(settings.max_subspace_dim));
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     if (!infos_[i].available) continue;
     for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
-      if (kind == k.kind) return detail::make_plugin_subspace(&k, infos_[i].name, model, options);
+      if (kind == k.kind) return detail::make_plugin_subspace(&k, infos_[i].name, model, settings);
   }
   // The plugin may be loaded but unusable (its descriptor is kept only when loaded).
   std::string why;

@@ -16,6 +16,7 @@
 
 #include <polyprobe/plugin/abi.h>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/subspace_kinds.hpp>
 
 #include <filesystem>
 #include <memory>
@@ -71,13 +72,6 @@ struct EvaluatorRequest {
   std::string path;  // "" or "auto": the plugin chooses; else force this path
 };
 
-// How a subspace is asked for (--subspace, --subspace-rank, --subspace-dim).
-struct SubspaceOptions {
-  int64_t rank = 8;           // basis rank per weight
-  int64_t max_dimension = 0;  // bound on the coordinates; 0 = none
-  uint64_t seed = 3;          // the bases' random stream
-};
-
 // A component that can be chosen by name, and who provides it ("core" or a plugin's name).
 struct NamedComponent {
   std::string name;
@@ -121,15 +115,17 @@ class PluginRegistry {
   // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
   // declares the strategy (else the core's reference), "reference" the reference, else the
   // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
-  // The subspace kinds --subspace accepts: the core's ("hybrid") and every available
-  // plugin's, in load order; a plugin's kind that repeats an earlier one is skipped.
+  // The subspace kinds --subspace accepts: the core's (subspace_kinds.hpp: full, hybrid) and
+  // every available plugin's, in load order; a plugin's kind that repeats an earlier one is
+  // skipped.
   std::vector<NamedComponent> subspace_kinds() const;
-  // Creates the subspace `kind` of `model`: "hybrid" is the core's, any other kind comes
-  // from the plugin that provides it. Throws Error when no available plugin provides it
-  // (naming the plugin that would, when one was found but is unusable) or when the kind
-  // refuses the model (with its reason). The result does not refer to the model.
-  std::unique_ptr<Subspace> make_subspace(const std::string& kind, const Model& model,
-                                          const SubspaceOptions& options) const;
+  // Creates the subspace `settings.kind` of `model` (null for "full"): the core's kinds
+  // through subspace_kinds.hpp, any other from the plugin that provides it. Throws Error
+  // when no available plugin provides it (naming the plugin that would, when one was found
+  // but is unusable) or when the kind refuses the model (with its reason). The result does
+  // not refer to the model.
+  std::unique_ptr<Subspace> make_subspace(const Model& model,
+                                          const SubspaceSettings& settings) const;
 
   // The radius models --radius-model accepts: the core's and every available plugin's.
   std::vector<NamedComponent> radius_models() const;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -383,4 +384,98 @@ TEST_CASE("bench dfo closes with one row per run, not the profiles again") {
     CHECK(std::stod(c[4]) > 0);                // f0 of Rosenbrock's start
     CHECK(std::stod(c[5]) < std::stod(c[4]));  // best
   }
+}
+
+TEST_CASE("train offers the whole optimizer: subspaces, blocks, probes, momentum, screens") {
+  // Each runs two epochs on digits and ends with the test accuracy.
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"--subspace hybrid --subspace-rank 4 --step-radius 1", "subspace hybrid ("},
+      {"--subspace factored --subspace-rank 2", "subspace factored ("},
+      {"--blocks per_layer --solver softmax --num-probe 2", ""},
+      {"--momentum --radius-model fixed --amortize-steps 2", ""},
+      {"--radius-model fixed --multifidelity-screen --screen-fidelity 0.2", ""},
+  };
+  for (const auto& [args, says] : runs) {
+    INFO(args);
+    const auto r = polyprobe("train --epochs 2 --quiet " + args);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("test accuracy: ") && Catch::Contains(says));
+  }
+  // The same options from a config file.
+  const std::string config =
+      write_file("optimizer.ini", "epochs = 1\nsubspace = hybrid\nmax-subspace-dim = 300\n");
+  const auto from_file = polyprobe("train --quiet --config " + config);
+  CHECK(from_file.exit_code == 0);
+  CHECK_THAT(from_file.out, Catch::Contains("subspace hybrid (300 coordinates)"));
+}
+
+TEST_CASE("an invalid optimizer combination in train is one line naming the rule, exit 2") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--top-k 3", "--top-k has no effect here: it applies with --solver top_k"},
+      {"--subspace-rank 4", "--subspace-rank has no effect here"},
+      {"--adaptive-probes", "adaptive_probes cannot run with the quadratic"},
+      {"--radius-model trust_region", "trust_region needs one fixed objective"},
+      {"--subspace spectral", "unknown subspace kind 'spectral' (kinds: full, hybrid, factored)"},
+      {"--num-probe two", "--num-probe: expected an integer, got 'two'"},
+      {"--momentum=maybe", "--momentum: expected on or off"},
+      {"--radius-options {}x", "--radius-options has no effect here"},
+  };
+  for (const auto& [args, says] : cases) {
+    INFO(args);
+    const auto r = polyprobe("train --epochs 1 " + args);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("polyprobe train: error: ") && Catch::Contains(says));
+    CHECK(lines(r.err) == 1);
+    CHECK(r.out.empty());
+  }
+  const std::string config = write_file("combination.ini", "top-k = 3\n");
+  const auto from_file = polyprobe("train --config " + config);
+  CHECK(from_file.exit_code == 2);
+  CHECK_THAT(from_file.err, Catch::Contains("--top-k has no effect here"));
+}
+
+TEST_CASE("train --help groups the optimizer options") {
+  const auto help = polyprobe("train --help");
+  REQUIRE(help.exit_code == 0);
+  for (const char* group :
+       {"optimizer: subspace:", "optimizer: particles and polytope:",
+        "optimizer: radii and schedule:", "optimizer: transport:", "optimizer: blocks:",
+        "optimizer: momentum:", "optimizer: budget controls:"})
+    CHECK_THAT(help.out, Catch::Contains(group));
+  CHECK_THAT(help.out, Catch::Contains("--num-probe N (=1)") &&
+                           Catch::Contains("needs --solver top_k") &&
+                           !Catch::Contains("--trust-min"));
+}
+
+TEST_CASE("bench dfo --dfo-config reads the option table's keys") {
+  const auto unknown = polyprobe("bench dfo --dfo-config no_such_key=1");
+  CHECK(unknown.exit_code == 2);
+  CHECK_THAT(unknown.err, Catch::Contains("--dfo-config: unknown optimizer option 'no_such_key'"));
+  const auto training = polyprobe("bench dfo --dfo-config subspace=hybrid");
+  CHECK(training.exit_code == 2);
+  CHECK_THAT(training.err, Catch::Contains("--subspace applies to polyprobe train only"));
+  const auto ignored = polyprobe("bench dfo --dfo-config radius=quadratic,trust_min=0.1");
+  CHECK(ignored.exit_code == 2);
+  CHECK_THAT(ignored.err, Catch::Contains("--trust-min has no effect here"));
+}
+
+TEST_CASE("the metrics file ends with the restored state's test result") {
+  const std::string path = std::string(POLYPROBE_TEST_TMP) + "/final-test.jsonl";
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  std::filesystem::remove(path);
+  const auto r = polyprobe("train --quiet --epochs 2 --metrics " + path);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream file(path);
+  std::string line, last;
+  while (std::getline(file, line)) last = line;
+  const nlohmann::json record = nlohmann::json::parse(last);
+  CHECK(record.at("split") == "test");
+  // The accuracy printed last is the recorded one, rounded.
+  const std::string printed = r.out.substr(r.out.rfind("test accuracy: ") + 15);
+  CHECK(std::abs(100 * record.at("accuracy").get<double>() - std::stod(printed)) <= 0.05);
+  CHECK(record.at("seconds").get<double>() > 0);
+  CHECK(record.at("restored_step").get<int64_t>() <= record.at("step").get<int64_t>());
+  // `polyprobe report` draws the file (the test record is not a step).
+  const auto report = polyprobe("report " + path + " -o " + path + ".html");
+  CHECK(report.exit_code == 0);
 }

@@ -85,7 +85,7 @@ grep -E '^    radius_model plateau: ' "$work/plateau_plugins.txt"
 grep -E '^radius models \(--radius-model\): .*plateau \(plateau\)' "$work/plateau_plugins.txt"
 POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" train --quiet --seed 1 --epochs 2 \
   --radius-model plateau --radius-options '{"patience": 3}' | tee "$work/plateau_train.txt"
-grep -E '^search: full space; radius model plateau$' "$work/plateau_train.txt"
+grep -E '^model: .*; radius model plateau \(plugin\)$' "$work/plateau_train.txt"
 tail -n 1 "$work/plateau_train.txt" | grep -E 'test accuracy: [0-9.]+%'
 # Options it refuses are an error with its reason.
 if POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" train --quiet --epochs 1 --radius-model plateau \
@@ -97,14 +97,14 @@ grep -F "radius model 'plateau' (plugin plateau) refuses this configuration: pla
 echo "== the factored subspace is a plugin of the install; without it everything else works"
 "$host" plugins | grep -E '^factored_subspace +1\.0\.0 +2 +available'
 "$host" train --quiet --seed 1 --epochs 1 --subspace factored --subspace-rank 4 | tee "$work/factored.txt"
-grep -E '^search: subspace factored \([0-9]+ coordinates\)' "$work/factored.txt"
+grep -E '^model: .*; subspace factored \([0-9]+ coordinates\)' "$work/factored.txt"
 rm "$work/prefix/lib/polyprobe/plugins/libpolyprobe_factored_subspace.so"
 if "$host" train --quiet --epochs 1 --subspace factored 2>"$work/factored_err.txt"; then
   echo "--subspace factored worked without its plugin"; exit 1
 fi
-grep -F "unknown subspace kind 'factored' (known: hybrid)" "$work/factored_err.txt"
+grep -F "unknown subspace kind 'factored' (kinds: full, hybrid)" "$work/factored_err.txt"
 grep -F "polyprobe ships --subspace factored as the plugin 'factored_subspace' (libpolyprobe_factored_subspace.so)" "$work/factored_err.txt"
-"$host" train --quiet --seed 1 --epochs 1 --subspace hybrid --subspace-dim 300 | tail -n 1 | grep -E 'test accuracy: [0-9.]+%'
+"$host" train --quiet --seed 1 --epochs 1 --subspace hybrid --max-subspace-dim 300 | tail -n 1 | grep -E 'test accuracy: [0-9.]+%'
 "$host" train --quiet --seed 1 --epochs 1 | tail -n 1 | grep -E 'test accuracy: [0-9.]+%'
 
 echo "== without the plugin, the same model file is a clear error"

@@ -146,7 +146,7 @@ struct Run {
   }();
   std::unique_ptr<Loss> loss = make_loss("cross_entropy");
   std::unique_ptr<Subspace> subspace =
-      g_variant.subspace ? registry().make_subspace("factored", model, {3, 0, 5}) : nullptr;
+      g_variant.subspace ? registry().make_subspace(model, {"factored", 3, 0, 5}) : nullptr;
   OptimizerConfig config = [this] {
     OptimizerConfig c;
     c.epsilon = 0.05;

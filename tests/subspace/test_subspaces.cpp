@@ -121,7 +121,7 @@ TEST_CASE("factored subspace (plugin): rows move along the fixed, orthonormal B"
   const PluginInfo* info = registry().find("factored_subspace");
   REQUIRE(info != nullptr);
   REQUIRE(info->available);
-  const auto made = registry().make_subspace("factored", model, {2, 0, 3});
+  const auto made = registry().make_subspace(model, {"factored", 2, 0, 3});
   const auto* s = dynamic_cast<const RankOneSubspace*>(made.get());
   REQUIRE(s != nullptr);
   CHECK(s->kind() == "factored");
@@ -141,8 +141,8 @@ TEST_CASE("factored subspace (plugin): rows move along the fixed, orthonormal B"
   CHECK(b0.v == s->coordinates()[2].v);  // every row shares B
   check_map(*s, model);
   // The same options give the same bases (what resuming relies on); another seed others.
-  const auto again = registry().make_subspace("factored", model, {2, 0, 3});
-  const auto other = registry().make_subspace("factored", model, {2, 0, 4});
+  const auto again = registry().make_subspace(model, {"factored", 2, 0, 3});
+  const auto other = registry().make_subspace(model, {"factored", 2, 0, 4});
   const auto* a = dynamic_cast<const RankOneSubspace*>(again.get());
   const auto* o = dynamic_cast<const RankOneSubspace*>(other.get());
   for (int64_t i = 0; i < 6; ++i) CHECK(a->coordinates()[0].v[i] == b0.v[i]);
@@ -153,9 +153,9 @@ TEST_CASE("factored subspace (plugin): a dimension bound lowers the rank or is r
           "[subspace]") {
   const Model model = mlp({6, 5, 3});
   // rank 2 needs 24; a bound of 20 leaves rank 1: 5 + 5 + 3 + 3 = 16.
-  CHECK(registry().make_subspace("factored", model, {2, 20, 3})->dimension() == 16);
+  CHECK(registry().make_subspace(model, {"factored", 2, 20, 3})->dimension() == 16);
   try {
-    (void)registry().make_subspace("factored", model, {2, 10, 3});
+    (void)registry().make_subspace(model, {"factored", 2, 10, 3});
     FAIL("a bound below rank 1's dimension was accepted");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("even rank 1 needs 16 coordinates") &&
@@ -172,7 +172,7 @@ TEST_CASE("factored subspace (plugin): mixed-dtype models are refused with the r
   model.add(factory.create("relu", nlohmann::json::object(), model.output_shape()));
   model.add(factory.create("linear", {{"out_features", 3}}, model.output_shape()));
   try {
-    (void)registry().make_subspace("factored", model, {2, 0, 3});
+    (void)registry().make_subspace(model, {"factored", 2, 0, 3});
     FAIL("a model with binary weights was accepted");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("parameter '0.weight' of layer 0 (linear)") &&
@@ -180,14 +180,14 @@ TEST_CASE("factored subspace (plugin): mixed-dtype models are refused with the r
                              Catch::Contains("--subspace hybrid"));
   }
   // The hybrid subspace has a basis per entry and takes the model.
-  CHECK(registry().make_subspace("hybrid", model, {2, 0, 3})->dimension() > 0);
+  CHECK(registry().make_subspace(model, {"hybrid", 2, 0, 3})->dimension() > 0);
 }
 
 TEST_CASE("subspace kinds: unknown kinds and a missing plugin are clear errors", "[subspace]") {
   const Model model = mlp({6, 5, 3});
   const PluginRegistry empty;  // no plugins at all
   try {
-    (void)empty.make_subspace("factored", model, {2, 0, 3});
+    (void)empty.make_subspace(model, {"factored", 2, 0, 3});
     FAIL("the factored kind was made without its plugin");
   } catch (const Error& e) {
     CHECK_THAT(e.what(), Catch::Contains("unknown subspace kind 'factored' (known: hybrid)") &&
