@@ -86,7 +86,8 @@ int run(Context& ctx) {
   out << "model: " << w.spec.name << ", " << w.model->num_parameters() << " parameters, "
       << w.candidates() << " candidates (" << w.particles.count() << " particles x " << w.vertices
       << " vertices, d = " << w.particles.d << ")"
-      << (w.subspace ? ", " + w.subspace->kind() + " subspace" : std::string(", full space")) << "\n";
+      << (w.subspace ? ", " + w.subspace->kind() + " subspace" : std::string(", full space"))
+      << "\n";
   out << "evaluator: " << selection.chosen << "\n";
   for (const std::string& reason : selection.reasons) out << "  " << reason << "\n";
   if (!explain.contains("plugin")) {

@@ -98,7 +98,8 @@ int run(Context& ctx) {
   const auto names = [](const std::vector<NamedComponent>& components) {
     std::string text;
     for (const NamedComponent& c : components)
-      text += (text.empty() ? "" : ", ") + c.name + (c.provider == "core" ? "" : " (" + c.provider + ")");
+      text += (text.empty() ? "" : ", ") + c.name +
+              (c.provider == "core" ? "" : " (" + c.provider + ")");
     return text;
   };
   out << "\nsubspace kinds (--subspace): " << names(ctx.registry.subspace_kinds()) << "\n"

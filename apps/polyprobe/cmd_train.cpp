@@ -170,9 +170,9 @@ OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRe
     const std::string shipped = shipped_plugin_of("subspace", kind);
     const auto& offered = settings.plugin_subspace_kinds;
     if (!shipped.empty() && std::find(offered.begin(), offered.end(), kind) == offered.end())
-      throw UsageError("--subspace: unknown subspace kind '" + kind + "' (kinds: " +
-                       subspace_kind_names() + "). polyprobe ships --subspace " + kind +
-                       " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+      throw UsageError("--subspace: unknown subspace kind '" + kind +
+                       "' (kinds: " + subspace_kind_names() + "). polyprobe ships --subspace " +
+                       kind + " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
                        ".so), which is not on the plugin path: put its folder there "
                        "(--plugin-dir DIR or POLYPROBE_PLUGIN_PATH) or reinstall it into the "
                        "install's plugin folder");
@@ -192,8 +192,9 @@ OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRe
       registry.choose_radius_model(settings.optimizer.radius.plugin_name, settings.optimizer,
                                    settings.subspace.kind != "full", radius_options);
     else if (!vm["radius-options"].defaulted())
-      throw UsageError("--radius-options has no effect here: it applies to a plugin's radius "
-                       "model (drop it or choose one with --radius-model)");
+      throw UsageError(
+          "--radius-options has no effect here: it applies to a plugin's radius "
+          "model (drop it or choose one with --radius-model)");
     validate_settings(settings, OptionScope::training);
   } catch (const UsageError&) {
     throw;

@@ -559,7 +559,8 @@ void validate_settings(const OptimizerSettings& settings, OptionScope scope) {
   }
   if (scope == OptionScope::training) {
     const SubspaceSettings& sub = settings.subspace;
-    if (find_subspace_kind(sub.kind) == nullptr && !offers(settings.plugin_subspace_kinds, sub.kind))
+    if (find_subspace_kind(sub.kind) == nullptr &&
+        !offers(settings.plugin_subspace_kinds, sub.kind))
       throw Error("--subspace: unknown subspace kind '" + sub.kind +
                   "' (kinds: " + kind_names(settings) + ")");
     if (sub.kind != "full" && sub.rank < 1)

@@ -19,7 +19,7 @@ namespace polyprobe {
 class Accumulator;
 class RadiusModel;
 struct SubspaceSettings;
-}
+}  // namespace polyprobe
 
 namespace polyprobe::detail {
 

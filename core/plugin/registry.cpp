@@ -336,7 +336,8 @@ void PluginRegistry::load_library(const fs::path& requested) {
   };
   if (PP_HAS_FIELD(desc, pp_plugin, n_radius_models) &&
       (desc->n_subspaces < 0 || (desc->n_subspaces > 0 && desc->subspaces == nullptr) ||
-       desc->n_radius_models < 0 || (desc->n_radius_models > 0 && desc->radius_models == nullptr))) {
+       desc->n_radius_models < 0 ||
+       (desc->n_radius_models > 0 && desc->radius_models == nullptr))) {
     info.loaded = false;
     desc = nullptr;
     return record("its descriptor lists subspace kinds or radius models without data");
@@ -525,7 +526,8 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
 
 std::vector<NamedComponent> PluginRegistry::subspace_kinds() const {
   std::vector<NamedComponent> kinds;
-  for (const SubspaceKind& k : polyprobe::subspace_kinds()) kinds.push_back({k.name, "core", k.summary});
+  for (const SubspaceKind& k : polyprobe::subspace_kinds())
+    kinds.push_back({k.name, "core", k.summary});
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     if (!infos_[i].available) continue;
     for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
@@ -569,8 +571,9 @@ std::unique_ptr<Subspace> PluginRegistry::make_subspace(const Model& model,
         why = "; plugin '" + infos_[i].name + "' (" + infos_[i].path.string() +
               ") provides it but is unavailable: " + infos_[i].reason;
   if (why.empty())
-    why = "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
-          "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the subspace kinds found";
+    why =
+        "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
+        "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the subspace kinds found";
   throw Error("unknown subspace kind '" + kind + "' (known: " + names_of(subspace_kinds()) + ")" +
               why);
 }
@@ -620,8 +623,9 @@ void PluginRegistry::choose_radius_model(const std::string& name, OptimizerConfi
           why = "; plugin '" + infos_[i].name + "' (" + infos_[i].path.string() +
                 ") provides it but is unavailable: " + infos_[i].reason;
     if (why.empty())
-      why = "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
-            "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the radius models found";
+      why =
+          "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
+          "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the radius models found";
     throw Error("unknown radius model '" + name + "' (known: " + names_of(radius_models()) + ")" +
                 why);
   }

@@ -40,7 +40,8 @@ class Plateau {
     threshold_ = options.value("threshold", 1e-3);
     min_multiplier_ = options.value("min_multiplier", 0.05);
     if (patience_ < 1) throw std::invalid_argument("plateau: patience must be at least 1");
-    if (!(factor_ > 0 && factor_ < 1)) throw std::invalid_argument("plateau: factor must be in (0, 1)");
+    if (!(factor_ > 0 && factor_ < 1))
+      throw std::invalid_argument("plateau: factor must be in (0, 1)");
     if (!(threshold_ >= 0 && threshold_ < 1))
       throw std::invalid_argument("plateau: threshold must be in [0, 1)");
     if (!(min_multiplier_ > 0 && min_multiplier_ <= 1))

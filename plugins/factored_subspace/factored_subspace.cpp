@@ -75,7 +75,8 @@ FactoredSubspace::FactoredSubspace(const pp_model_view& model,
       throw std::invalid_argument(
           "factored subspace: even rank 1 needs " + std::to_string(dimension_at(entries, 1)) +
           " coordinates (one per weight row, every bias entry), more than the bound " +
-          std::to_string(options.max_dimension) + "; raise --subspace-dim or use --subspace hybrid");
+          std::to_string(options.max_dimension) +
+          "; raise --subspace-dim or use --subspace hybrid");
   }
   std::vector<std::size_t> first_row;
   for (std::size_t k = 0; k < entries.size(); ++k) {

@@ -28,7 +28,8 @@ namespace {
 const PluginRegistry& registry() {
   static PluginRegistry* r = [] {
     auto* loaded = new PluginRegistry();
-    loaded->load_directories({POLYPROBE_EXAMPLE_PLUGIN_DIR, PluginRegistry::executable_plugin_dir()});
+    loaded->load_directories(
+        {POLYPROBE_EXAMPLE_PLUGIN_DIR, PluginRegistry::executable_plugin_dir()});
     return loaded;
   }();
   for (const char* name : {"plateau", "factored_subspace", "cpu_tbb"}) {
@@ -86,8 +87,8 @@ TEST_CASE("a plugin radius model refuses bad options and unknown names with the 
 TEST_CASE("a plugin radius model drives the radii and its state round-trips exactly",
           "[plugins][components][checkpoint]") {
   OptimizerConfig config;
-  registry().choose_radius_model(
-      "plateau", config, false, R"({"patience": 2, "factor": 0.5, "min_multiplier": 0.2})");
+  registry().choose_radius_model("plateau", config, false,
+                                 R"({"patience": 2, "factor": 0.5, "min_multiplier": 0.2})");
   REQUIRE(config.radius.kind == RadiusModelKind::plugin);
   const auto model = make_radius_model(config.radius);
   CHECK(model->name() == "plateau");
@@ -185,8 +186,8 @@ TEST_CASE("training with a plugin subspace and radius model resumes bit for bit"
   // The plugin subspace and radius model together on the reference evaluator, and each with
   // cpu_tbb. (cpu_tbb in a factored subspace with radii the plateau shrinks resumes only to
   // rounding: 62 of 886 parameters differ in their last bits; see docs/plugins.md.)
-  g_variant = GENERATE(Variant{true, true, false}, Variant{false, true, true},
-                       Variant{true, false, true});
+  g_variant =
+      GENERATE(Variant{true, true, false}, Variant{false, true, true}, Variant{true, false, true});
   INFO("subspace " << g_variant.subspace << " plugin radius " << g_variant.plugin_radius
                    << " cpu_tbb " << g_variant.cpu_tbb);
   testing::TempDir dir;
@@ -196,8 +197,8 @@ TEST_CASE("training with a plugin subspace and radius model resumes bit for bit"
   options.seed = 7;
 
   Run straight;
-  const TrainResult full = train(straight.model, *straight.loss, straight.optimizer,
-                                 *straight.evaluator, data, options);
+  const TrainResult full =
+      train(straight.model, *straight.loss, straight.optimizer, *straight.evaluator, data, options);
 
   options.checkpoint_path = dir / "run.ckpt";
   std::atomic<bool> stop{false};

@@ -399,12 +399,10 @@ typedef struct pp_radius_model_kind {
   int (*observe_incumbent)(void* self, double loss, int32_t comparable, pp_error* err);
   /* (optional; NULL = 1) The step length along a block's transport move m, as a multiple of
    * it, given the block's model q(a) = a slope + a^2 curvature / 2. */
-  int (*move_scale)(const void* self, double slope, double curvature, double* scale,
-                    pp_error* err);
+  int (*move_scale)(const void* self, double slope, double curvature, double* scale, pp_error* err);
   /* (optional) The predicted change of the step just taken (sum over blocks); at_boundary =
    * 1 when a step length hit its cap. */
-  int (*record_prediction)(void* self, double predicted_change, int32_t at_boundary,
-                           pp_error* err);
+  int (*record_prediction)(void* self, double predicted_change, int32_t at_boundary, pp_error* err);
   /* (optional) Forget any deferred comparison (objective changed, resync). */
   void (*invalidate)(void* self);
   /* Its state for checkpoints, as bytes: writes at most `capacity` bytes into `data` and the
