@@ -416,6 +416,21 @@ int run(Context& ctx) {
   }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
+    // Who provides the search space and the radius model (the core or a plugin).
+    const auto provider = [](const std::vector<NamedComponent>& components,
+                             const std::string& name) {
+      for (const NamedComponent& c : components)
+        if (c.name == name)
+          return c.provider == "core" ? std::string("the core") : "plugin " + c.provider;
+      return std::string("?");
+    };
+    *ctx.err << "subspace " << settings.subspace.kind << ": "
+             << provider(ctx.registry.subspace_kinds(), settings.subspace.kind) << "\n";
+    const std::string radius = settings.optimizer.radius.kind == RadiusModelKind::plugin
+                                   ? settings.optimizer.radius.plugin_name
+                                   : std::string(to_string(settings.optimizer.radius.kind));
+    *ctx.err << "radius model " << radius << ": " << provider(ctx.registry.radius_models(), radius)
+             << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
     // say which and why, since the model file promised more.
     const nlohmann::json explained = evaluator->explain();

@@ -7,7 +7,6 @@
 #include <polyprobe/plugin/plugin.hpp>
 #include <polyprobe/radius_model.hpp>
 #include <polyprobe/registry.hpp>
-#include <polyprobe/subspaces.hpp>
 
 #include "plugin/plugin_impl.hpp"
 

@@ -112,6 +112,31 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
   CHECK(not_library_reason);
 }
 
+TEST_CASE("plugins lists subspace kinds and radius models; train uses and explains them") {
+  const std::string path = "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_EXAMPLE_PLUGIN_DIR);
+  const auto r = polyprobe("plugins", path);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("    radius_model plateau: ") &&
+                        Catch::Contains("    subspace factored: ") &&
+                        Catch::Contains("subspace kinds (--subspace): full, hybrid, factored "
+                                        "(factored_subspace)") &&
+                        Catch::Contains("plateau (plateau)"));
+  const auto json = nlohmann::json::parse(polyprobe("plugins --json", path).out);
+  CHECK(json["subspace_kinds"].size() == 3);
+  CHECK(json["radius_models"].back()["name"] == "plateau");
+  CHECK(json["radius_models"].back()["provider"] == "plateau");
+  const auto t = polyprobe(
+      "train --epochs 1 --quiet --explain --subspace factored --subspace-rank 2 "
+      "--radius-model plateau --radius-options '{\"patience\": 2}'",
+      path);
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.out, Catch::Contains("; subspace factored (") &&
+                        Catch::Contains("; radius model plateau (plugin)") &&
+                        Catch::Contains("test accuracy: "));
+  CHECK_THAT(t.err, Catch::Contains("subspace factored: plugin factored_subspace") &&
+                        Catch::Contains("radius model plateau: plugin plateau"));
+}
+
 TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
   const auto r =
       polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
