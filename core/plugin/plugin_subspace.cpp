@@ -15,7 +15,7 @@ class PluginSubspace final : public RankOneSubspace {
                  const SubspaceSettings& options)
       : kind_(kind), plugin_(std::move(plugin)) {
     const ModelView view(model);
-    const std::vector<ParameterEntry> layout = model.parameter_entries();
+    const std::vector<ParameterEntry>& layout = model.parameter_entries();
     std::vector<pp_param_entry> entries;
     entries.reserve(layout.size());
     for (const ParameterEntry& p : layout)
