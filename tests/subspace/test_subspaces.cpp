@@ -190,13 +190,14 @@ TEST_CASE("subspace kinds: unknown kinds and a missing plugin are clear errors",
     (void)empty.make_subspace(model, {"factored", 2, 0, 3});
     FAIL("the factored kind was made without its plugin");
   } catch (const Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("unknown subspace kind 'factored' (known: hybrid)") &&
+    CHECK_THAT(e.what(), Catch::Contains("unknown subspace kind 'factored' (known: full, hybrid)") &&
                              Catch::Contains("plugin path"));
   }
   const auto kinds = registry().subspace_kinds();
-  REQUIRE(kinds.size() >= 2);
-  CHECK(kinds[0].name == "hybrid");
-  CHECK(kinds[0].provider == "core");
+  REQUIRE(kinds.size() == 3);
+  CHECK(kinds[0].name == "full");
+  CHECK(kinds[1].name == "hybrid");
+  CHECK(kinds[1].provider == "core");
   CHECK(std::any_of(kinds.begin(), kinds.end(), [](const NamedComponent& c) {
     return c.name == "factored" && c.provider == "factored_subspace";
   }));
