@@ -192,7 +192,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   const StepRegime* mode = nullptr;
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
-  Workload w = build_workload(find_workload(name));
+  Workload w = build_workload(find_workload(name), 0, &ctx.registry);
   OptimizerConfig config;
   config.particle_dim = w.spec.d;
   config.subspace_particle_dim = w.spec.d;
@@ -266,7 +266,7 @@ std::vector<BenchRecord> run_step(Context& ctx) {
   const auto paths = split(ctx.vm["paths"].as<std::string>());
   const int64_t sample_size = ctx.vm["parity-sample"].as<int64_t>();
   for (const std::string& name : bench_workload_names(ctx)) {
-    Workload w = build_workload(find_workload(name));
+    Workload w = build_workload(find_workload(name), 0, &ctx.registry);
     const int64_t count = w.candidates();
     // The float64 reference on a random sample of candidates (all of them when few).
     std::vector<int64_t> sample(static_cast<std::size_t>(count));
@@ -403,7 +403,8 @@ BenchSuite step_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
-                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8) "
+                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8, "
+                    "mnist128-factored-r2, mnist128-sub414, mnist128-full) "
                     "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
                               "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),

@@ -13,6 +13,7 @@
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/safetensors.hpp>
+#include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
 
 #include <nlohmann/json.hpp>
@@ -155,9 +156,27 @@ void add_optimizer_options(po::options_description& options) {
 // The optimizer from the training defaults and the options the user gave (command line or
 // --config); the schedule runs over the whole run. Every rule of the table is checked here,
 // before any work.
-OptimizerSettings optimizer_settings(const po::variables_map& vm, int64_t total_steps,
-                                     uint64_t seed) {
+OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRegistry& registry,
+                                     int64_t total_steps, uint64_t seed) {
   OptimizerSettings settings = training_defaults();
+  // The loaded plugins' subspace kinds and radius models are names the table accepts too.
+  for (const NamedComponent& kind : registry.subspace_kinds())
+    if (kind.provider != "core") settings.plugin_subspace_kinds.push_back(kind.name);
+  for (const NamedComponent& model : registry.radius_models())
+    if (model.provider != "core") settings.plugin_radius_models.push_back(model.name);
+  // A kind polyprobe ships as a plugin that is not on the plugin path: say which plugin.
+  if (vm.count("subspace")) {
+    const std::string kind = vm["subspace"].as<std::string>();
+    const std::string shipped = shipped_plugin_of("subspace", kind);
+    const auto& offered = settings.plugin_subspace_kinds;
+    if (!shipped.empty() && std::find(offered.begin(), offered.end(), kind) == offered.end())
+      throw UsageError("--subspace: unknown subspace kind '" + kind +
+                       "' (kinds: " + subspace_kind_names() + "). polyprobe ships --subspace " +
+                       kind + " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+                       ".so), which is not on the plugin path: put its folder there "
+                       "(--plugin-dir DIR or POLYPROBE_PLUGIN_PATH) or reinstall it into the "
+                       "install's plugin folder");
+  }
   try {
     for (const OptimizerOption& option : optimizer_options())
       if (option.scope != OptionScope::minimize && vm.count(option.name) &&
@@ -166,6 +185,16 @@ OptimizerSettings optimizer_settings(const po::variables_map& vm, int64_t total_
     settings.optimizer.total_steps = total_steps;
     settings.optimizer.seed = seed;
     if (!settings.given.contains("subspace-seed")) settings.subspace.seed = seed + 3;
+    // A plugin's radius model is created now, told the configuration as it stands, so a
+    // configuration it refuses is an error before any work.
+    const std::string radius_options = vm["radius-options"].as<std::string>();
+    if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+      registry.choose_radius_model(settings.optimizer.radius.plugin_name, settings.optimizer,
+                                   settings.subspace.kind != "full", radius_options);
+    else if (!vm["radius-options"].defaulted())
+      throw UsageError(
+          "--radius-options has no effect here: it applies to a plugin's radius "
+          "model (drop it or choose one with --radius-model)");
     validate_settings(settings, OptionScope::training);
   } catch (const UsageError&) {
     throw;
@@ -372,8 +401,10 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  const OptimizerSettings settings = optimizer_settings(vm, options.epochs * steps_per_epoch, seed);
-  const std::unique_ptr<Subspace> subspace = make_subspace(model, settings.subspace);
+  const OptimizerSettings settings =
+      optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
+  // The subspace is recreated identically on --resume: its bases depend only on its settings.
+  const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
   PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
   EvaluatorRequest model_request = request;
   model_request.subspace = subspace.get();
@@ -388,6 +419,21 @@ int run(Context& ctx) {
   }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
+    // Who provides the search space and the radius model (the core or a plugin).
+    const auto provider = [](const std::vector<NamedComponent>& components,
+                             const std::string& name) {
+      for (const NamedComponent& c : components)
+        if (c.name == name)
+          return c.provider == "core" ? std::string("the core") : "plugin " + c.provider;
+      return std::string("?");
+    };
+    *ctx.err << "subspace " << settings.subspace.kind << ": "
+             << provider(ctx.registry.subspace_kinds(), settings.subspace.kind) << "\n";
+    const std::string radius = settings.optimizer.radius.kind == RadiusModelKind::plugin
+                                   ? settings.optimizer.radius.plugin_name
+                                   : std::string(to_string(settings.optimizer.radius.kind));
+    *ctx.err << "radius model " << radius << ": " << provider(ctx.registry.radius_models(), radius)
+             << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
     // say which and why, since the model file promised more.
     const nlohmann::json explained = evaluator->explain();
@@ -407,6 +453,8 @@ int run(Context& ctx) {
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
+  if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+    out << "; radius model " << settings.optimizer.radius.plugin_name << " (plugin)";
   out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
@@ -558,7 +606,9 @@ Command train_command() {
         "(FILE with .json); checkpoints go to FILE.ckpt")(
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
-        "resume", po::bool_switch(), "continue from the checkpoint");
+        "resume", po::bool_switch(), "continue from the checkpoint")(
+        "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
+        "options of a plugin's radius model (--radius-model), as a JSON object");
     add_optimizer_options(o);
     add_backend_options(o);
   };
