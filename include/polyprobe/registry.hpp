@@ -105,6 +105,12 @@ class PluginRegistry {
   // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
   // declares the strategy (else the core's reference), "reference" the reference, else the
   // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
+  // Runs available plugin `plugin`'s own benchmark `suite` (pp_plugin.bench) with `options`
+  // and returns its {"records": [...]}. Throws polyprobe::Error naming the plugin when it is
+  // missing, unavailable (with its reason), offers no benchmarks, or the run fails.
+  nlohmann::json run_plugin_bench(const std::string& plugin, const std::string& suite,
+                                  const nlohmann::json& options) const;
+
   std::unique_ptr<Accumulator> make_accumulator(const std::string& backend,
                                                 const std::string& strategy, int threads = 0,
                                                 Selection* selection = nullptr) const;

@@ -524,7 +524,7 @@ void launch_statistics(const CheriShape& s, const In* x, const float* taps, int6
 }
 
 template <class In, class T>
-void launch_mma(const MmaArgs& args, cudaStream_t stream) {
+void launch_mma(const MmaArgs& args, int max_teams, cudaStream_t stream) {
   static const bool configured = [] {
     check(cudaFuncSetAttribute(cheri_mma<In, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kSharedLimit)),
@@ -535,6 +535,7 @@ void launch_mma(const MmaArgs& args, cudaStream_t stream) {
   const CheriShape s{args.L, args.C, args.H, args.d};
   MmaArgs a = args;
   a.teams = weight_bytes(s) + kMaxTeams * team_bytes(s) <= kSharedLimit ? kMaxTeams : 1;
+  if (max_teams > 0) a.teams = std::min(a.teams, max_teams);
   const int64_t tiles = a.n * ((a.L + kTileRows - 1) / kTileRows);
   const int64_t blocks = std::min<int64_t>(multiprocessors(), (tiles + a.teams - 1) / a.teams);
   const std::size_t bytes = weight_bytes(s) + sz(a.teams) * team_bytes(s);
@@ -562,7 +563,7 @@ void launch_fma(const FmaArgs& args, int64_t n, cudaStream_t stream) {
 template <class In>
 void run_forward(const CheriShape& s, CheriMlp mlp, const void* x, void* y, int64_t n,
                  const float* taps, const void* w1, const void* w2, float* partials, int splits,
-                 cudaStream_t stream) {
+                 int max_teams, cudaStream_t stream) {
   launch_statistics<In>(s, static_cast<const In*>(x), taps, n, splits, partials, stream);
   if (mlp == CheriMlp::f32) {
     const FmaArgs a{x,     y,  s.length, s.channels, s.hidden, s.dilation, taps,
@@ -585,9 +586,9 @@ void run_forward(const CheriShape& s, CheriMlp mlp, const void* x, void* y, int6
                   splits,
                   1};
   if (mlp == CheriMlp::bf16)
-    launch_mma<In, __nv_bfloat16>(a, stream);
+    launch_mma<In, __nv_bfloat16>(a, max_teams, stream);
   else
-    launch_mma<In, __half>(a, stream);
+    launch_mma<In, __half>(a, max_teams, stream);
 }
 
 }  // namespace
@@ -717,15 +718,15 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
   switch (input) {
     case CheriInput::f32:
       run_forward<float>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(), splits,
-                         stream);
+                         max_teams_, stream);
       break;
     case CheriInput::bf16:
       run_forward<__nv_bfloat16>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(),
-                                 splits, stream);
+                                 splits, max_teams_, stream);
       break;
     case CheriInput::f16:
       run_forward<__half>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(), splits,
-                          stream);
+                          max_teams_, stream);
       break;
   }
 }
@@ -734,8 +735,11 @@ std::string CheriBlockKernel::path(CheriMlp mlp) const {
   if (mlp == CheriMlp::f32)
     return "float32 FMA (16-row tiles, exact tanh)";
   if (!tensor_cores_) return "unavailable: " + cheri_tensor_core_reason(shape_);
+  const int fit = weight_bytes(shape_) + kMaxTeams * team_bytes(shape_) <= kSharedLimit ? kMaxTeams : 1;
+  const int teams = max_teams_ > 0 ? std::min(fit, max_teams_) : fit;
   return std::string("tensor cores (mma.sync m16n8k16, ") + to_string(mlp) +
-         " operands, float32 accumulation, persistent fused kernel)";
+         " operands, float32 accumulation, persistent fused kernel, " + std::to_string(teams) +
+         (teams == 1 ? " team" : " teams") + " of 8 warps per block)";
 }
 
 }  // namespace polyprobe::cuda

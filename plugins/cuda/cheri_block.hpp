@@ -74,11 +74,16 @@ class CheriBlockKernel {
   // The path `mlp` takes for this shape, in words (for benchmarks and explain).
   std::string path(CheriMlp mlp) const;
 
+  // (benchmarks) At most `teams` teams of 8 warps per block of the tensor-core kernel; 0, the
+  // default, as many as shared memory holds (two at C = 128, e = 2).
+  void set_max_teams(int teams) { max_teams_ = teams; }
+
  private:
   void cast_weights(CheriMlp mlp, cudaStream_t stream);
 
   CheriShape shape_;
   bool tensor_cores_ = false;
+  int max_teams_ = 0;
   DeviceBuffer<double> params_;
   DeviceBuffer<float> taps_;        // [3, C]
   DeviceBuffer<float> w1_t_, w2_t_; // float32 path: fc1^T [C, H], fc2^T [H, C]

@@ -3,6 +3,7 @@
 // pp::guard, so no exception crosses the boundary. Loading it does no CUDA work; probe()
 // asks the runtime for a device, and on a machine without a driver or a GPU it returns 0
 // with the runtime's reason, so the registry records the plugin as unavailable.
+#include "cheri_bench.hpp"
 #include "model_plan.hpp"
 #include "session.hpp"
 
@@ -98,6 +99,15 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
   });
 }
 
+int bench(const char* suite, const char* options, const char** result, pp_error* err) {
+  return pp::guard(err, [&] {
+    static std::string text;  // valid until the next call (abi.h)
+    text = polyprobe::cuda::run_bench(suite != nullptr ? suite : "",
+                                      options != nullptr ? options : "");
+    *result = text.c_str();
+  });
+}
+
 int32_t probe(pp_error* why) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
@@ -152,6 +162,7 @@ const pp_plugin kPlugin = [] {
   p.n_caps = static_cast<int32_t>(std::size(kCaps));
   p.session_supports = &supports;
   p.session_create = &create;
+  p.bench = &bench;
   return p;
 }();
 
