@@ -38,8 +38,13 @@ std::size_t weight_bytes(const CheriShape& s) { return sz(4 * s.channels * s.hid
 std::size_t team_bytes(const CheriShape& s) {
   return sz(2 * kTileRows * (s.channels + s.hidden));
 }
+std::size_t taps_bytes(const CheriShape& s) { return sz(12 * s.channels); }
 std::size_t fma_bytes(const CheriShape& s) {
-  return sz(4 * kFmaRows * (s.channels + s.hidden));
+  return sz(4 * kFmaRows * (s.channels + s.hidden)) + taps_bytes(s);
+}
+// The tensor-core kernel's shared memory with `teams` teams.
+std::size_t mma_bytes(const CheriShape& s, int teams) {
+  return weight_bytes(s) + sz(teams) * team_bytes(s) + taps_bytes(s);
 }
 
 // --- Element types ------------------------------------------------------------------------
@@ -132,7 +137,7 @@ __device__ inline void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_
 template <>
 __device__ inline void mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0,
                                           uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -140,7 +145,7 @@ __device__ inline void mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint3
 }
 template <>
 __device__ inline void mma<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -155,7 +160,7 @@ __device__ inline int swizzle(int r, int k, int K) {
 
 // A barrier for the 256 threads of one team (ids 1 and 2; 0 is __syncthreads').
 __device__ inline void team_barrier(int team) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(team + 1), "r"(kTeamThreads));
+  asm volatile("bar.sync %0, %1;\n" ::"r"(team + 1), "r"(kTeamThreads) : "memory");
 }
 
 // GELU, tanh form. The float32 path keeps the core's formula with an exact tanh; the tensor
@@ -188,35 +193,51 @@ __device__ inline Moments merge(Moments a, Moments b) {
   return {n, a.mean + delta * w, a.m2 + b.m2 + delta * delta * a.count * w};
 }
 
-// The conv at row i, channels c .. c + W - 1, of one example x [L, C].
+// W taps from shared memory (16-byte aligned when W = 8).
+template <int W>
+__device__ inline void taps_at(const float* p, float w[W]) {
+  if constexpr (W == 8) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+  } else {
+    w[0] = p[0];
+  }
+}
+
+// Copies the [3, C] taps into shared memory (all threads of the block; synchronises).
+__device__ inline void stage_taps(const float* taps, int64_t C, float* shared_taps) {
+  for (int64_t q = threadIdx.x; q < 3 * C; q += blockDim.x) shared_taps[q] = taps[q];
+  __syncthreads();
+}
+
+// The conv at row i, channels c .. c + W - 1, of one example x [L, C]; taps in shared memory.
 template <int W, class In>
 __device__ inline void conv_at(const In* x, const float* taps, int64_t i, int64_t c, int64_t L,
                                int64_t C, int64_t d, float h[W]) {
-  float v[W];
-  if constexpr (W == 8) {
-    load8(x + i * C + c, v);
-  } else {
-    v[0] = to_float(x[i * C + c]);
-  }
-  #pragma unroll
-  for (int j = 0; j < W; ++j) h[j] = taps[C + c + j] * v[j];
-  if (i - d >= 0) {
+  float v[W], w[W];
+  const auto load = [&](int64_t row) {
     if constexpr (W == 8) {
-      load8(x + (i - d) * C + c, v);
+      load8(x + row * C + c, v);
     } else {
-      v[0] = to_float(x[(i - d) * C + c]);
+      v[0] = to_float(x[row * C + c]);
     }
-    #pragma unroll
-    for (int j = 0; j < W; ++j) h[j] += taps[c + j] * v[j];
+  };
+  load(i);
+  taps_at<W>(taps + C + c, w);
+#pragma unroll
+  for (int j = 0; j < W; ++j) h[j] = w[j] * v[j];
+  if (i - d >= 0) {
+    load(i - d);
+    taps_at<W>(taps + c, w);
+#pragma unroll
+    for (int j = 0; j < W; ++j) h[j] += w[j] * v[j];
   }
   if (i + d < L) {
-    if constexpr (W == 8) {
-      load8(x + (i + d) * C + c, v);
-    } else {
-      v[0] = to_float(x[(i + d) * C + c]);
-    }
-    #pragma unroll
-    for (int j = 0; j < W; ++j) h[j] += taps[2 * C + c + j] * v[j];
+    load(i + d);
+    taps_at<W>(taps + 2 * C + c, w);
+#pragma unroll
+    for (int j = 0; j < W; ++j) h[j] += w[j] * v[j];
   }
 }
 
@@ -226,16 +247,21 @@ template <int W, class In>
 __global__ void __launch_bounds__(256) cheri_statistics(const In* x, const float* taps, int64_t L,
                                                         int64_t C, int64_t d, int splits,
                                                         float* partials) {
+  extern __shared__ float shared_taps[];
+  stage_taps(taps, C, shared_taps);
   const int64_t e = blockIdx.y;
   const int s = static_cast<int>(blockIdx.x);
   const int64_t r0 = s * L / splits, r1 = (s + 1) * L / splits;
   const In* xe = x + e * L * C;
-  const int64_t chunks = (r1 - r0) * C / W;
+  // 32-bit index arithmetic: a plane has fewer than 2^31 values (CheriBlockKernel checks).
+  const int per_row = static_cast<int>(C) / W;
+  const int chunks = static_cast<int>(r1 - r0) * per_row;
   Moments m{0.0f, 0.0f, 0.0f};
-  for (int64_t q = threadIdx.x; q < chunks; q += blockDim.x) {
-    const int64_t i = r0 + q * W / C, c = q * W % C;
+#pragma unroll 4
+  for (int q = static_cast<int>(threadIdx.x); q < chunks; q += static_cast<int>(blockDim.x)) {
+    const int64_t i = r0 + q / per_row, c = q % per_row * W;
     float h[W];
-    conv_at<W>(xe, taps, i, c, L, C, d, h);
+    conv_at<W>(xe, shared_taps, i, c, L, C, d, h);
     float sum = 0.0f;
     #pragma unroll
     for (int j = 0; j < W; ++j) sum += h[j];
@@ -294,6 +320,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
   const int t = static_cast<int>(threadIdx.x) % kTeamThreads;
   T* as = w2s + C * H + team * kTileRows * (C + H);  // [64, C]
   T* gs = as + kTileRows * C;                         // [64, H]
+  float* taps = reinterpret_cast<float*>(w2s + C * H + a.teams * kTileRows * (C + H));
   const In* x = static_cast<const In*>(a.x);
   In* y = static_cast<In*>(a.y);
 
@@ -304,7 +331,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     *reinterpret_cast<uint4*>(&w1s[swizzle(e / C, e % C, C)]) = w1[q];
     *reinterpret_cast<uint4*>(&w2s[swizzle(e / H, e % H, H)]) = w2[q];
   }
-  __syncthreads();
+  stage_taps(a.taps, a.C, taps);
 
   const int warp = t / 32, lane = t % 32;
   const int wr = warp & 1, wc = warp >> 1;  // 2 x 4 warps
@@ -319,12 +346,13 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
 
     // Conv and normalisation of rows i0 .. i0 + 63 into A.
     const float2 norm = plane_norm(a.partials, e, a.splits);
+#pragma unroll 4
     for (int q = t; q < kTileRows * C / 8; q += kTeamThreads) {
       const int r = q / (C / 8), c = q % (C / 8) * 8;
       const int64_t i = i0 + r;
       float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (i < a.L) {
-        conv_at<8>(xe, a.taps, i, c, a.L, a.C, a.d, h);
+        conv_at<8>(xe, taps, i, c, a.L, a.C, a.d, h);
         #pragma unroll
         for (float& v : h) v = (v - norm.x) * norm.y;
       }
@@ -337,6 +365,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     // G = GELU(A fc1^T): this warp's rows wr * 32 .., hidden units n0 .. n0 + 63 per pass.
     for (int n0 = wc * 64; n0 < H; n0 += 256) {
       float acc[2][8][4] = {};
+#pragma unroll 2
       for (int k0 = 0; k0 < C; k0 += 16) {
         uint32_t af[2][4];
         #pragma unroll
@@ -372,6 +401,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     // next tile overwrites A only after its own barrier, which every warp reaches after this.
     for (int c0 = wc * 32; c0 < C; c0 += 128) {
       float acc[2][4][4] = {};
+#pragma unroll 2
       for (int k0 = 0; k0 < H; k0 += 16) {
         uint32_t af[2][4];
         #pragma unroll
@@ -428,6 +458,8 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
   const int64_t C = a.C, H = a.H;
   float* as = reinterpret_cast<float*>(shared);  // [16, C]
   float* gs = as + kFmaRows * C;                 // [16, H]
+  float* taps = gs + kFmaRows * H;               // [3, C]
+  stage_taps(a.taps, C, taps);
   const int64_t e = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kFmaRows;
   const In* xe = static_cast<const In*>(a.x) + e * a.L * C;
   In* ye = static_cast<In*>(a.y) + e * a.L * C;
@@ -437,7 +469,7 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
     const int64_t r = q / C, c = q % C;
     float h = 0.0f;
     if (r < rows) {
-      conv_at<1>(xe, a.taps, i0 + r, c, a.L, C, a.d, &h);
+      conv_at<1>(xe, taps, i0 + r, c, a.L, C, a.d, &h);
       h = (h - norm.x) * norm.y;
     }
     as[q] = h;
@@ -515,10 +547,10 @@ void launch_statistics(const CheriShape& s, const In* x, const float* taps, int6
                        int splits, float* partials, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
   if (s.channels % 8 == 0)
-    cheri_statistics<8, In><<<grid, 256, 0, stream>>>(x, taps, s.length, s.channels, s.dilation,
+    cheri_statistics<8, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
                                                       splits, partials);
   else
-    cheri_statistics<1, In><<<grid, 256, 0, stream>>>(x, taps, s.length, s.channels, s.dilation,
+    cheri_statistics<1, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
                                                       splits, partials);
   check(cudaGetLastError(), "cheri statistics launch");
 }
@@ -534,11 +566,11 @@ void launch_mma(const MmaArgs& args, int max_teams, cudaStream_t stream) {
   (void)configured;
   const CheriShape s{args.L, args.C, args.H, args.d};
   MmaArgs a = args;
-  a.teams = weight_bytes(s) + kMaxTeams * team_bytes(s) <= kSharedLimit ? kMaxTeams : 1;
+  a.teams = mma_bytes(s, kMaxTeams) <= kSharedLimit ? kMaxTeams : 1;
   if (max_teams > 0) a.teams = std::min(a.teams, max_teams);
   const int64_t tiles = a.n * ((a.L + kTileRows - 1) / kTileRows);
   const int64_t blocks = std::min<int64_t>(multiprocessors(), (tiles + a.teams - 1) / a.teams);
-  const std::size_t bytes = weight_bytes(s) + sz(a.teams) * team_bytes(s);
+  const std::size_t bytes = mma_bytes(s, a.teams);
   cheri_mma<In, T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(kTeamThreads * a.teams),
                      bytes, stream>>>(a);
   check(cudaGetLastError(), "cheri tensor-core kernel launch");
@@ -644,10 +676,10 @@ std::string cheri_tensor_core_reason(const CheriShape& s) {
   if (s.channels % 64 != 0 || s.hidden % 64 != 0)
     return "the tensor-core Cheri kernel needs C and e C multiples of 64 (C = " +
            std::to_string(s.channels) + ", e C = " + std::to_string(s.hidden) + ")";
-  if (weight_bytes(s) + team_bytes(s) > kSharedLimit)
-    return "the tensor-core Cheri kernel keeps both weight matrices and a 64-row tile in "
-           "shared memory: 4 C e C + 128 (C + e C) = " +
-           std::to_string(weight_bytes(s) + team_bytes(s)) + " bytes exceed the " +
+  if (mma_bytes(s, 1) > kSharedLimit)
+    return "the tensor-core Cheri kernel keeps both weight matrices, a 64-row tile and the taps "
+           "in shared memory: 4 C e C + 128 (C + e C) + 12 C = " +
+           std::to_string(mma_bytes(s, 1)) + " bytes exceed the " +
            std::to_string(kSharedLimit) + " of an sm_90 block";
   return "";
 }
@@ -655,6 +687,8 @@ std::string cheri_tensor_core_reason(const CheriShape& s) {
 CheriBlockKernel::CheriBlockKernel(const CheriShape& shape) : shape_(shape) {
   if (shape.length < 1 || shape.channels < 1 || shape.hidden < 1 || shape.dilation < 1)
     throw std::invalid_argument("Cheri block: L, C, e C and the dilation must be positive");
+  if (shape.length * shape.channels >= (int64_t{1} << 31))
+    throw std::invalid_argument("Cheri block: an (L, C) plane must hold fewer than 2^31 values");
   if (fma_bytes(shape) > kSharedLimit)
     throw std::invalid_argument(
         "Cheri block: C + e C = " + std::to_string(shape.channels + shape.hidden) +
@@ -735,7 +769,7 @@ std::string CheriBlockKernel::path(CheriMlp mlp) const {
   if (mlp == CheriMlp::f32)
     return "float32 FMA (16-row tiles, exact tanh)";
   if (!tensor_cores_) return "unavailable: " + cheri_tensor_core_reason(shape_);
-  const int fit = weight_bytes(shape_) + kMaxTeams * team_bytes(shape_) <= kSharedLimit ? kMaxTeams : 1;
+  const int fit = mma_bytes(shape_, kMaxTeams) <= kSharedLimit ? kMaxTeams : 1;
   const int teams = max_teams_ > 0 ? std::min(fit, max_teams_) : fit;
   return std::string("tensor cores (mma.sync m16n8k16, ") + to_string(mlp) +
          " operands, float32 accumulation, persistent fused kernel, " + std::to_string(teams) +

@@ -2,7 +2,9 @@
 // forward (core/layers/cheri.cpp) in float64, on random inputs and weights, at the seed's
 // tolerances (max-abs: about 1e-5 with a float32 MLP, 3e-2 with bf16 operands, 4e-3 with
 // fp16), every output element checked (outputs are poisoned with NaN first). The reference
-// runs on the input as rounded to the input type, so a difference is the kernel's own. Needs
+// runs on the input as rounded to the input type, so a difference is the kernel's own (and
+// the rounding of y to the input type: half an ulp of |y| ~ 4 is 8e-3 in bf16, 1e-3 in fp16,
+// which is why a float32 MLP on bf16 / fp16 inputs gets those types' tolerances). Needs
 // a CUDA device; without one each case says why and exits with 77 (ctest: skipped).
 #include "cheri_block.hpp"
 
@@ -116,14 +118,17 @@ TEST_CASE("cuda cheri: the benchmark shape at the seed's tolerances", "[cuda][ch
   check_case(p, CheriInput::f32, CheriMlp::bf16, 3e-2, 2);
   check_case(p, CheriInput::bf16, CheriMlp::bf16, 3e-2, 3);
   check_case(p, CheriInput::f16, CheriMlp::f16, 4e-3, 4);
-  check_case(p, CheriInput::bf16, CheriMlp::f32, 1e-5, 5);
+  check_case(p, CheriInput::bf16, CheriMlp::f32, 3e-2, 5);
+  check_case(p, CheriInput::f16, CheriMlp::f32, 4e-3, 6);
 }
 
 TEST_CASE("cuda cheri: partial tiles, other widths and dilations", "[cuda][cheri]") {
   require_device();
-  // L not a multiple of the 64-row tile, a dilation past a tile, e = 1 and e = 3.
+  // L not a multiple of the 64-row tile, a dilation past a tile, e = 1 and e = 3, C = 192 (one
+  // team per block).
   for (const Problem& p : {Problem{100, 64, 2, 7, 3}, Problem{200, 64, 1, 70, 2},
-                           Problem{130, 128, 3, 1, 2}, Problem{64, 192, 2, 2, 1}}) {
+                           Problem{130, 64, 3, 1, 2}, Problem{64, 128, 1, 2, 1},
+                           Problem{70, 192, 1, 3, 2}}) {
     check_case(p, CheriInput::f32, CheriMlp::f32, 1e-5, 11);
     check_case(p, CheriInput::bf16, CheriMlp::bf16, 3e-2, 12);
     check_case(p, CheriInput::f16, CheriMlp::f16, 4e-3, 13);
@@ -136,7 +141,7 @@ TEST_CASE("cuda cheri: shapes off the tensor-core grid take the float32 path, or
   // C a multiple of 8 (16-byte loads) and not; a dilation longer than the sequence.
   for (const Problem& p : {Problem{37, 24, 3, 3, 3}, Problem{20, 5, 2, 30, 4}}) {
     check_case(p, CheriInput::f32, CheriMlp::f32, 1e-5, 21);
-    check_case(p, CheriInput::f16, CheriMlp::f32, 1e-5, 22);
+    check_case(p, CheriInput::f16, CheriMlp::f32, 4e-3, 22);
     cuda::CheriBlockKernel kernel({p.length, p.channels, p.expansion * p.channels, p.dilation});
     const int64_t count = p.channels * (3 + 2 * p.expansion * p.channels);
     std::vector<double> params(static_cast<std::size_t>(count), 0.1);
@@ -149,4 +154,14 @@ TEST_CASE("cuda cheri: shapes off the tensor-core grid take the float32 path, or
       CHECK(std::string(e.what()).find("multiples of 64") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("cuda cheri: a shape whose weights overflow shared memory is declined with the sizes",
+          "[cuda][cheri]") {
+  require_device();
+  const cuda::CheriShape shape{256, 128, 384, 2};  // e = 3: 196,608 bytes of weights
+  CHECK(cuda::cheri_tensor_core_reason(shape).find("bytes exceed") != std::string::npos);
+  cuda::CheriBlockKernel kernel(shape);
+  CHECK(kernel.path(CheriMlp::bf16).find("unavailable") != std::string::npos);
+  check_case({256, 128, 3, 2, 2}, CheriInput::f32, CheriMlp::f32, 1e-5, 31);
 }
