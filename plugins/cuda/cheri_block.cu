@@ -73,23 +73,6 @@ __device__ inline void load8(const __half* p, float v[8]) {
   }
 }
 
-__device__ inline float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ inline float2 load2(const __nv_bfloat16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-__device__ inline float2 load2(const __half* p) {
-  return __half22float2(*reinterpret_cast<const __half2*>(p));
-}
-__device__ inline void store2(float* p, float a, float b) {
-  *reinterpret_cast<float2*>(p) = make_float2(a, b);
-}
-__device__ inline void store2(__nv_bfloat16* p, float a, float b) {
-  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
-}
-__device__ inline void store2(__half* p, float a, float b) {
-  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
-}
-
 __device__ inline float to_float(float v) { return v; }
 __device__ inline float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ inline float to_float(__half v) { return __half2float(v); }
@@ -120,6 +103,25 @@ template <>
 __device__ inline uint32_t pack2<__half>(float a, float b) {
   const __half2 v = __floats2half2_rn(a, b);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ inline void store8(float* p, const float v[8]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+template <class T>
+__device__ inline void store8_packed(T* p, const float v[8]) {
+  const uint4 u{pack2<T>(v[0], v[1]), pack2<T>(v[2], v[3]), pack2<T>(v[4], v[5]),
+                pack2<T>(v[6], v[7])};
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ inline void store8(__nv_bfloat16* p, const float v[8]) { store8_packed(p, v); }
+__device__ inline void store8(__half* p, const float v[8]) { store8_packed(p, v); }
+
+// The float (r, c < 128) of the [64, 128] float32 staging tile: 16-byte chunk c / 4 of row r
+// sits at chunk (c / 4) ^ (r % 8), so that 8 rows written at one column spread over the banks.
+__device__ inline int stage_index(int r, int c) {
+  return r * 128 + ((((c >> 2) ^ (r & 7)) << 2) | (c & 3));
 }
 
 // --- Tensor-core primitives -----------------------------------------------------------------
@@ -223,30 +225,38 @@ __device__ inline void conv_at(const In* x, const float* taps, int64_t i, int64_
       v[0] = to_float(x[row * C + c]);
     }
   };
+  // The neighbours are loaded unconditionally (from row i where they fall outside the
+  // sequence, then ignored), so that all three loads are in flight at once.
+  const bool before = i - d >= 0, after = i + d < L;
+  float vb[W], va[W];
   load(i);
+#pragma unroll
+  for (int j = 0; j < W; ++j) vb[j] = v[j];
+  load(before ? i - d : i);
+#pragma unroll
+  for (int j = 0; j < W; ++j) va[j] = v[j];
+  load(after ? i + d : i);
   taps_at<W>(taps + C + c, w);
 #pragma unroll
-  for (int j = 0; j < W; ++j) h[j] = w[j] * v[j];
-  if (i - d >= 0) {
-    load(i - d);
-    taps_at<W>(taps + c, w);
+  for (int j = 0; j < W; ++j) h[j] = w[j] * vb[j];
+  taps_at<W>(taps + c, w);
 #pragma unroll
-    for (int j = 0; j < W; ++j) h[j] += w[j] * v[j];
-  }
-  if (i + d < L) {
-    load(i + d);
-    taps_at<W>(taps + 2 * C + c, w);
+  for (int j = 0; j < W; ++j)
+    if (before) h[j] += w[j] * va[j];
+  taps_at<W>(taps + 2 * C + c, w);
 #pragma unroll
-    for (int j = 0; j < W; ++j) h[j] += w[j] * v[j];
-  }
+  for (int j = 0; j < W; ++j)
+    if (after) h[j] += w[j] * v[j];
 }
 
 // partials[(e * splits + s) * 4 ..] = count, mean, M2 of the conv over rows [s L / splits,
-// (s + 1) L / splits) of example e = blockIdx.y. W = 8: C is a multiple of 8 (16-byte loads).
+// (s + 1) L / splits) of example e = blockIdx.y, then norm[e] = (mean, 1 / sqrt(var + eps))
+// of the whole plane. W = 8: C is a multiple of 8 (16-byte loads). counters [n] start at 0.
 template <int W, class In>
 __global__ void __launch_bounds__(256) cheri_statistics(const In* x, const float* taps, int64_t L,
                                                         int64_t C, int64_t d, int splits,
-                                                        float* partials) {
+                                                        float* partials, unsigned* counters,
+                                                        float2* norm) {
   extern __shared__ float shared_taps[];
   stage_taps(taps, C, shared_taps);
   const int64_t e = blockIdx.y;
@@ -256,20 +266,29 @@ __global__ void __launch_bounds__(256) cheri_statistics(const In* x, const float
   // 32-bit index arithmetic: a plane has fewer than 2^31 values (CheriBlockKernel checks).
   const int per_row = static_cast<int>(C) / W;
   const int chunks = static_cast<int>(r1 - r0) * per_row;
-  Moments m{0.0f, 0.0f, 0.0f};
+  // Per thread: sums of (h - shift) and its square about the thread's first value, which
+  // keeps the cancellation of M2 = s2 - s1^2 / n small; the threads' moments are then merged
+  // pairwise (Chan et al.).
+  float shift = 0.0f, s1 = 0.0f, s2 = 0.0f;
+  int count = 0;
 #pragma unroll 4
   for (int q = static_cast<int>(threadIdx.x); q < chunks; q += static_cast<int>(blockDim.x)) {
     const int64_t i = r0 + q / per_row, c = q % per_row * W;
     float h[W];
     conv_at<W>(xe, shared_taps, i, c, L, C, d, h);
-    float sum = 0.0f;
-    #pragma unroll
-    for (int j = 0; j < W; ++j) sum += h[j];
-    const float mean = sum / W;
-    float m2 = 0.0f;
-    #pragma unroll
-    for (int j = 0; j < W; ++j) m2 += (h[j] - mean) * (h[j] - mean);
-    m = merge(m, {static_cast<float>(W), mean, m2});
+    if (count == 0) shift = h[0];
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float u = h[j] - shift;
+      s1 += u;
+      s2 += u * u;
+    }
+    count += W;
+  }
+  Moments m{0.0f, 0.0f, 0.0f};
+  if (count > 0) {
+    const auto n = static_cast<float>(count);
+    m = {n, shift + s1 / n, fmaxf(s2 - s1 * s1 / n, 0.0f)};
   }
   for (int off = 16; off > 0; off >>= 1) {
     const Moments o{__shfl_xor_sync(0xffffffffu, m.count, off),
@@ -281,20 +300,22 @@ __global__ void __launch_bounds__(256) cheri_statistics(const In* x, const float
   const int warp = static_cast<int>(threadIdx.x) / 32;
   if (threadIdx.x % 32 == 0) warps[warp] = m;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    Moments total = warps[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) total = merge(total, warps[w]);
-    float* out = partials + (e * splits + s) * 4;
-    out[0] = total.count, out[1] = total.mean, out[2] = total.m2, out[3] = 0.0f;
-  }
-}
-
-// The mean and 1 / sqrt(var + eps) of example e from its splits.
-__device__ inline float2 plane_norm(const float* partials, int64_t e, int splits) {
+  if (threadIdx.x != 0) return;
+  Moments total = warps[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x) / 32; ++w) total = merge(total, warps[w]);
+  float* out = partials + (e * splits + s) * 4;
+  out[0] = total.count, out[1] = total.mean, out[2] = total.m2, out[3] = 0.0f;
+  // The last of the example's blocks to finish merges the splits into norm[e] and resets the
+  // counter for the next forward (the fence publishes this block's partial first).
+  __threadfence();
+  if (atomicAdd(&counters[e], 1u) != static_cast<unsigned>(splits - 1)) return;
+  __threadfence();
   const float* p = partials + e * splits * 4;
-  Moments m{p[0], p[1], p[2]};
-  for (int s = 1; s < splits; ++s) m = merge(m, {p[4 * s], p[4 * s + 1], p[4 * s + 2]});
-  return make_float2(m.mean, 1.0f / sqrtf(m.m2 / m.count + kEps));
+  Moments all{__ldcg(p), __ldcg(p + 1), __ldcg(p + 2)};
+  for (int k = 1; k < splits; ++k)
+    all = merge(all, {__ldcg(p + 4 * k), __ldcg(p + 4 * k + 1), __ldcg(p + 4 * k + 2)});
+  norm[e] = make_float2(all.mean, 1.0f / sqrtf(all.m2 / all.count + kEps));
+  counters[e] = 0;
 }
 
 // --- The fused tensor-core kernel -------------------------------------------------------------
@@ -306,8 +327,8 @@ struct MmaArgs {
   const float* taps;
   const uint16_t* w1;  // [H, C], operand type
   const uint16_t* w2;  // [C, H]
-  const float* partials;
-  int splits, teams;
+  const float2* norm;  // [n]: mean, 1 / sqrt(var + eps)
+  int teams;
 };
 
 template <class In, class T>
@@ -345,7 +366,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     In* ye = y + e * a.L * a.C;
 
     // Conv and normalisation of rows i0 .. i0 + 63 into A.
-    const float2 norm = plane_norm(a.partials, e, a.splits);
+    const float2 norm = a.norm[e];
 #pragma unroll 4
     for (int q = t; q < kTileRows * C / 8; q += kTeamThreads) {
       const int r = q / (C / 8), c = q % (C / 8) * 8;
@@ -365,7 +386,6 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     // G = GELU(A fc1^T): this warp's rows wr * 32 .., hidden units n0 .. n0 + 63 per pass.
     for (int n0 = wc * 64; n0 < H; n0 += 256) {
       float acc[2][8][4] = {};
-#pragma unroll 2
       for (int k0 = 0; k0 < C; k0 += 16) {
         uint32_t af[2][4];
         #pragma unroll
@@ -397,41 +417,66 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     }
     team_barrier(team);
 
-    // y = x + 0.15 G fc2^T: this warp's rows wr * 32 .., channels c0 .. c0 + 31 per pass. The
-    // next tile overwrites A only after its own barrier, which every warp reaches after this.
-    for (int c0 = wc * 32; c0 < C; c0 += 128) {
+    // y = x + 0.15 G fc2^T, 128 channels per pass: this warp's rows wr * 32 .., channels c0 ..
+    // c0 + 31. The accumulators go through shared memory (float32, over A and G, free once
+    // every warp is past G) so that x is read and y written in 16-byte pieces, coalesced.
+    float* staged = reinterpret_cast<float*>(as);  // [64, 128], 16-byte chunks swizzled
+    for (int p0 = 0; p0 < C; p0 += 128) {
+      const int c0 = p0 + wc * 32;
+      const bool active = c0 < C;
       float acc[2][4][4] = {};
+      if (active) {
 #pragma unroll 2
-      for (int k0 = 0; k0 < H; k0 += 16) {
-        uint32_t af[2][4];
-        #pragma unroll
-        for (int mi = 0; mi < 2; ++mi)
-          ldmatrix_x4(af[mi], &gs[swizzle(wr * 32 + mi * 16 + (lane & 15), k0 + (lane >> 4) * 8, H)]);
-        #pragma unroll
-        for (int nj = 0; nj < 2; ++nj) {
-          uint32_t bf[4];
-          ldmatrix_x4(bf, &w2s[swizzle(c0 + nj * 16 + (lane >> 4) * 8 + (lane & 7),
-                                       k0 + ((lane >> 3) & 1) * 8, H)]);
-          #pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            mma<T>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
-            mma<T>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+        for (int k0 = 0; k0 < H; k0 += 16) {
+          uint32_t af[2][4];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+            ldmatrix_x4(af[mi],
+                        &gs[swizzle(wr * 32 + mi * 16 + (lane & 15), k0 + (lane >> 4) * 8, H)]);
+#pragma unroll
+          for (int nj = 0; nj < 2; ++nj) {
+            uint32_t bf[4];
+            ldmatrix_x4(bf, &w2s[swizzle(c0 + nj * 16 + (lane >> 4) * 8 + (lane & 7),
+                                         k0 + ((lane >> 3) & 1) * 8, H)]);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              mma<T>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
+              mma<T>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
+            }
           }
         }
       }
-      #pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-        #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-          #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int64_t i = i0 + wr * 32 + mi * 16 + (lane >> 2) + half * 8;
-            if (i >= a.L) continue;
-            const int64_t at = i * a.C + c0 + nt * 8 + (lane & 3) * 2;
-            const float2 in = load2(xe + at);
-            const float* v = acc[mi][nt] + 2 * half;
-            store2(ye + at, in.x + kResidual * v[0], in.y + kResidual * v[1]);
-          }
+      team_barrier(team);  // every warp is done with G (and A) for this pass
+      if (active) {
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const int row = wr * 32 + mi * 16 + (lane >> 2) + half * 8;
+              const int col = wc * 32 + nt * 8 + (lane & 3) * 2;
+              const float* v = acc[mi][nt] + 2 * half;
+              *reinterpret_cast<float2*>(&staged[stage_index(row, col)]) = make_float2(v[0], v[1]);
+            }
+      }
+      team_barrier(team);
+      const int width = C - p0 < 128 ? C - p0 : 128;
+      for (int q = t; q < kTileRows * width / 8; q += kTeamThreads) {
+        const int r = q / (width / 8), c = q % (width / 8) * 8;
+        const int64_t i = i0 + r;
+        if (i >= a.L) continue;
+        const float4 lo = *reinterpret_cast<const float4*>(&staged[stage_index(r, c)]);
+        const float4 hi = *reinterpret_cast<const float4*>(&staged[stage_index(r, c + 4)]);
+        const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const int64_t at = i * a.C + p0 + c;
+        float in[8], out[8];
+        load8(xe + at, in);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) out[j] = in[j] + kResidual * v[j];
+        store8(ye + at, out);
+      }
+      team_barrier(team);  // the staging is read before the next pass or tile writes over it
     }
   }
 }
@@ -445,8 +490,7 @@ struct FmaArgs {
   const float* taps;
   const float* w1_t;  // [C, H]
   const float* w2_t;  // [H, C]
-  const float* partials;
-  int splits;
+  const float2* norm;
 };
 
 // Block (tile, example): 16 rows, the conv and normalisation into shared memory, then each
@@ -464,7 +508,7 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
   const In* xe = static_cast<const In*>(a.x) + e * a.L * C;
   In* ye = static_cast<In*>(a.y) + e * a.L * C;
   const int rows = static_cast<int>(a.L - i0 < kFmaRows ? a.L - i0 : kFmaRows);
-  const float2 norm = plane_norm(a.partials, e, a.splits);
+  const float2 norm = a.norm[e];
   for (int64_t q = threadIdx.x; q < kFmaRows * C; q += blockDim.x) {
     const int64_t r = q / C, c = q % C;
     float h = 0.0f;
@@ -544,14 +588,15 @@ int multiprocessors() {
 
 template <class In>
 void launch_statistics(const CheriShape& s, const In* x, const float* taps, int64_t n,
-                       int splits, float* partials, cudaStream_t stream) {
+                       int splits, float* partials, unsigned* counters, float2* norm,
+                       cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
   if (s.channels % 8 == 0)
     cheri_statistics<8, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
-                                                      splits, partials);
+                                                      splits, partials, counters, norm);
   else
     cheri_statistics<1, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
-                                                      splits, partials);
+                                                      splits, partials, counters, norm);
   check(cudaGetLastError(), "cheri statistics launch");
 }
 
@@ -592,15 +637,24 @@ void launch_fma(const FmaArgs& args, int64_t n, cudaStream_t stream) {
   check(cudaGetLastError(), "cheri float32 kernel launch");
 }
 
+// The statistics pass's scratch: partials [n, splits, 4], counters [n] (zero between
+// forwards), norm [n].
+struct Statistics {
+  float* partials;
+  unsigned* counters;
+  float2* norm;
+  int splits;
+};
+
 template <class In>
 void run_forward(const CheriShape& s, CheriMlp mlp, const void* x, void* y, int64_t n,
-                 const float* taps, const void* w1, const void* w2, float* partials, int splits,
+                 const float* taps, const void* w1, const void* w2, const Statistics& st,
                  int max_teams, cudaStream_t stream) {
-  launch_statistics<In>(s, static_cast<const In*>(x), taps, n, splits, partials, stream);
+  launch_statistics<In>(s, static_cast<const In*>(x), taps, n, st.splits, st.partials,
+                        st.counters, st.norm, stream);
   if (mlp == CheriMlp::f32) {
     const FmaArgs a{x,     y,  s.length, s.channels, s.hidden, s.dilation, taps,
-                    static_cast<const float*>(w1), static_cast<const float*>(w2), partials,
-                    splits};
+                    static_cast<const float*>(w1), static_cast<const float*>(w2), st.norm};
     launch_fma<In>(a, n, stream);
     return;
   }
@@ -614,8 +668,7 @@ void run_forward(const CheriShape& s, CheriMlp mlp, const void* x, void* y, int6
                   taps,
                   static_cast<const uint16_t*>(w1),
                   static_cast<const uint16_t*>(w2),
-                  partials,
-                  splits,
+                  st.norm,
                   1};
   if (mlp == CheriMlp::bf16)
     launch_mma<In, __nv_bfloat16>(a, max_teams, stream);
@@ -743,6 +796,14 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
   const int splits = static_cast<int>(
       std::clamp<int64_t>(2048 / n, 1, std::min<int64_t>(kMaxSplits, shape_.length)));
   partials_.reserve(sz(n * splits * 4));
+  norm_.reserve(sz(2 * n));
+  if (counters_.size() < sz(n)) {
+    counters_.resize(sz(n));
+    check(cudaMemsetAsync(counters_.data(), 0, sz(n) * sizeof(unsigned), stream),
+          "cudaMemsetAsync");
+  }
+  const Statistics st{partials_.data(), counters_.data(),
+                      reinterpret_cast<float2*>(norm_.data()), splits};
   const void* w1 = mlp == CheriMlp::f32    ? static_cast<const void*>(w1_t_.data())
                    : mlp == CheriMlp::bf16 ? static_cast<const void*>(w1_bf16_.data())
                                            : static_cast<const void*>(w1_f16_.data());
@@ -751,16 +812,14 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
                                            : static_cast<const void*>(w2_f16_.data());
   switch (input) {
     case CheriInput::f32:
-      run_forward<float>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(), splits,
-                         max_teams_, stream);
+      run_forward<float>(shape_, mlp, x, y, n, taps_.data(), w1, w2, st, max_teams_, stream);
       break;
     case CheriInput::bf16:
-      run_forward<__nv_bfloat16>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(),
-                                 splits, max_teams_, stream);
+      run_forward<__nv_bfloat16>(shape_, mlp, x, y, n, taps_.data(), w1, w2, st, max_teams_,
+                                 stream);
       break;
     case CheriInput::f16:
-      run_forward<__half>(shape_, mlp, x, y, n, taps_.data(), w1, w2, partials_.data(), splits,
-                          max_teams_, stream);
+      run_forward<__half>(shape_, mlp, x, y, n, taps_.data(), w1, w2, st, max_teams_, stream);
       break;
   }
 }

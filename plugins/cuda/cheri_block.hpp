@@ -89,7 +89,9 @@ class CheriBlockKernel {
   DeviceBuffer<float> w1_t_, w2_t_; // float32 path: fc1^T [C, H], fc2^T [H, C]
   DeviceBuffer<uint16_t> w1_bf16_, w2_bf16_, w1_f16_, w2_f16_;  // [H, C], [C, H]
   bool fresh_f32_ = false, fresh_bf16_ = false, fresh_f16_ = false;
-  DeviceBuffer<float> partials_;  // [n, splits, 4]: count, mean, M2 of each split
+  DeviceBuffer<float> partials_;     // [n, splits, 4]: count, mean, M2 of each split
+  DeviceBuffer<unsigned> counters_;  // [n]: finished splits (0 between forwards)
+  DeviceBuffer<float> norm_;         // [n, 2]: mean, 1 / sqrt(var + eps)
 };
 
 }  // namespace polyprobe::cuda
