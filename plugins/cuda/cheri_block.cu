@@ -118,10 +118,16 @@ __device__ inline void store8_packed(T* p, const float v[8]) {
 __device__ inline void store8(__nv_bfloat16* p, const float v[8]) { store8_packed(p, v); }
 __device__ inline void store8(__half* p, const float v[8]) { store8_packed(p, v); }
 
-// The float (r, c < 128) of the [64, 128] float32 staging tile: 16-byte chunk c / 4 of row r
-// sits at chunk (c / 4) ^ (r % 8), so that 8 rows written at one column spread over the banks.
-__device__ inline int stage_index(int r, int c) {
-  return r * 128 + ((((c >> 2) ^ (r & 7)) << 2) | (c & 3));
+// The float (r, c) of the [64, width] float32 staging tile (width 64 or 128): 16-byte chunk
+// c / 4 of row r sits at chunk (c / 4) ^ (r % 8), so that 8 rows written at one column spread
+// over the banks.
+__device__ inline int stage_index(int r, int c, int width) {
+  return r * width + ((((c >> 2) ^ (r & 7)) << 2) | (c & 3));
+}
+
+__device__ inline float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ inline void store2(float* p, float a, float b) {
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
 // --- Tensor-core primitives -----------------------------------------------------------------
@@ -418,10 +424,15 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     team_barrier(team);
 
     // y = x + 0.15 G fc2^T, 128 channels per pass: this warp's rows wr * 32 .., channels c0 ..
-    // c0 + 31. The accumulators go through shared memory (float32, over A and G, free once
-    // every warp is past G) so that x is read and y written in 16-byte pieces, coalesced.
-    float* staged = reinterpret_cast<float*>(as);  // [64, 128], 16-byte chunks swizzled
+    // c0 + 31. With bf16 / fp16 inputs the accumulators go through shared memory (float32,
+    // over A and G, free once every warp is past G: 64 (C + H) 2 >= 64 width 4 bytes since
+    // H >= C), so that x is read and y written in 16-byte pieces; float32 inputs are read and
+    // written straight from the accumulators' layout, which measured faster for them (bench
+    // cheri, docs/benchmarks.md).
+    constexpr bool kStaged = sizeof(In) == 2;
+    float* staged = reinterpret_cast<float*>(as);  // [64, width], 16-byte chunks swizzled
     for (int p0 = 0; p0 < C; p0 += 128) {
+      const int width = C - p0 < 128 ? C - p0 : 128;
       const int c0 = p0 + wc * 32;
       const bool active = c0 < C;
       float acc[2][4][4] = {};
@@ -446,6 +457,24 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
           }
         }
       }
+      if constexpr (!kStaged) {
+        if (active) {
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+              for (int half = 0; half < 2; ++half) {
+                const int64_t i = i0 + wr * 32 + mi * 16 + (lane >> 2) + half * 8;
+                if (i >= a.L) continue;
+                const int64_t at = i * a.C + c0 + nt * 8 + (lane & 3) * 2;
+                const float2 in = load2(xe + at);
+                const float* v = acc[mi][nt] + 2 * half;
+                store2(ye + at, in.x + kResidual * v[0], in.y + kResidual * v[1]);
+              }
+        }
+        continue;
+      }
       team_barrier(team);  // every warp is done with G (and A) for this pass
       if (active) {
 #pragma unroll
@@ -457,17 +486,17 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
               const int row = wr * 32 + mi * 16 + (lane >> 2) + half * 8;
               const int col = wc * 32 + nt * 8 + (lane & 3) * 2;
               const float* v = acc[mi][nt] + 2 * half;
-              *reinterpret_cast<float2*>(&staged[stage_index(row, col)]) = make_float2(v[0], v[1]);
+              *reinterpret_cast<float2*>(&staged[stage_index(row, col, width)]) =
+                  make_float2(v[0], v[1]);
             }
       }
       team_barrier(team);
-      const int width = C - p0 < 128 ? C - p0 : 128;
       for (int q = t; q < kTileRows * width / 8; q += kTeamThreads) {
         const int r = q / (width / 8), c = q % (width / 8) * 8;
         const int64_t i = i0 + r;
         if (i >= a.L) continue;
-        const float4 lo = *reinterpret_cast<const float4*>(&staged[stage_index(r, c)]);
-        const float4 hi = *reinterpret_cast<const float4*>(&staged[stage_index(r, c + 4)]);
+        const float4 lo = *reinterpret_cast<const float4*>(&staged[stage_index(r, c, width)]);
+        const float4 hi = *reinterpret_cast<const float4*>(&staged[stage_index(r, c + 4, width)]);
         const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
         const int64_t at = i * a.C + p0 + c;
         float in[8], out[8];
