@@ -449,15 +449,13 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
                                        request.subspace, request.path);
 }
 
-nlohmann::json PluginRegistry::run_plugin_bench(const std::string& plugin,
-                                                const std::string& suite,
+nlohmann::json PluginRegistry::run_plugin_bench(const std::string& plugin, const std::string& suite,
                                                 const nlohmann::json& options) const {
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     const PluginInfo& info = infos_[i];
     const pp_plugin* desc = descriptors_[i];
     if (!info.loaded || info.name != plugin || desc == nullptr) continue;
-    if (!info.available)
-      throw Error("plugin '" + plugin + "' is unavailable here: " + info.reason);
+    if (!info.available) throw Error("plugin '" + plugin + "' is unavailable here: " + info.reason);
     if (!PP_HAS_FIELD(desc, pp_plugin, bench) || desc->bench == nullptr)
       throw Error("plugin '" + plugin + "' offers no benchmarks of its own");
     pp_error err{};

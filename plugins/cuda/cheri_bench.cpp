@@ -65,15 +65,15 @@ double percentile(std::vector<double> v, double q) {
 
 // The first call (cold), warm-up calls for at least `warmup_ms` of wall time, then `repeats`
 // timed calls, as the host's bench records hold them.
-json timing(const std::function<void()>& work, cudaStream_t stream, int repeats,
-            double warmup_ms) {
+json timing(const std::function<void()>& work, cudaStream_t stream, int repeats, double warmup_ms) {
   EventPair events;
   json r;
   r["cold_ms"] = events.time(work, stream);
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 3 || std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - t0)
-                                   .count() < warmup_ms;
+  for (int i = 0;
+       i < 3 ||
+       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() <
+           warmup_ms;
        ++i)
     events.time(work, stream);
   std::vector<double> times;
@@ -121,7 +121,8 @@ json measure_tensor_peak(cudaStream_t stream, int repeats) {
               "cublasGemmEx");
       },
       stream, repeats, 300.0);
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(m);
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(m) * static_cast<double>(m);
   r["workload"] = "bf16 GEMM 8192^3 (cuBLAS, float32 accumulation)";
   r["path"] = "tensor peak";
   r["dtype"] = "bf16";
@@ -164,8 +165,7 @@ json run_cheri(const json& options) {
     if (key != "batches" && key != "dtypes" && key != "repeats" && key != "length" &&
         key != "channels" && key != "dilation" && key != "expansion")
       throw std::invalid_argument("bench cheri: unknown option '" + key + "'");
-  const std::vector<int64_t> batches =
-      options.value("batches", std::vector<int64_t>{16, 64, 512});
+  const std::vector<int64_t> batches = options.value("batches", std::vector<int64_t>{16, 64, 512});
   const std::vector<std::string> dtypes =
       options.value("dtypes", std::vector<std::string>{"float32", "bf16", "fp16"});
   const int repeats = options.value("repeats", 50);
@@ -265,7 +265,8 @@ std::string run_bench(const std::string& suite, const std::string& options_json)
   const json options = options_json.empty() ? json::object() : json::parse(options_json);
   if (!options.is_object()) throw std::invalid_argument("bench options must be a JSON object");
   if (suite == "cheri") return run_cheri(options).dump();
-  throw std::invalid_argument("the cuda plugin has no benchmark '" + suite + "' (benchmarks: cheri)");
+  throw std::invalid_argument("the cuda plugin has no benchmark '" + suite +
+                              "' (benchmarks: cheri)");
 }
 
 }  // namespace polyprobe::cuda

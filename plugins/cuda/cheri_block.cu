@@ -23,11 +23,11 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kTileRows = 64;        // rows of one tensor-core tile
-constexpr int kTeamThreads = 256;    // 8 warps
-constexpr int kFmaRows = 16;         // rows of one float32 tile
+constexpr int kTileRows = 64;      // rows of one tensor-core tile
+constexpr int kTeamThreads = 256;  // 8 warps
+constexpr int kFmaRows = 16;       // rows of one float32 tile
 constexpr int kMaxTeams = 2;
-constexpr int kMaxSplits = 32;       // statistics blocks per example, at most
+constexpr int kMaxSplits = 32;                // statistics blocks per example, at most
 constexpr std::size_t kSharedLimit = 232448;  // sm_90: 227 KB of shared memory per block
 constexpr float kEps = 1e-3f;
 constexpr float kResidual = 0.15f;
@@ -35,9 +35,7 @@ constexpr float kResidual = 0.15f;
 std::size_t sz(int64_t n) { return static_cast<std::size_t>(n); }
 
 std::size_t weight_bytes(const CheriShape& s) { return sz(4 * s.channels * s.hidden); }
-std::size_t team_bytes(const CheriShape& s) {
-  return sz(2 * kTileRows * (s.channels + s.hidden));
-}
+std::size_t team_bytes(const CheriShape& s) { return sz(2 * kTileRows * (s.channels + s.hidden)); }
 std::size_t taps_bytes(const CheriShape& s) { return sz(12 * s.channels); }
 std::size_t fma_bytes(const CheriShape& s) {
   return sz(4 * kFmaRows * (s.channels + s.hidden)) + taps_bytes(s);
@@ -57,7 +55,7 @@ __device__ inline void load8(const float* p, float v[8]) {
 __device__ inline void load8(const __nv_bfloat16* p, float v[8]) {
   const uint4 u = *reinterpret_cast<const uint4*>(p);
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
@@ -66,7 +64,7 @@ __device__ inline void load8(const __nv_bfloat16* p, float v[8]) {
 __device__ inline void load8(const __half* p, float v[8]) {
   const uint4 u = *reinterpret_cast<const uint4*>(p);
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < 4; ++j) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
@@ -145,16 +143,14 @@ __device__ inline void mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_
 template <>
 __device__ inline void mma<__nv_bfloat16>(float d[4], const uint32_t a[4], uint32_t b0,
                                           uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 template <>
 __device__ inline void mma<__half>(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-  asm(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
@@ -259,10 +255,9 @@ __device__ inline void conv_at(const In* x, const float* taps, int64_t i, int64_
 // (s + 1) L / splits) of example e = blockIdx.y, then norm[e] = (mean, 1 / sqrt(var + eps))
 // of the whole plane. W = 8: C is a multiple of 8 (16-byte loads). counters [n] start at 0.
 template <int W, class In>
-__global__ void __launch_bounds__(256) cheri_statistics(const In* x, const float* taps, int64_t L,
-                                                        int64_t C, int64_t d, int splits,
-                                                        float* partials, unsigned* counters,
-                                                        float2* norm) {
+__global__ void __launch_bounds__(256)
+    cheri_statistics(const In* x, const float* taps, int64_t L, int64_t C, int64_t d, int splits,
+                     float* partials, unsigned* counters, float2* norm) {
   extern __shared__ float shared_taps[];
   stage_taps(taps, C, shared_taps);
   const int64_t e = blockIdx.y;
@@ -346,7 +341,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
   const int team = static_cast<int>(threadIdx.x) / kTeamThreads;
   const int t = static_cast<int>(threadIdx.x) % kTeamThreads;
   T* as = w2s + C * H + team * kTileRows * (C + H);  // [64, C]
-  T* gs = as + kTileRows * C;                         // [64, H]
+  T* gs = as + kTileRows * C;                        // [64, H]
   float* taps = reinterpret_cast<float*>(w2s + C * H + a.teams * kTileRows * (C + H));
   const In* x = static_cast<const In*>(a.x);
   In* y = static_cast<In*>(a.y);
@@ -380,7 +375,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
       float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       if (i < a.L) {
         conv_at<8>(xe, taps, i, c, a.L, a.C, a.d, h);
-        #pragma unroll
+#pragma unroll
         for (float& v : h) v = (v - norm.x) * norm.y;
       }
       const uint4 packed{pack2<T>(h[0], h[1]), pack2<T>(h[2], h[3]), pack2<T>(h[4], h[5]),
@@ -394,24 +389,25 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
       float acc[2][8][4] = {};
       for (int k0 = 0; k0 < C; k0 += 16) {
         uint32_t af[2][4];
-        #pragma unroll
+#pragma unroll
         for (int mi = 0; mi < 2; ++mi)
-          ldmatrix_x4(af[mi], &as[swizzle(wr * 32 + mi * 16 + (lane & 15), k0 + (lane >> 4) * 8, C)]);
-        #pragma unroll
+          ldmatrix_x4(af[mi],
+                      &as[swizzle(wr * 32 + mi * 16 + (lane & 15), k0 + (lane >> 4) * 8, C)]);
+#pragma unroll
         for (int nj = 0; nj < 4; ++nj) {
           uint32_t bf[4];
           ldmatrix_x4(bf, &w1s[swizzle(n0 + nj * 16 + (lane >> 4) * 8 + (lane & 7),
                                        k0 + ((lane >> 3) & 1) * 8, C)]);
-          #pragma unroll
+#pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             mma<T>(acc[mi][2 * nj], af[mi], bf[0], bf[1]);
             mma<T>(acc[mi][2 * nj + 1], af[mi], bf[2], bf[3]);
           }
         }
       }
-      #pragma unroll
+#pragma unroll
       for (int mi = 0; mi < 2; ++mi)
-        #pragma unroll
+#pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
           const int row = wr * 32 + mi * 16 + (lane >> 2), col = n0 + nt * 8 + (lane & 3) * 2;
           const float* v = acc[mi][nt];
@@ -552,10 +548,10 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
     float acc[kFmaRows] = {};
     for (int64_t k = 0; k < C; ++k) {
       const float w = a.w1_t[k * H + j];
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < kFmaRows; ++r) acc[r] += as[r * C + k] * w;
     }
-    #pragma unroll
+#pragma unroll
     for (int r = 0; r < kFmaRows; ++r) gs[r * H + j] = gelu_exact(acc[r]);
   }
   __syncthreads();
@@ -563,7 +559,7 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
     float acc[kFmaRows] = {};
     for (int64_t k = 0; k < H; ++k) {
       const float w = a.w2_t[k * C + c];
-      #pragma unroll
+#pragma unroll
       for (int r = 0; r < kFmaRows; ++r) acc[r] += gs[r * H + k] * w;
     }
 #pragma unroll
@@ -579,8 +575,7 @@ __global__ void __launch_bounds__(256) cheri_fma(FmaArgs a) {
 
 // dst = T(src) for a [rows, cols] matrix, transposed into [cols, rows] when `transpose`.
 template <class T>
-__global__ void cast_matrix(const double* src, int64_t rows, int64_t cols, bool transpose,
-                            T* dst) {
+__global__ void cast_matrix(const double* src, int64_t rows, int64_t cols, bool transpose, T* dst) {
   const int64_t n = rows * cols;
   for (int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; q < n;
        q += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -616,16 +611,15 @@ int multiprocessors() {
 }
 
 template <class In>
-void launch_statistics(const CheriShape& s, const In* x, const float* taps, int64_t n,
-                       int splits, float* partials, unsigned* counters, float2* norm,
-                       cudaStream_t stream) {
+void launch_statistics(const CheriShape& s, const In* x, const float* taps, int64_t n, int splits,
+                       float* partials, unsigned* counters, float2* norm, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(n));
   if (s.channels % 8 == 0)
-    cheri_statistics<8, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
-                                                      splits, partials, counters, norm);
+    cheri_statistics<8, In><<<grid, 256, taps_bytes(s), stream>>>(
+        x, taps, s.length, s.channels, s.dilation, splits, partials, counters, norm);
   else
-    cheri_statistics<1, In><<<grid, 256, taps_bytes(s), stream>>>(x, taps, s.length, s.channels, s.dilation,
-                                                      splits, partials, counters, norm);
+    cheri_statistics<1, In><<<grid, 256, taps_bytes(s), stream>>>(
+        x, taps, s.length, s.channels, s.dilation, splits, partials, counters, norm);
   check(cudaGetLastError(), "cheri statistics launch");
 }
 
@@ -679,11 +673,19 @@ template <class In>
 void run_forward(const CheriShape& s, CheriMlp mlp, const void* x, void* y, int64_t n,
                  const float* taps, const void* w1, const void* w2, const Statistics& st,
                  int max_teams, cudaStream_t stream) {
-  launch_statistics<In>(s, static_cast<const In*>(x), taps, n, st.splits, st.partials,
-                        st.counters, st.norm, stream);
+  launch_statistics<In>(s, static_cast<const In*>(x), taps, n, st.splits, st.partials, st.counters,
+                        st.norm, stream);
   if (mlp == CheriMlp::f32) {
-    const FmaArgs a{x,     y,  s.length, s.channels, s.hidden, s.dilation, taps,
-                    static_cast<const float*>(w1), static_cast<const float*>(w2), st.norm};
+    const FmaArgs a{x,
+                    y,
+                    s.length,
+                    s.channels,
+                    s.hidden,
+                    s.dilation,
+                    taps,
+                    static_cast<const float*>(w1),
+                    static_cast<const float*>(w2),
+                    st.norm};
     launch_fma<In>(a, n, stream);
     return;
   }
@@ -761,8 +763,8 @@ std::string cheri_tensor_core_reason(const CheriShape& s) {
   if (mma_bytes(s, 1) > kSharedLimit)
     return "the tensor-core Cheri kernel keeps both weight matrices, a 64-row tile and the taps "
            "in shared memory: 4 C e C + 128 (C + e C) + 12 C = " +
-           std::to_string(mma_bytes(s, 1)) + " bytes exceed the " +
-           std::to_string(kSharedLimit) + " of an sm_90 block";
+           std::to_string(mma_bytes(s, 1)) + " bytes exceed the " + std::to_string(kSharedLimit) +
+           " of an sm_90 block";
   return "";
 }
 
@@ -831,8 +833,8 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
     check(cudaMemsetAsync(counters_.data(), 0, sz(n) * sizeof(unsigned), stream),
           "cudaMemsetAsync");
   }
-  const Statistics st{partials_.data(), counters_.data(),
-                      reinterpret_cast<float2*>(norm_.data()), splits};
+  const Statistics st{partials_.data(), counters_.data(), reinterpret_cast<float2*>(norm_.data()),
+                      splits};
   const void* w1 = mlp == CheriMlp::f32    ? static_cast<const void*>(w1_t_.data())
                    : mlp == CheriMlp::bf16 ? static_cast<const void*>(w1_bf16_.data())
                                            : static_cast<const void*>(w1_f16_.data());
@@ -854,8 +856,7 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
 }
 
 std::string CheriBlockKernel::path(CheriMlp mlp) const {
-  if (mlp == CheriMlp::f32)
-    return "float32 FMA (16-row tiles, exact tanh)";
+  if (mlp == CheriMlp::f32) return "float32 FMA (16-row tiles, exact tanh)";
   if (!tensor_cores_) return "unavailable: " + cheri_tensor_core_reason(shape_);
   const int fit = mma_bytes(shape_, kMaxTeams) <= kSharedLimit ? kMaxTeams : 1;
   const int teams = max_teams_ > 0 ? std::min(fit, max_teams_) : fit;

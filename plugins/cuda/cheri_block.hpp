@@ -85,8 +85,8 @@ class CheriBlockKernel {
   bool tensor_cores_ = false;
   int max_teams_ = 0;
   DeviceBuffer<double> params_;
-  DeviceBuffer<float> taps_;        // [3, C]
-  DeviceBuffer<float> w1_t_, w2_t_; // float32 path: fc1^T [C, H], fc2^T [H, C]
+  DeviceBuffer<float> taps_;         // [3, C]
+  DeviceBuffer<float> w1_t_, w2_t_;  // float32 path: fc1^T [C, H], fc2^T [H, C]
   DeviceBuffer<uint16_t> w1_bf16_, w2_bf16_, w1_f16_, w2_f16_;  // [H, C], [C, H]
   bool fresh_f32_ = false, fresh_bf16_ = false, fresh_f16_ = false;
   DeviceBuffer<float> partials_;     // [n, splits, 4]: count, mean, M2 of each split

@@ -10,8 +10,8 @@
 
 #include <polyprobe/model.hpp>
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -82,9 +82,9 @@ Result compare(const Problem& p, CheriInput input, CheriMlp mlp, uint64_t seed) 
   kernel.forward(input, mlp, xd.data(), yd.data(), p.examples, nullptr);
   cuda::convert_to_f64(yd.data(), input, wide.data(), n, nullptr);
   std::vector<double> got(x.size());
-  cuda::check(cudaMemcpy(got.data(), wide.data(), got.size() * sizeof(double),
-                         cudaMemcpyDeviceToHost),
-              "cudaMemcpy");
+  cuda::check(
+      cudaMemcpy(got.data(), wide.data(), got.size() * sizeof(double), cudaMemcpyDeviceToHost),
+      "cudaMemcpy");
 
   Matrix<double> in = Eigen::Map<const Matrix<double>>(x.data(), p.examples, per);
   Matrix<double> want(p.examples, per);
@@ -99,12 +99,11 @@ Result compare(const Problem& p, CheriInput input, CheriMlp mlp, uint64_t seed) 
   return r;
 }
 
-void check_case(const Problem& p, CheriInput input, CheriMlp mlp, double tolerance,
-                uint64_t seed) {
+void check_case(const Problem& p, CheriInput input, CheriMlp mlp, double tolerance, uint64_t seed) {
   const Result r = compare(p, input, mlp, seed);
-  INFO("L " << p.length << " C " << p.channels << " e " << p.expansion << " dilation "
-            << p.dilation << " N " << p.examples << " input " << cuda::to_string(input)
-            << " mlp " << cuda::to_string(mlp) << ": max-abs " << r.max_abs);
+  INFO("L " << p.length << " C " << p.channels << " e " << p.expansion << " dilation " << p.dilation
+            << " N " << p.examples << " input " << cuda::to_string(input) << " mlp "
+            << cuda::to_string(mlp) << ": max-abs " << r.max_abs);
   CHECK(r.all_finite);
   CHECK(r.max_abs <= tolerance);
 }
@@ -126,9 +125,9 @@ TEST_CASE("cuda cheri: partial tiles, other widths and dilations", "[cuda][cheri
   require_device();
   // L not a multiple of the 64-row tile, a dilation past a tile, e = 1 and e = 3, C = 192 (one
   // team per block).
-  for (const Problem& p : {Problem{100, 64, 2, 7, 3}, Problem{200, 64, 1, 70, 2},
-                           Problem{130, 64, 3, 1, 2}, Problem{64, 128, 1, 2, 1},
-                           Problem{70, 192, 1, 3, 2}}) {
+  for (const Problem& p :
+       {Problem{100, 64, 2, 7, 3}, Problem{200, 64, 1, 70, 2}, Problem{130, 64, 3, 1, 2},
+        Problem{64, 128, 1, 2, 1}, Problem{70, 192, 1, 3, 2}}) {
     check_case(p, CheriInput::f32, CheriMlp::f32, 1e-5, 11);
     check_case(p, CheriInput::bf16, CheriMlp::bf16, 3e-2, 12);
     check_case(p, CheriInput::f16, CheriMlp::f16, 4e-3, 13);
