@@ -124,8 +124,20 @@ __device__ inline int stage_index(int r, int c, int width) {
 }
 
 __device__ inline float2 load2(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ inline float2 load2(const __nv_bfloat16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ inline float2 load2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
 __device__ inline void store2(float* p, float a, float b) {
   *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+__device__ inline void store2(__nv_bfloat16* p, float a, float b) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(a, b);
+}
+__device__ inline void store2(__half* p, float a, float b) {
+  *reinterpret_cast<__half2*>(p) = __floats2half2_rn(a, b);
 }
 
 // --- Tensor-core primitives -----------------------------------------------------------------
@@ -420,12 +432,12 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
     team_barrier(team);
 
     // y = x + 0.15 G fc2^T, 128 channels per pass: this warp's rows wr * 32 .., channels c0 ..
-    // c0 + 31. With bf16 / fp16 inputs the accumulators go through shared memory (float32,
-    // over A and G, free once every warp is past G: 64 (C + H) 2 >= 64 width 4 bytes since
-    // H >= C), so that x is read and y written in 16-byte pieces; float32 inputs are read and
-    // written straight from the accumulators' layout, which measured faster for them (bench
-    // cheri, docs/benchmarks.md).
-    constexpr bool kStaged = sizeof(In) == 2;
+    // c0 + 31. With bf16 / fp16 inputs and C <= 128 (one pass) the accumulators go through
+    // shared memory (float32, over A and G, free once every warp is past G: 64 (C + H) 2 >=
+    // 64 C 4 bytes since H >= C), so that x is read and y written in 16-byte pieces. Float32
+    // inputs are read and written straight from the accumulators' layout, which measured
+    // faster for them (docs/benchmarks.md), and so is C > 128, whose later passes still read G.
+    const bool stage = sizeof(In) == 2 && C <= 128;
     float* staged = reinterpret_cast<float*>(as);  // [64, width], 16-byte chunks swizzled
     for (int p0 = 0; p0 < C; p0 += 128) {
       const int width = C - p0 < 128 ? C - p0 : 128;
@@ -453,7 +465,7 @@ __global__ void __launch_bounds__(kTeamThreads* kMaxTeams, 1) cheri_mma(MmaArgs 
           }
         }
       }
-      if constexpr (!kStaged) {
+      if (!stage) {
         if (active) {
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi)
