@@ -834,6 +834,16 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
   if (n < 1) return;
   if (mlp != CheriMlp::f32 && !tensor_cores_)
     throw std::invalid_argument(cheri_tensor_core_reason(shape_));
+  // The statistics and float32 kernels put examples on gridDim.y (at most 65,535).
+  constexpr int64_t kMaxExamples = 65535;
+  if (n > kMaxExamples) {
+    const std::size_t bytes = sz(shape_.length * shape_.channels) * element_bytes(input);
+    for (int64_t first = 0; first < n; first += kMaxExamples)
+      forward(input, mlp, static_cast<const unsigned char*>(x) + sz(first) * bytes,
+              static_cast<unsigned char*>(y) + sz(first) * bytes, std::min(kMaxExamples, n - first),
+              stream);
+    return;
+  }
   cast_weights(mlp, stream);
   // Enough statistics blocks to fill the device twice at small n.
   const int splits = static_cast<int>(
