@@ -420,7 +420,8 @@ BenchSuite step_suite() {
         "reference's radius and at train's default radius)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
         "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
-        "with cuda times the cuda plugin's accumulators on device-resident data)");
+        "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "
+        "only)");
   };
   s.run = run_step;
   return s;

@@ -525,4 +525,18 @@ TEST_CASE("the metrics file ends with the restored state's test result") {
   CHECK(alone.exit_code == 2);
   CHECK_THAT(alone.err,
              Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
+  const auto cpu = polyprobe("bench cheri");
+  CHECK(cpu.exit_code == 2);
+  CHECK_THAT(cpu.err, Catch::Contains("pass --bench-device cuda"));
+  const auto batches = polyprobe("bench cheri --bench-device cuda --cheri-batches 16,x");
+  CHECK(batches.exit_code == 2);
+  CHECK_THAT(batches.err, Catch::Contains("--cheri-batches"));
+  // Without a GPU the plugin is unavailable; with one, a batch of 0 is refused before any
+  // work: a one-line error and exit 1 either way.
+  const auto empty = polyprobe("bench cheri --bench-device cuda --cheri-batches 0");
+  CHECK(empty.exit_code == 1);
+  CHECK_THAT(empty.err, Catch::Contains("unavailable here") || Catch::Contains("no plugin named") ||
+                            Catch::Contains("batch sizes must be positive"));
+  CHECK(lines(empty.err) == 1);
 }
