@@ -189,7 +189,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                                       options.epochs, 0, 0, 0, state.evaluations, state.seconds,
                                       std::nullopt});
   }
-  MetricsLog metrics(options.metrics_path, options.resume);
+  MetricsLog metrics(options.write_files ? options.metrics_path : std::filesystem::path(),
+                     options.resume);
 
   const auto started = std::chrono::steady_clock::now();
   const double seconds_before = state.seconds;
@@ -198,7 +199,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   const auto save_checkpoint = [&] {
-    if (options.checkpoint_path.empty()) return;
+    if (options.checkpoint_path.empty() || !options.write_files) return;
     state.parameters.assign(model.parameters().begin(), model.parameters().end());
     state.epoch = stream.epoch();
     state.position = stream.position();
@@ -301,8 +302,12 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     metrics.write(record);
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) ++state.epochs_completed;
-    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
-      result.reached_time_limit = true;
+    // The clock and the signals are this process's; with agree_on_stop the leader's decide.
+    uint32_t reasons = 0;
+    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s) reasons |= stop_time_limit;
+    if (options.stop != nullptr && options.stop->load()) reasons |= stop_interrupted;
+    if (options.agree_on_stop) reasons = options.agree_on_stop(reasons);
+    if ((reasons & stop_time_limit) != 0) result.reached_time_limit = true;
     const bool periodic = options.validate_every > 0 && state.step % options.validate_every == 0;
     // Validate at every epoch end (unless validate_every replaces it), every validate_every
     // steps, and at the time limit, so the last stretch of a timed run is not thrown away.
@@ -312,7 +317,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       save_checkpoint();
     }
     if (options.on_progress) options.on_progress(progress);
-    if (options.stop != nullptr && options.stop->load()) result.interrupted = true;
+    if ((reasons & stop_interrupted) != 0) result.interrupted = true;
     stop = state.epochs_completed >= options.epochs || result.stopped_early ||
            result.reached_time_limit || result.interrupted;
   }

@@ -75,7 +75,18 @@ struct TrainOptions {
   // Called once, before the first step, when a checkpoint was read (resume): the step, epoch
   // and seconds it continues from.
   std::function<void(const TrainProgress&)> on_resume;
+  // --- Several processes training one run together (polyprobe_distributed, docs/scale.md):
+  // each calls train() on the same inputs and stays bit-identical with the others.
+  // false: write no metrics and no checkpoints (another process does); resume still reads.
+  bool write_files = true;
+  // (optional) Called once after every step with this process's reasons to stop (bits of
+  // StopReason: the time limit, `stop`), which depend on its clock and its signals; returns the
+  // reasons every process acts on (the leader's), so that all stop after the same step.
+  std::function<uint32_t(uint32_t)> agree_on_stop;
 };
+
+// The reasons agree_on_stop carries.
+enum StopReason : uint32_t { stop_time_limit = 1, stop_interrupted = 2 };
 
 struct TrainResult {
   int64_t steps = 0;

@@ -1,0 +1,127 @@
+// The sharding decorator: each rank scores its slice of the step's candidates on its own
+// backend, then the losses are all-gathered, so every rank finishes the step on all of them.
+#include <polyprobe/distributed.hpp>
+#include <polyprobe/error.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace polyprobe::distributed {
+namespace {
+
+std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
+
+class MpiExchange final : public LossExchange {
+ public:
+  explicit MpiExchange(Job& job) : job_(job) {}
+  void allgather(std::span<double> values, std::span<const int64_t> offsets) override {
+    job_.allgather(values, offsets, "the step's loss exchange");
+  }
+  void broadcast_from_leader(double& value) override {
+    job_.broadcast(std::span<double>(&value, 1), 0, "the incumbent loss broadcast");
+  }
+  std::string name() const override { return "mpi"; }
+
+ private:
+  Job& job_;
+};
+
+class ShardedEvaluator final : public Evaluator {
+ public:
+  ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
+                   const Subspace* subspace)
+      : Evaluator(subspace), inner_(std::move(inner)), job_(job), exchange_(exchange) {
+    if (!inner_) throw Error("shard_evaluator: no evaluator to shard");
+  }
+
+  std::string name() const override { return inner_->name(); }
+  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
+  double evaluate_base(std::span<const double> base) override {
+    return inner_->evaluate_base(base);
+  }
+  void evaluate(std::span<const double> base, const CandidateSet& set,
+                std::span<double> losses) override {
+    inner_->evaluate(base, set, losses);
+  }
+  // The inner evaluator's account (of this rank's slice) and the slicing.
+  nlohmann::json explain() const override {
+    nlohmann::json e = inner_->explain();
+    e["distributed"] = {{"ranks", job_.size()},
+                        {"rank", job_.rank()},
+                        {"exchange", exchange_.name()},
+                        {"last_slice", last_slice_},
+                        {"note", "paths and counts are this rank's slice of the candidates"}};
+    return e;
+  }
+
+ protected:
+  void session_particles() override {
+    inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
+  }
+  void session_incumbent() override { inner_->sync_incumbent(incumbent()); }
+  void session_move(std::span<const double> moves) override { inner_->move_incumbent(moves); }
+  std::vector<double> session_read() override { return inner_->read_incumbent(); }
+
+  void session_score(const PolytopeProbe& probe, std::span<double> losses,
+                     double* incumbent_loss) override {
+    const int64_t P = bound_particles().count();
+    const int64_t per_particle = bound_polytope().rows() * bound_probes();
+    const std::vector<int64_t> slices = particle_slices(P, probe.active, job_.size());
+    const auto rank = static_cast<std::size_t>(job_.rank());
+    const int64_t first = slices[rank], last = slices[rank + 1];
+    mine_.assign(idx(P), 0);
+    for (int64_t i = first; i < last; ++i)
+      mine_[idx(i)] = probe.active.empty() ? 1 : probe.active[idx(i)];
+    last_slice_ = {first, last};
+    const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_};
+    const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
+    offsets_.resize(slices.size());
+    for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
+    exchange_.allgather(losses, offsets_);
+    if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+  }
+
+  void session_score(const CandidateSet& set, std::span<double> losses,
+                     double* incumbent_loss) override {
+    // Slices of whole particles' runs are not needed here: any contiguous cut of the candidates
+    // scores the same losses (each candidate's loss is its own), balanced by count.
+    const int64_t n = set.size();
+    const int ranks = job_.size();
+    offsets_.resize(static_cast<std::size_t>(ranks) + 1);
+    for (int r = 0; r <= ranks; ++r) offsets_[static_cast<std::size_t>(r)] = n * r / ranks;
+    const auto rank = static_cast<std::size_t>(job_.rank());
+    const int64_t first = offsets_[rank], count = offsets_[rank + 1] - first;
+    const int32_t d = bound_particles().d;
+    const CandidateSet slice{set.particles, set.particle.subspan(idx(first), idx(count)),
+                             set.displacement.subspan(idx(first * d), idx(count * d))};
+    last_slice_ = {first, first + count};
+    const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    inner_->score(slice, losses.subspan(idx(first), idx(count)),
+                  scores_incumbent ? incumbent_loss : nullptr);
+    exchange_.allgather(losses, offsets_);
+    if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+  }
+
+ private:
+  std::unique_ptr<Evaluator> inner_;
+  Job& job_;
+  LossExchange& exchange_;
+  std::vector<char> mine_;        // [P]: this rank's slice of the active particles
+  std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
+  std::vector<int64_t> last_slice_;
+};
+
+}  // namespace
+
+std::unique_ptr<LossExchange> make_mpi_exchange(Job& job) {
+  return std::make_unique<MpiExchange>(job);
+}
+
+std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
+                                           LossExchange& exchange, const Subspace* subspace) {
+  return std::make_unique<ShardedEvaluator>(std::move(inner), job, exchange, subspace);
+}
+
+}  // namespace polyprobe::distributed
