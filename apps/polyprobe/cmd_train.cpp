@@ -506,6 +506,7 @@ int run(Context& ctx) {
   } catch (const std::exception& e) {
     if (ranks.size() == 1) throw;
     if (ranks.agreed()) ranks.fail(e.what());
+    if (ranks.asked()) throw;  // the agreement's own verdict, thrown on every rank
     const std::exception_ptr original = std::current_exception();
     try {
       ranks.agree_to_start(e.what(), {});

@@ -54,16 +54,15 @@ TrainRanks::TrainRanks(double timeout_s) {
                 "(-DPOLYPROBE_MPI=ON), or run it without mpirun");
 #endif
   if (!leader()) {
-    null_ = std::make_unique<NullBuffer>();
-    saved_out_ = std::cout.rdbuf(null_.get());
-    saved_err_ = std::cerr.rdbuf(null_.get());
+    // For the rest of the process: the error run_command would print after run() returns is
+    // rank 0's to print too.
+    static NullBuffer silence;
+    std::cout.rdbuf(&silence);
+    std::cerr.rdbuf(&silence);
   }
 }
 
-TrainRanks::~TrainRanks() {
-  if (saved_out_ != nullptr) std::cout.rdbuf(saved_out_);
-  if (saved_err_ != nullptr) std::cerr.rdbuf(saved_err_);
-}
+TrainRanks::~TrainRanks() = default;
 
 std::string TrainRanks::exchange() const {
 #if POLYPROBE_HAVE_MPI
@@ -74,15 +73,17 @@ std::string TrainRanks::exchange() const {
 
 void TrainRanks::agree_to_start(const std::string& failure,
                                 const std::vector<std::pair<std::string, std::string>>& facts) {
-  agreed_ = true;  // from here on a failure ends the job (fail)
+  asked_ = true;
 #if POLYPROBE_HAVE_MPI
   if (size_ == 1) {
     if (!failure.empty()) throw Error(failure);
+    agreed_ = true;
     return;
   }
   std::vector<distributed::StartupFact> stated;
   for (const auto& [name, value] : facts) stated.push_back({name, value});
   distributed::agree_to_start(impl_->job, failure, stated);
+  agreed_ = true;  // from here on a failure of one rank ends the job (fail)
 #else
   (void)facts;
   if (!failure.empty()) throw Error(failure);

@@ -5,7 +5,7 @@
 // one message on every rank names the rank that differs or failed, and why), each scores its
 // slice of every step's candidates and the losses are all-gathered, so the trajectory is the
 // one a single process takes. Rank 0 alone prints and writes files: the other ranks' std::cout
-// and std::cerr are silenced while the TrainRanks lives. In builds without MPI a run launched
+// and std::cerr are silenced from the TrainRanks' construction to the end of the process. In builds without MPI a run launched
 // by mpirun with more than one rank is refused (each rank would train the whole run alone).
 #pragma once
 
@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <streambuf>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +32,9 @@ class TrainRanks {
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool leader() const { return rank_ == 0; }
+  // Whether agree_to_start was called (it throws on every rank unless they agree), and whether
+  // it returned.
+  bool asked() const { return asked_; }
   bool agreed() const { return agreed_; }
   // How the losses travel: "" alone, else "mpi".
   std::string exchange() const;
@@ -58,10 +60,8 @@ class TrainRanks {
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;
   int size_ = 1;
+  bool asked_ = false;
   bool agreed_ = false;
-  std::streambuf* saved_out_ = nullptr;
-  std::streambuf* saved_err_ = nullptr;
-  std::unique_ptr<std::streambuf> null_;
 };
 
 }  // namespace polyprobe::app
