@@ -4,6 +4,7 @@
 #include <polyprobe/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,8 @@ class ShardedEvaluator final : public Evaluator {
                         {"rank", job_.rank()},
                         {"exchange", exchange_.name()},
                         {"last_slice", last_slice_},
+                        {"last_score_ms", last_score_ms_},
+                        {"last_exchange_ms", last_exchange_ms_},
                         {"note", "paths and counts are this rank's slice of the candidates"}};
     return e;
   }
@@ -76,11 +79,14 @@ class ShardedEvaluator final : public Evaluator {
     last_slice_ = {first, last};
     const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_};
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    const auto start = Clock::now();
     inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
+    const auto scored = Clock::now();
     offsets_.resize(slices.size());
     for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
     exchange_.allgather(losses, offsets_);
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+    record(start, scored);
   }
 
   void session_score(const CandidateSet& set, std::span<double> losses,
@@ -98,19 +104,32 @@ class ShardedEvaluator final : public Evaluator {
                              set.displacement.subspan(idx(first * d), idx(count * d))};
     last_slice_ = {first, first + count};
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    const auto start = Clock::now();
     inner_->score(slice, losses.subspan(idx(first), idx(count)),
                   scores_incumbent ? incumbent_loss : nullptr);
+    const auto scored = Clock::now();
     exchange_.allgather(losses, offsets_);
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+    record(start, scored);
   }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // The last call's time in this rank's scoring and in the exchange (which includes waiting for
+  // the slowest rank): what `bench scale` reports as compute, imbalance and all-gather.
+  void record(Clock::time_point start, Clock::time_point scored) {
+    const auto now = Clock::now();
+    last_score_ms_ = std::chrono::duration<double, std::milli>(scored - start).count();
+    last_exchange_ms_ = std::chrono::duration<double, std::milli>(now - scored).count();
+  }
+
   std::unique_ptr<Evaluator> inner_;
   Job& job_;
   LossExchange& exchange_;
   std::vector<char> mine_;        // [P]: this rank's slice of the active particles
   std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
   std::vector<int64_t> last_slice_;
+  double last_score_ms_ = 0, last_exchange_ms_ = 0;
 };
 
 }  // namespace

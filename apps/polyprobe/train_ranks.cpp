@@ -118,6 +118,27 @@ void TrainRanks::fail(const std::string& message) {
 #endif
 }
 
+void TrainRanks::sync() {
+#if POLYPROBE_HAVE_MPI
+  uint32_t token = 0;
+  impl_->job.broadcast(std::span<uint32_t>(&token, 1), 0, "a barrier");
+#endif
+}
+
+std::vector<std::string> TrainRanks::gather(const std::string& text) {
+#if POLYPROBE_HAVE_MPI
+  return impl_->job.allgather_text(text, "gathering the ranks' reports");
+#else
+  return {text};
+#endif
+}
+
+bool leader_process() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* value = std::getenv(name)) return std::atoi(value) == 0;
+  return true;
+}
+
 std::string TrainRanks::digest(const void* data, std::size_t bytes) {
 #if POLYPROBE_HAVE_MPI
   return distributed::digest({static_cast<const unsigned char*>(data), bytes});

@@ -1,4 +1,4 @@
-// The train command's ranks: a process alone, or one rank of an MPI job
+// The ranks of `train` and `bench scale`: a process alone, or one rank of an MPI job
 // (`mpirun -np N polyprobe train ...`, docs/scale.md).
 //
 // With ranks, every rank builds the same run, the ranks agree at start-up that they did (or
@@ -19,6 +19,10 @@
 #include <vector>
 
 namespace polyprobe::app {
+
+// Whether this process is rank 0 of its MPI job, or alone, read from the launcher's environment
+// (no MPI call): the one that writes shared files such as `bench --json`.
+bool leader_process();
 
 class TrainRanks {
  public:
@@ -51,6 +55,11 @@ class TrainRanks {
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
   // job on every rank (alone: not to be called; the caller reports the error itself).
   [[noreturn]] void fail(const std::string& message);
+
+  // Every rank waits here for every other (a barrier, watched by the timeout).
+  void sync();
+  // Every rank's `text`, in rank order, on every rank (alone: {text}).
+  std::vector<std::string> gather(const std::string& text);
 
   // A digest of bytes (16 hex digits), for the facts ("" in builds without MPI, which state none).
   static std::string digest(const void* data, std::size_t bytes);
