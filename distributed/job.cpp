@@ -70,8 +70,9 @@ Job::Job(double timeout_s) : timeout_s_(timeout_s) {
   if (initialized == 0) {
     int provided = 0;
     if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
-      throw Error("MPI_Init_thread failed: this process was started by an MPI launcher but "
-                  "cannot join its job");
+      throw Error(
+          "MPI_Init_thread failed: this process was started by an MPI launcher but "
+          "cannot join its job");
     owns_mpi_ = true;
   }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -150,16 +151,16 @@ std::vector<std::string> Job::allgather_text(const std::string& text, const char
   wait(*this, request, what);
   std::vector<std::string> texts;
   for (std::size_t r = 0; r < lengths.size(); ++r)
-    texts.push_back(all.substr(static_cast<std::size_t>(displs[r]),
-                               static_cast<std::size_t>(lengths[r])));
+    texts.push_back(
+        all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lengths[r])));
   return texts;
 }
 
 void Job::abort(const std::string& message, double grace_s) const {
   if (size_ > 1 && rank_ != 0 && grace_s > 0)
     std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
-  std::fprintf(stderr, "polyprobe: rank %d of %d: error: %s; ending the job on every rank\n",
-               rank_, size_, message.c_str());
+  std::fprintf(stderr, "polyprobe: rank %d of %d: error: %s; ending the job on every rank\n", rank_,
+               size_, message.c_str());
   std::fflush(stderr);
   if (size_ > 1 || owns_mpi_) MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
@@ -173,8 +174,7 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
   std::vector<int64_t> bounds(static_cast<std::size_t>(ranks) + 1, particles);
   bounds[0] = 0;
   if (active.empty()) {
-    for (int r = 1; r < ranks; ++r)
-      bounds[static_cast<std::size_t>(r)] = particles * r / ranks;
+    for (int r = 1; r < ranks; ++r) bounds[static_cast<std::size_t>(r)] = particles * r / ranks;
     return bounds;
   }
   const int64_t total = std::count_if(active.begin(), active.end(), [](char a) { return a != 0; });

@@ -22,8 +22,7 @@ namespace polyprobe::distributed {
 namespace {
 
 void check_cuda(cudaError_t code, const char* call) {
-  if (code != cudaSuccess)
-    throw Error(std::string(call) + " failed: " + cudaGetErrorString(code));
+  if (code != cudaSuccess) throw Error(std::string(call) + " failed: " + cudaGetErrorString(code));
 }
 
 void check_nccl(ncclResult_t code, const char* call) {
@@ -35,8 +34,9 @@ class NcclExchange final : public LossExchange {
   NcclExchange(Job& job, int device) : job_(job) {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-      throw Error("the NCCL exchange needs a CUDA device, and this rank sees none (check the "
-                  "driver and CUDA_VISIBLE_DEVICES)");
+      throw Error(
+          "the NCCL exchange needs a CUDA device, and this rank sees none (check the "
+          "driver and CUDA_VISIBLE_DEVICES)");
     if (device < 0) {
       const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
       device = (local != nullptr ? std::atoi(local) : job.rank()) % devices;
@@ -75,8 +75,7 @@ class NcclExchange final : public LossExchange {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     for (int root = 0; root < job_.size(); ++root) {
       const auto at = static_cast<std::size_t>(offsets[static_cast<std::size_t>(root)]);
-      const auto n =
-          static_cast<std::size_t>(offsets[static_cast<std::size_t>(root) + 1]) - at;
+      const auto n = static_cast<std::size_t>(offsets[static_cast<std::size_t>(root) + 1]) - at;
       if (n > 0)
         check_nccl(ncclBroadcast(buffer_ + at, buffer_ + at, n, ncclDouble, root, comm_, stream_),
                    "ncclBroadcast");

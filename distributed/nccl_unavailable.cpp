@@ -7,8 +7,9 @@ namespace polyprobe::distributed {
 bool nccl_built() { return false; }
 
 std::unique_ptr<LossExchange> make_nccl_exchange(Job&, int) {
-  throw Error("this polyprobe was built without NCCL (configure with -DPOLYPROBE_NCCL=ON and the "
-              "CUDA Toolkit's libnccl in /usr/local/cuda); the MPI exchange carries the losses");
+  throw Error(
+      "this polyprobe was built without NCCL (configure with -DPOLYPROBE_NCCL=ON and the "
+      "CUDA Toolkit's libnccl in /usr/local/cuda); the MPI exchange carries the losses");
 }
 
 }  // namespace polyprobe::distributed

@@ -91,9 +91,10 @@ void agree_to_start(Job& job, const std::string& failure, const std::vector<Star
     if (!named) differences += "\n  rank " + std::to_string(r) + ": its facts differ from rank 0's";
   }
   if (!differences.empty())
-    throw Error("the ranks disagree about the run (every rank must train the same model on the "
-                "same data with the same options):" +
-                differences);
+    throw Error(
+        "the ranks disagree about the run (every rank must train the same model on the "
+        "same data with the same options):" +
+        differences);
 }
 
 }  // namespace polyprobe::distributed

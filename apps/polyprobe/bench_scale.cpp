@@ -59,9 +59,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
         timing);
     // Each rank's medians over the timed calls, on rank 0.
     const auto timed = [&](const std::vector<double>& v) {
-      return v.size() >= static_cast<std::size_t>(t.reps)
-                 ? median({v.end() - t.reps, v.end()})
-                 : 0.0;
+      return v.size() >= static_cast<std::size_t>(t.reps) ? median({v.end() - t.reps, v.end()})
+                                                          : 0.0;
     };
     std::ostringstream mine;
     mine << timed(score_ms) << " " << timed(exchange_ms);
@@ -118,9 +117,8 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
     return s.str();
   };
   for (const BenchRecord& r : records) {
-    nlohmann::json timing = {{"cold", r.timing.cold_ms},
-                             {"median", r.timing.median_ms},
-                             {"iqr", r.timing.iqr_ms}};
+    nlohmann::json timing = {
+        {"cold", r.timing.cold_ms}, {"median", r.timing.median_ms}, {"iqr", r.timing.iqr_ms}};
     rows.push_back({r.workload, std::to_string(r.extra.value("ranks", 1)),
                     std::to_string(r.threads), std::to_string(r.candidates), ms(timing, "cold"),
                     ms(timing, "median"), ms(timing, "iqr"), ms(r.extra, "score_max_ms"),

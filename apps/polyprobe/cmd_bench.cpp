@@ -23,9 +23,9 @@ BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 BenchSuite scale_suite();          // bench_scale.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {step_suite(), forward_suite(), accumulate_suite(),
-                                                 dfo_bench_suite(), asktell_bench_suite(),
-                                                 scale_suite()};
+  static const std::vector<BenchSuite> suites = {step_suite(),          forward_suite(),
+                                                 accumulate_suite(),    dfo_bench_suite(),
+                                                 asktell_bench_suite(), scale_suite()};
   return suites;
 }
 

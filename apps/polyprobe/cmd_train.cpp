@@ -26,9 +26,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
-#include <iterator>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 namespace polyprobe::app {
@@ -315,15 +315,17 @@ std::vector<std::pair<std::string, std::string>> startup_facts(
                        TrainRanks::digest(split->features.data(),
                                           static_cast<std::size_t>(split->features.size()) *
                                               sizeof(*split->features.data())));
-    facts.emplace_back(which + " labels",
-                       TrainRanks::digest(split->labels.data(),
-                                          split->labels.size() * sizeof(split->labels[0])));
+    facts.emplace_back(
+        which + " labels",
+        TrainRanks::digest(split->labels.data(), split->labels.size() * sizeof(split->labels[0])));
   }
   facts.emplace_back("backend", evaluator.name());
   if (options.resume) {
     std::ifstream file(options.checkpoint_path, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    facts.emplace_back("checkpoint read by --resume", TrainRanks::digest(bytes.data(), bytes.size()));
+    const std::string bytes((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+    facts.emplace_back("checkpoint read by --resume",
+                       TrainRanks::digest(bytes.data(), bytes.size()));
   }
   return facts;
 }
@@ -413,8 +415,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (ranks.size() > 1)
     out << " on each of " << ranks.size() << " ranks (losses over " << ranks.exchange() << ")";
-  out << "\n"
-      << std::flush;
+  out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
         << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
@@ -483,7 +484,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
                                          : "best training-split accuracy (no validation split): ")
         << percent(result.best_validation_accuracy) << " (step " << result.best_step << ", epoch "
         << result.best_epoch + 1 << ", restored)\n";
-  if (!save.empty() && ranks.leader()) out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
+  if (!save.empty() && ranks.leader())
+    out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
   if (splits.test.size() == 0) {
     out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
     return 0;

@@ -81,6 +81,7 @@ void TrainRanks::agree_to_start(const std::string& failure,
     return;
   }
   std::vector<distributed::StartupFact> stated;
+  stated.reserve(facts.size());
   for (const auto& [name, value] : facts) stated.push_back({name, value});
   distributed::agree_to_start(impl_->job, failure, stated);
   agreed_ = true;  // from here on a failure of one rank ends the job (fail)

@@ -5,8 +5,9 @@
 // one message on every rank names the rank that differs or failed, and why), each scores its
 // slice of every step's candidates and the losses are all-gathered, so the trajectory is the
 // one a single process takes. Rank 0 alone prints and writes files: the other ranks' std::cout
-// and std::cerr are silenced from the TrainRanks' construction to the end of the process. In builds without MPI a run launched
-// by mpirun with more than one rank is refused (each rank would train the whole run alone).
+// and std::cerr are silenced from the TrainRanks' construction to the end of the process. In builds
+// without MPI a run launched by mpirun with more than one rank is refused (each rank would train
+// the whole run alone).
 #pragma once
 
 #include <polyprobe/evaluator.hpp>

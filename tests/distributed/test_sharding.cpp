@@ -29,9 +29,10 @@ struct Session {
 };
 
 Session make_session(uint64_t seed) {
-  Session s(make_model(6, {{"linear", {{"out_features", 8}}},
-                           {"relu", nlohmann::json::object()},
-                           {"linear", {{"out_features", 4}}}},
+  Session s(make_model(6,
+                       {{"linear", {{"out_features", 8}}},
+                        {"relu", nlohmann::json::object()},
+                        {"linear", {{"out_features", 4}}}},
                        seed));
   s.batch = make_batch(s.model, 17, seed + 1);
   s.particles = ParticleMap::contiguous(s.model.num_parameters(), 2);
@@ -73,7 +74,8 @@ TEST_CASE("particle slices are contiguous, cover every particle and balance the 
         const int64_t total =
             active.empty() ? P : std::count(active.begin(), active.end(), static_cast<char>(1));
         for (int r = 0; r < ranks; ++r) {
-          const auto first = b[static_cast<std::size_t>(r)], last = b[static_cast<std::size_t>(r) + 1];
+          const auto first = b[static_cast<std::size_t>(r)],
+                     last = b[static_cast<std::size_t>(r) + 1];
           const int64_t mine =
               active.empty() ? last - first
                              : std::count(active.begin() + first, active.begin() + last, char{1});
@@ -118,8 +120,7 @@ TEST_CASE("a candidate's loss does not depend on the candidates that share its c
   }
 }
 
-TEST_CASE("the sharded evaluator scores what the unsharded one does, on every rank",
-          "[sharded]") {
+TEST_CASE("the sharded evaluator scores what the unsharded one does, on every rank", "[sharded]") {
   distributed::Job job;
   auto exchange = distributed::make_mpi_exchange(job);
   for (const DType dtype : {DType::f32, DType::f64}) {
@@ -134,7 +135,8 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
     INFO(job.size() << " ranks, rank " << job.rank() << ", " << to_string(dtype));
     // Every particle, then a mask (as adaptive_probes leaves it): inactive entries untouched.
     std::vector<char> active(static_cast<std::size_t>(P));
-    for (int64_t i = 0; i < P; ++i) active[static_cast<std::size_t>(i)] = static_cast<char>(i % 3 != 1);
+    for (int64_t i = 0; i < P; ++i)
+      active[static_cast<std::size_t>(i)] = static_cast<char>(i % 3 != 1);
     for (const std::vector<char>& mask : {std::vector<char>{}, active}) {
       std::vector<double> expect(static_cast<std::size_t>(P * VK), -1.0), got(expect);
       double expect_incumbent = 0, got_incumbent = 0;
