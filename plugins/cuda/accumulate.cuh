@@ -9,7 +9,8 @@
 // - segment: owner-computes. A stable radix sort groups the row indices by key; one thread
 //   owns each (key, column) and adds that key's rows in input order: deterministic, and bit
 //   for bit the core reference's sum.
-// - auto: the one measured faster for the shape (docs/benchmarks.md, `bench accumulate`).
+// - auto: the one measured faster for the shape (docs/benchmarks.md, `bench accumulate`):
+//   segment for rows of 16 values or more, scatter for narrower ones.
 #pragma once
 
 #include "device.hpp"
