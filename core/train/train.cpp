@@ -303,11 +303,13 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) ++state.epochs_completed;
     // The clock and the signals are this process's; with agree_on_stop the leader's decide.
-    uint32_t reasons = 0;
-    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s) reasons |= stop_time_limit;
-    if (options.stop != nullptr && options.stop->load()) reasons |= stop_interrupted;
-    if (options.agree_on_stop) reasons = options.agree_on_stop(reasons);
-    if ((reasons & stop_time_limit) != 0) result.reached_time_limit = true;
+    const auto agreed = [&](uint32_t reasons) {
+      return options.agree_on_stop ? options.agree_on_stop(reasons) : reasons;
+    };
+    if (agreed(options.time_limit_s > 0 && elapsed() >= options.time_limit_s
+                   ? uint32_t{stop_time_limit}
+                   : 0U) != 0)
+      result.reached_time_limit = true;
     const bool periodic = options.validate_every > 0 && state.step % options.validate_every == 0;
     // Validate at every epoch end (unless validate_every replaces it), every validate_every
     // steps, and at the time limit, so the last stretch of a timed run is not thrown away.
@@ -317,7 +319,10 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       save_checkpoint();
     }
     if (options.on_progress) options.on_progress(progress);
-    if ((reasons & stop_interrupted) != 0) result.interrupted = true;
+    // After on_progress, which may ask to stop after this very step.
+    if (agreed(options.stop != nullptr && options.stop->load() ? uint32_t{stop_interrupted} : 0U) !=
+        0)
+      result.interrupted = true;
     stop = state.epochs_completed >= options.epochs || result.stopped_early ||
            result.reached_time_limit || result.interrupted;
   }

@@ -79,9 +79,10 @@ struct TrainOptions {
   // each calls train() on the same inputs and stays bit-identical with the others.
   // false: write no metrics and no checkpoints (another process does); resume still reads.
   bool write_files = true;
-  // (optional) Called once after every step with this process's reasons to stop (bits of
-  // StopReason: the time limit, `stop`), which depend on its clock and its signals; returns the
-  // reasons every process acts on (the leader's), so that all stop after the same step.
+  // (optional) Called twice after every step, in the same order on every process, with this
+  // process's reason to stop (a StopReason bit, or 0): first the time limit, then `stop`
+  // (checked after on_progress), which depend on its clock and its signals; returns the reason
+  // every process acts on (the leader's), so that all stop after the same step.
   std::function<uint32_t(uint32_t)> agree_on_stop;
 };
 

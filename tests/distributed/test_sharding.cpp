@@ -89,6 +89,40 @@ TEST_CASE("particle slices are contiguous, cover every particle and balance the 
   CHECK_THROWS_WITH(particle_slices(3, {}, 0), Catch::Contains("ranks must be >= 1"));
 }
 
+TEST_CASE("weighted particle slices balance the active weight", "[slices]") {
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> cost(0.1, 3.0);
+  for (int64_t P : {1, 5, 64, 999})
+    for (int ranks = 1; ranks <= 6; ++ranks) {
+      std::vector<char> active;
+      std::vector<double> weights;
+      double total = 0, heaviest = 0;
+      for (int64_t i = 0; i < P; ++i) {
+        active.push_back(static_cast<char>(rng() % 4 != 0));
+        weights.push_back(cost(rng));
+        if (active.back() != 0)
+          total += weights.back(), heaviest = std::max(heaviest, weights.back());
+      }
+      const std::vector<int64_t> b = particle_slices(P, active, ranks, weights);
+      REQUIRE(static_cast<int>(b.size()) == ranks + 1);
+      CHECK(b.front() == 0);
+      CHECK(b.back() == P);
+      CHECK(std::is_sorted(b.begin(), b.end()));
+      for (int r = 0; r < ranks; ++r) {
+        double mine = 0;
+        for (int64_t i = b[static_cast<std::size_t>(r)]; i < b[static_cast<std::size_t>(r) + 1];
+             ++i)
+          if (active[static_cast<std::size_t>(i)] != 0)
+            mine += weights[static_cast<std::size_t>(i)];
+        INFO("P " << P << ", ranks " << ranks << ", rank " << r);
+        // Each slice is within one particle's weight of an even share.
+        CHECK(std::abs(mine - total / ranks) <= heaviest + 1e-9);
+      }
+    }
+  CHECK_THROWS_WITH(particle_slices(3, {}, 2, std::vector<double>{1, 1}),
+                    Catch::Contains("2 weights for 3 particles"));
+}
+
 TEST_CASE("a candidate's loss does not depend on the candidates that share its call",
           "[independence]") {
   for (const auto& [backend, dtype] : {std::pair{std::string("reference"), DType::f64},
@@ -137,7 +171,9 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
     std::vector<char> active(static_cast<std::size_t>(P));
     for (int64_t i = 0; i < P; ++i)
       active[static_cast<std::size_t>(i)] = static_cast<char>(i % 3 != 1);
-    for (const std::vector<char>& mask : {std::vector<char>{}, active}) {
+    // Every call after the first cuts the slices anew from the measured times (rebalancing).
+    for (const std::vector<char>& mask :
+         {std::vector<char>{}, active, std::vector<char>{}, active}) {
       std::vector<double> expect(static_cast<std::size_t>(P * VK), -1.0), got(expect);
       double expect_incumbent = 0, got_incumbent = 0;
       plain->score(PolytopeProbe{s.directions, 0.3, mask}, expect, &expect_incumbent);

@@ -72,11 +72,15 @@ class Job {
   bool owns_mpi_ = false;
 };
 
-// Contiguous particle slices, one a rank, balanced by candidate count: rank r scores
-// particles [bounds[r], bounds[r + 1]) of the P particles; `active` ([P], or empty for all)
-// marks the ones scored this step, and each rank gets floor or ceil of (active / ranks) of
-// them. Returns ranks + 1 bounds from 0 to P.
-std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks);
+// Contiguous particle slices, one a rank: rank r scores particles [bounds[r], bounds[r + 1])
+// of the P particles; `active` ([P], or empty for all) marks the ones scored this step.
+// Without `weights` the slices balance the candidate count: each rank gets floor or ceil of
+// (active / ranks) active particles. With `weights` ([P], positive: the expected cost of
+// scoring each particle) rank r starts at the first particle where the active weight before it
+// reaches r / ranks of the total. Returns ranks + 1 bounds from 0 to P; a pure function of its
+// arguments, so every rank computes the same slices.
+std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
+                                     std::span<const double> weights = {});
 
 // Moves the losses of each step between ranks. The MPI job carries host buffers; a GPU job can
 // carry them between device buffers (make_nccl_exchange). Same collective rules as Job's.
@@ -105,13 +109,17 @@ bool nccl_built();
 
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
-// over `exchange`; the incumbent's loss, when asked for, is rank 0's, broadcast (one
-// incumbent forward in the job, and every rank gets the same number even if its backend or
-// thread count differs). Explicit candidate sets (multifidelity screens) are sliced by
-// candidate count the same way. The stateless calls (evaluate, evaluate_base) run on `inner`
-// unsharded. `subspace` must be the one `inner` was made for (null: raw parameters); `inner`,
-// `job` and `exchange` are owned by the caller except `inner`, which is owned by the result.
-// Every rank must make the same calls in the same order (the optimizer does).
+// over `exchange`. The slices start balanced by candidate count and are then balanced by cost:
+// after each call the ranks all-gather their scoring times (N doubles over `job`) and every
+// rank updates the same per-particle cost estimates from them (damped: halfway to what the
+// times say), so a slice whose candidates cost more (those of a model's first layers run
+// through more of it) shrinks; the losses do not depend on the cut. the incumbent's loss, when
+// asked for, is rank 0's, broadcast (one incumbent forward in the job, and every rank gets the same
+// number even if its backend or thread count differs). Explicit candidate sets (multifidelity
+// screens) are sliced by candidate count the same way. The stateless calls (evaluate,
+// evaluate_base) run on `inner` unsharded. `subspace` must be the one `inner` was made for (null:
+// raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`, which is
+// owned by the result. Every rank must make the same calls in the same order (the optimizer does).
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange,
                                            const Subspace* subspace = nullptr);
