@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,7 @@ class ShardedEvaluator final : public Evaluator {
                         {"last_slice", last_slice_},
                         {"last_score_ms", last_score_ms_},
                         {"last_exchange_ms", last_exchange_ms_},
+                        {"last_score_cpu_ms", last_score_cpu_ms_},
                         {"note", "paths and counts are this rank's slice of the candidates"}};
     return e;
   }
@@ -81,8 +83,10 @@ class ShardedEvaluator final : public Evaluator {
     const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_};
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
     const auto start = Clock::now();
+    const double cpu_start = process_cpu_ms();
     inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
+    last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
     offsets_.resize(slices.size());
     for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
     exchange_.allgather(losses, offsets_);
@@ -107,9 +111,11 @@ class ShardedEvaluator final : public Evaluator {
     last_slice_ = {first, first + count};
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
     const auto start = Clock::now();
+    const double cpu_start = process_cpu_ms();
     inner_->score(slice, losses.subspan(idx(first), idx(count)),
                   scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
+    last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
     exchange_.allgather(losses, offsets_);
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
     record(start, scored);
@@ -125,12 +131,20 @@ class ShardedEvaluator final : public Evaluator {
     last_exchange_ms_ = std::chrono::duration<double, std::milli>(now - scored).count();
   }
 
-  // Moves every rank's cost estimates of its slice's particles halfway to what its scoring time
-  // says (the same arithmetic on the same all-gathered times on every rank).
+  // The CPU time of this process's threads: the work of a slice, without the time other
+  // processes took the cores from it (oversubscribed or shared machines).
+  static double process_cpu_ms() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+  }
+
+  // Moves every rank's cost estimates of its slice's particles halfway to what its scoring's CPU
+  // time says (the same arithmetic on the same all-gathered times on every rank).
   void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
     const int ranks = job_.size();
     times_.assign(static_cast<std::size_t>(ranks), 0.0);
-    times_[static_cast<std::size_t>(job_.rank())] = last_score_ms_;
+    times_[static_cast<std::size_t>(job_.rank())] = last_score_cpu_ms_;
     time_offsets_.resize(times_.size() + 1);
     for (std::size_t r = 0; r < time_offsets_.size(); ++r)
       time_offsets_[r] = static_cast<int64_t>(r);
@@ -154,7 +168,7 @@ class ShardedEvaluator final : public Evaluator {
   std::vector<char> mine_;        // [P]: this rank's slice of the active particles
   std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
   std::vector<int64_t> last_slice_;
-  double last_score_ms_ = 0, last_exchange_ms_ = 0;
+  double last_score_ms_ = 0, last_exchange_ms_ = 0, last_score_cpu_ms_ = 0;
   std::vector<double> cost_;   // [P]: each particle's expected scoring cost (ms, once measured)
   std::vector<double> times_;  // [ranks]: the last call's scoring times
   std::vector<int64_t> time_offsets_;

@@ -44,7 +44,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.subspace = w.subspace.get();
     auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request));
     optimizer.register_evaluator(*evaluator, w.batch);
-    std::vector<double> score_ms, exchange_ms;
+    std::vector<double> score_ms, exchange_ms, score_cpu_ms;
+    nlohmann::json slice = nlohmann::json::array();
     StepInfo last;
     const Timing t = time_calls(
         [&] {
@@ -54,6 +55,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
           if (d.is_object()) {
             score_ms.push_back(d.value("last_score_ms", 0.0));
             exchange_ms.push_back(d.value("last_exchange_ms", 0.0));
+            score_cpu_ms.push_back(d.value("last_score_cpu_ms", 0.0));
+            slice = d.value("last_slice", nlohmann::json::array());
           }
         },
         timing);
@@ -63,12 +66,19 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
                                                           : 0.0;
     };
     std::ostringstream mine;
-    mine << timed(score_ms) << " " << timed(exchange_ms);
+    mine << timed(score_ms) << " " << timed(exchange_ms) << " " << timed(score_cpu_ms) << " "
+         << (slice.size() == 2 ? slice[1].get<int64_t>() - slice[0].get<int64_t>() : 0);
     double score_max = 0, score_sum = 0, exchange_min = 1e300;
+    nlohmann::json particles = nlohmann::json::array();  // each rank's in the last step
+    double cpu_max = 0, cpu_sum = 0;
     for (const std::string& text : ranks.gather(mine.str())) {
       std::istringstream in(text);
-      double s = 0, e = 0;
-      in >> s >> e;
+      double s = 0, e = 0, c = 0;
+      int64_t p = 0;
+      in >> s >> e >> c >> p;
+      particles.push_back(p);
+      cpu_max = std::max(cpu_max, c);
+      cpu_sum += c;
       score_max = std::max(score_max, s);
       score_sum += s;
       exchange_min = std::min(exchange_min, e);
@@ -95,6 +105,9 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       r.extra["imbalance"] = score_mean > 0 ? score_max / score_mean : 1.0;
       // The rank that scored last waits for no one: its exchange is the all-gather itself.
       r.extra["allgather_ms"] = exchange_min;
+      r.extra["particles_per_rank"] = particles;
+      // The same, in the CPU time of each rank's scoring (what the slices are balanced by).
+      r.extra["cpu_imbalance"] = cpu_sum > 0 ? cpu_max / (cpu_sum / ranks.size()) : 1.0;
       r.extra["rest_ms"] = std::max(0.0, t.median_ms - score_max - exchange_min);
       r.extra["loss_bytes_per_rank"] = 8.0 * static_cast<double>(last.candidates);
     }

@@ -110,7 +110,7 @@ bool nccl_built();
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
 // over `exchange`. The slices start balanced by candidate count and are then balanced by cost:
-// after each call the ranks all-gather their scoring times (N doubles over `job`) and every
+// after each call the ranks all-gather their scoring's CPU times (N doubles over `job`) and every
 // rank updates the same per-particle cost estimates from them (damped: halfway to what the
 // times say), so a slice whose candidates cost more (those of a model's first layers run
 // through more of it) shrinks; the losses do not depend on the cut. the incumbent's loss, when
