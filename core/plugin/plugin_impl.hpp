@@ -8,6 +8,7 @@
 #include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/operations.hpp>
 #include <polyprobe/subspace.hpp>
 
 #include <deque>
@@ -95,7 +96,8 @@ std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
                                                  int32_t device, const Subspace* subspace = nullptr,
-                                                 const std::string& path = {});
+                                                 const std::string& path = {},
+                                                 std::shared_ptr<const OperationTable> operations = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
 std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
@@ -104,6 +106,6 @@ std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
                                  const pp_subspace_view* subspace = nullptr,
-                                 const char* path = nullptr);
+                                 const char* path = nullptr, const pp_host_api* host = nullptr);
 
 }  // namespace polyprobe::detail
