@@ -91,6 +91,8 @@ EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& 
       loss_(kernels::loss_kind(loss.name)),
       l2_(loss.l2),
       threads_(options.threads) {
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): the field is a pointer; its size is the check
+  if (PP_HAS_FIELD(&options, pp_session_options, host)) host_ = options.host;
   // The field is a pointer and its size is the point of the check.
   // NOLINTNEXTLINE(bugprone-sizeof-expression)
   if (PP_HAS_FIELD(&options, pp_session_options, subspace) && options.subspace != nullptr) {
@@ -583,7 +585,8 @@ const char* EvaluatorImpl<S>::explain() {
         {"kink_tables", kink_[l].built}};
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
     if (site_[l].declared)
-      entry["site_local"] = site_[l].usable() ? std::string("yes (probed)") : site_[l].note;
+      entry["site_local"] =
+          site_[l].usable() ? "yes (probed)" + site_[l].attention : site_[l].note;
     layers.push_back(entry);
   }
   json counts = json::object();

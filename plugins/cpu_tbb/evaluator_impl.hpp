@@ -293,6 +293,7 @@ class EvaluatorImpl final : public CandidateEvaluator {
   std::vector<std::array<int64_t, kPathCount>> layer_path_candidates_;
   std::vector<std::array<int64_t, static_cast<int>(Decline::count)>> layer_declines_;
   std::vector<SiteLayer> site_;                // per layer (kind none unless site-local)
+  const pp_host_api* host_ = nullptr;          // the host's operations (may be null)
   std::vector<Mat<S>> site_qkv_, site_mixed_;  // per call, attention layers in use
 
   tbb::enumerable_thread_specific<Scratch> scratch_;
