@@ -1,9 +1,9 @@
 // Fused attention on the CPU. For each problem (b0, b1, head), K is transposed once into a
-// [head_dim, kv_len] panel so that a block of query rows scores a tile of keys with
-// broadcast-multiply-adds along the keys (vectorised by the compiler); each row keeps an
-// online softmax (running maximum m, running sum l, unnormalised output acc), rescaled
-// when a later tile raises the maximum, so no [q_len, kv_len] score matrix exists: the
-// scores of one tile of keys for one block of rows is all that is held. Argmax weighting
+// [head_dim, kv_len] panel so that a query row scores a tile of keys with broadcast
+// multiply-adds along the keys (fixed-size Eigen arrays: vector registers); each row keeps
+// an online softmax (running maximum m, running sum l, unnormalised output acc), rescaled
+// when a later tile raises the maximum, so no [q_len, kv_len] score matrix exists: one
+// tile of one row's scores is all that is held. Argmax weighting
 // keeps each row's first largest score over the tiles in key order instead, which is the
 // explicit attention's tie rule (strictly larger replaces).
 #include "sdpa_cpu.hpp"
@@ -24,97 +24,117 @@
 namespace polyprobe::attention_sdpa {
 namespace {
 
-constexpr int64_t kRows = 4;   // query rows scored together (they share the key panel loads)
-constexpr int64_t kTile = 64;  // keys per tile: the scores held per row
-
 template <class S>
 struct Work {
-  std::vector<S> kt;  // K^T [head_dim, kv_len]
-  std::vector<S> qs;  // the block's scaled queries [kRows, head_dim]
-  std::vector<S> acc; // [kRows, v_dim]
-  alignas(64) std::array<S, kRows * kTile> scores{};
+  std::vector<S> kt;   // K^T [head_dim, padded kv_len], zero past kv_len
+  std::vector<S> qs;   // one scaled query [head_dim]
+  std::vector<S> acc;  // one row's unnormalised output [v_dim]
+  std::vector<S> p;    // short keys (kv_len <= one tile): every row's weights [q_len, T]
 };
 
-template <class S>
-using Row = Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>;
-
 // One problem: q [q_len, head_dim] with row stride qr, k [kv_len, head_dim] (kr), v
-// [kv_len, v_dim] (vr), out [q_len, v_dim] (outr).
-template <class S>
+// [kv_len, v_dim] (vr), out [q_len, v_dim] (outr). Keys go in tiles of T (a compile-time
+// width, so a tile's scores stay in vector registers); the panel is zero-padded to a whole
+// number of tiles, and the scores past the visible keys are masked.
+template <class S, int T>
 void attend(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
             int64_t vr, S* out, int64_t outr, Work<S>& w) {
+  using Tile = Eigen::Array<S, T, 1>;
   const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
+  const int64_t padded = (keys + T - 1) / T * T;
   const bool argmax = a.weighting == PP_SDPA_ARGMAX, causal = a.causal != 0;
   const S scale = static_cast<S>(a.scale);
-  w.kt.resize(static_cast<std::size_t>(hd * keys));
-  w.qs.resize(static_cast<std::size_t>(kRows * hd));
-  w.acc.resize(static_cast<std::size_t>(kRows * dv));
+  w.kt.assign(static_cast<std::size_t>(hd * padded), S(0));
+  w.qs.resize(static_cast<std::size_t>(hd));
+  w.acc.resize(static_cast<std::size_t>(dv));
   S* kt = w.kt.data();
   for (int64_t j = 0; j < keys; ++j)
-    for (int64_t d = 0; d < hd; ++d) kt[d * keys + j] = k[j * kr + d];
-  std::array<S, kRows> m{}, l{}, best_score{};
-  std::array<int64_t, kRows> best{};
-  for (int64_t i0 = 0; i0 < len; i0 += kRows) {
-    const int64_t rows = std::min(kRows, len - i0);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t d = 0; d < hd; ++d) w.qs[r * hd + d] = q[(i0 + r) * qr + d] * scale;
-    std::fill(w.acc.begin(), w.acc.end(), S(0));
-    m.fill(-std::numeric_limits<S>::infinity());
-    l.fill(S(0));
-    best.fill(-1);
-    // The keys any row of the block sees.
-    const int64_t end = causal ? std::min(keys, i0 + rows) : keys;
-    for (int64_t j0 = 0; j0 < end; j0 += kTile) {
-      const int64_t tl = std::min(kTile, end - j0);
-      S* s = w.scores.data();
-      std::fill(s, s + kRows * kTile, S(0));
-      for (int64_t d = 0; d < hd; ++d) {
-        const S* kd = kt + d * keys + j0;
-        for (int64_t r = 0; r < rows; ++r) {
-          const S qd = w.qs[r * hd + d];
-          S* sr = s + r * kTile;
-          for (int64_t j = 0; j < tl; ++j) sr[j] += qd * kd[j];
-        }
+    for (int64_t d = 0; d < hd; ++d) kt[d * padded + j] = k[j * kr + d];
+  S* __restrict acc = w.acc.data();
+  S* __restrict qs = w.qs.data();
+  // With one tile of keys there is nothing to rescale: each row's weights are final once
+  // scored, so they are kept ([q_len, T], not [q_len, kv_len] beyond one tile) and the mix is
+  // one product for all rows instead of one per row.
+  // (Measured: for a handful of keys, the product's dispatch costs more than it saves.)
+  const bool short_softmax = keys <= T && keys > 16 && !argmax;
+  if (short_softmax) w.p.resize(static_cast<std::size_t>(len * T));
+  for (int64_t i = 0; i < len; ++i) {
+    for (int64_t d = 0; d < hd; ++d) qs[d] = q[i * qr + d] * scale;
+    const int64_t visible = causal ? std::min(keys, i + 1) : keys;
+    S m = -std::numeric_limits<S>::infinity(), l = S(0), best_score = S(0);
+    int64_t best = -1;
+    std::fill(acc, acc + dv, S(0));
+    for (int64_t j0 = 0; j0 < visible; j0 += T) {
+      // Four partial sums over d, so that a narrow tile is not one serial chain of
+      // multiply-adds (their latency, not their count, would bound it).
+      Tile s0 = Tile::Zero(), s1 = Tile::Zero(), s2 = Tile::Zero(), s3 = Tile::Zero();
+      int64_t d = 0;
+      for (; d + 4 <= hd; d += 4) {
+        s0 += qs[d] * Eigen::Map<const Tile>(kt + d * padded + j0);
+        s1 += qs[d + 1] * Eigen::Map<const Tile>(kt + (d + 1) * padded + j0);
+        s2 += qs[d + 2] * Eigen::Map<const Tile>(kt + (d + 2) * padded + j0);
+        s3 += qs[d + 3] * Eigen::Map<const Tile>(kt + (d + 3) * padded + j0);
       }
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t n = causal ? std::min(tl, i0 + r + 1 - j0) : tl;
-        if (n <= 0) continue;
-        S* sr = s + r * kTile;
-        if (argmax) {
-          int64_t j = 0;
-          if (best[r] < 0) best[r] = j0, best_score[r] = sr[0], j = 1;
-          for (; j < n; ++j)
-            if (sr[j] > best_score[r]) best_score[r] = sr[j], best[r] = j0 + j;
-          continue;
-        }
-        Row<S> tile(sr, n);
-        const S top = std::max(m[r], tile.maxCoeff());
-        const S rescale = std::exp(m[r] - top);  // 0 on the first tile (m = -inf)
-        tile = (tile - top).exp();
-        l[r] = l[r] * rescale + tile.sum();
-        m[r] = top;
-        S* acc = w.acc.data() + r * dv;
+      for (; d < hd; ++d) s0 += qs[d] * Eigen::Map<const Tile>(kt + d * padded + j0);
+      Tile s = (s0 + s1) + (s2 + s3);
+      const int64_t n = std::min<int64_t>(T, visible - j0);
+      if (argmax) {
+        for (int64_t j = 0; j < n; ++j)
+          if (best < 0 || s(j) > best_score) best_score = s(j), best = j0 + j;
+        continue;
+      }
+      for (int64_t j = n; j < T; ++j) s(j) = -std::numeric_limits<S>::infinity();
+      if (short_softmax) {
+        s = (s - s.maxCoeff()).exp();
+        Eigen::Map<Tile>(w.p.data() + i * T) = s / s.sum();
+        break;
+      }
+      const S top = j0 == 0 ? s.maxCoeff() : std::max(m, s.maxCoeff());
+      s = (s - top).exp();
+      if (j0 == 0) {
+        l = s.sum();
+      } else {  // a later tile: rescale what the earlier ones summed to the new maximum
+        const S rescale = std::exp(m - top);
+        l = l * rescale + s.sum();
         if (rescale != S(1))
           for (int64_t c = 0; c < dv; ++c) acc[c] *= rescale;
-        for (int64_t j = 0; j < n; ++j) {
-          const S p = sr[j];
-          const S* vj = v + (j0 + j) * vr;
-          for (int64_t c = 0; c < dv; ++c) acc[c] += p * vj[c];
-        }
       }
+      m = top;
+      // acc += p V_tile: a [1, n] x [n, v_dim] product.
+      using Rows = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(acc, dv).noalias() +=
+          s.head(n).matrix().transpose() *
+          Eigen::Map<const Rows, 0, Eigen::OuterStride<>>(v + j0 * vr, n, dv,
+                                                          Eigen::OuterStride<>(vr));
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      S* o = out + (i0 + r) * outr;
-      if (argmax) {
-        const S* vb = v + best[r] * vr;
-        std::copy(vb, vb + dv, o);
-      } else {
-        const S inv = S(1) / l[r];
-        const S* acc = w.acc.data() + r * dv;
-        for (int64_t c = 0; c < dv; ++c) o[c] = acc[c] * inv;
-      }
+    if (short_softmax) continue;
+    S* o = out + i * outr;
+    if (argmax) {
+      const S* vb = v + best * vr;
+      std::copy(vb, vb + dv, o);
+    } else {
+      const S inv = S(1) / l;
+      for (int64_t c = 0; c < dv; ++c) o[c] = acc[c] * inv;
     }
   }
+  if (short_softmax) {
+    using Rows = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using Strided = Eigen::OuterStride<>;
+    Eigen::Map<Rows, 0, Strided>(out, len, dv, Strided(outr)).noalias() =
+        Eigen::Map<const Rows, 0, Strided>(w.p.data(), len, keys, Strided(T)) *
+        Eigen::Map<const Rows, 0, Strided>(v, keys, dv, Strided(vr));
+  }
+}
+
+// The tile width for kv_len keys: one vector of floats for short sequences (where a wide
+// tile would be mostly masking), four beyond.
+template <class S>
+void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
+                const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
+  if (a.kv_len <= 16)
+    attend<S, 16>(a, q, qr, k, kr, v, vr, out, outr, w);
+  else
+    attend<S, 64>(a, q, qr, k, kr, v, vr, out, outr, w);
 }
 
 template <class S>
@@ -127,7 +147,7 @@ void run_typed(const pp_sdpa_args& a) {
   auto one = [&](int64_t p, Work<S>& w) {
     const int64_t h = p % a.heads, b1 = (p / a.heads) % a.b1, b0 = p / (a.heads * a.b1);
     auto at = [&](const int64_t* st) { return b0 * st[0] + b1 * st[1] + h * st[2]; };
-    attend<S>(a, q + at(a.q_strides), a.q_strides[3], k + at(a.k_strides), a.k_strides[3],
+    attend_any<S>(a, q + at(a.q_strides), a.q_strides[3], k + at(a.k_strides), a.k_strides[3],
               v + at(a.v_strides), a.v_strides[3], out + at(a.out_strides), a.out_strides[3], w);
   };
   if (a.threads == 1 || problems == 1) {
