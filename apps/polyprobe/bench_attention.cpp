@@ -35,9 +35,8 @@ void explicit_attention(const std::vector<float>& q, const std::vector<float>& k
   const float scale = 1.0F / std::sqrt(static_cast<float>(hd));
   M scores(len, len);
   for (int64_t p = 0; p < problems; ++p) {
-    const Eigen::Map<const M> qp(q.data() + p * len * hd, len, hd), kp(k.data() + p * len * hd,
-                                                                       len, hd),
-        vp(v.data() + p * len * hd, len, hd);
+    const Eigen::Map<const M> qp(q.data() + p * len * hd, len, hd),
+        kp(k.data() + p * len * hd, len, hd), vp(v.data() + p * len * hd, len, hd);
     scores.noalias() = (qp * scale) * kp.transpose();
     for (Eigen::Index r = 0; r < len; ++r) {
       auto row = scores.row(r);
@@ -113,11 +112,12 @@ std::vector<BenchRecord> run_attention(Context& ctx) {
         r.extra["length"] = len;
         r.extra["argmax"] = argmax;
         records.push_back(r);
-        if (!ctx.quiet) *ctx.err << r.workload << " " << path << ": " << r.timing.median_ms << " ms\n";
+        if (!ctx.quiet)
+          *ctx.err << r.workload << " " << path << ": " << r.timing.median_ms << " ms\n";
       };
       record(
-          "explicit",
-          [&] { explicit_attention(q, k, v, want, problems * heads, len, hd, argmax); }, want);
+          "explicit", [&] { explicit_attention(q, k, v, want, problems * heads, len, hd, argmax); },
+          want);
       if (op == nullptr) continue;
       pp_sdpa_args a{};
       a.struct_size = sizeof(a);

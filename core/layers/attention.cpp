@@ -129,8 +129,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
       qkv.middleRows(b * len, len).noalias() = tokens * in_weight.transpose();
     }
     if (bias_)
-      qkv.rowwise() +=
-          Eigen::Map<const Vector<S>>(params.data() + 3 * e * e, 3 * e).transpose();
+      qkv.rowwise() += Eigen::Map<const Vector<S>>(params.data() + 3 * e * e, 3 * e).transpose();
     pp_sdpa_args a{};
     a.struct_size = sizeof(a);
     a.dtype = pp::dtype_of<S>();
@@ -148,15 +147,13 @@ class SelfAttention final : public LayerBase<SelfAttention> {
     const int status = static_cast<const pp_sdpa_table*>(op.table)->run(&a, &err);
     if (status == PP_UNSUPPORTED) return false;
     if (status != PP_OK)
-      throw Error("layer 'self_attention': the sdpa operation failed: " +
-                  std::string(err.message));
+      throw Error("layer 'self_attention': the sdpa operation failed: " + std::string(err.message));
     for (Eigen::Index b = 0; b < batch; ++b) {
       Eigen::Map<Matrix<S>> out(layers::sample_out(y, b), len, e);
       out.noalias() = mixed.middleRows(b * len, len) * out_weight.transpose();
       if (bias_)
         out.rowwise() +=
-            Eigen::Map<const Vector<S>>(params.data() + out_weight_offset() + e * e, e)
-                .transpose();
+            Eigen::Map<const Vector<S>>(params.data() + out_weight_offset() + e * e, e).transpose();
     }
     return true;
   }
@@ -190,14 +187,14 @@ class SelfAttention final : public LayerBase<SelfAttention> {
 }  // namespace
 
 void register_attention(LayerFactory& factory) {
-  factory.add("self_attention",
-              {[operations = factory.operations()](const nlohmann::json& attrs,
-                                                   const Shape& input) {
-                 return std::make_shared<const SelfAttention>(attrs, input, operations);
-               },
-               "multi-head self-attention on [L, E] (nn.MultiheadAttention); attributes "
-               "num_heads, attention (softmax, or argmax: hard, not differentiable), bias",
-               "core"});
+  factory.add(
+      "self_attention",
+      {[operations = factory.operations()](const nlohmann::json& attrs, const Shape& input) {
+         return std::make_shared<const SelfAttention>(attrs, input, operations);
+       },
+       "multi-head self-attention on [L, E] (nn.MultiheadAttention); attributes "
+       "num_heads, attention (softmax, or argmax: hard, not differentiable), bias",
+       "core"});
 }
 
 }  // namespace polyprobe

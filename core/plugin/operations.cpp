@@ -49,8 +49,8 @@ const OperationTable::Entry* OperationTable::find(std::string_view name, int32_t
                                                   int32_t dtype) const {
   const Entry* best = nullptr;
   for (const Entry& e : entries_) {
-    if (name != e.op->name || e.op->device != device ||
-        dtype < 0 || dtype > 31 || (e.op->dtypes & PP_DTYPE_BIT(dtype)) == 0)
+    if (name != e.op->name || e.op->device != device || dtype < 0 || dtype > 31 ||
+        (e.op->dtypes & PP_DTYPE_BIT(dtype)) == 0)
       continue;
     if (best == nullptr || e.op->score > best->op->score ||
         (e.op->score == best->op->score && e.provider < best->provider))

@@ -24,9 +24,9 @@ class PluginEvaluator final : public Evaluator {
       throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
     if (plugin_->session_create == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + " provides no evaluator session");
-    const pp_session_options opts =
-        to_pp_options(options, device, subspace_view_.get(), path_.empty() ? nullptr : path_.c_str(),
-                      operations_ ? operations_->host_api() : nullptr);
+    const pp_session_options opts = to_pp_options(options, device, subspace_view_.get(),
+                                                  path_.empty() ? nullptr : path_.c_str(),
+                                                  operations_ ? operations_->host_api() : nullptr);
     pp_error err{};
     if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_, &err) !=
             PP_OK ||

@@ -93,11 +93,10 @@ std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const 
                                                const nlohmann::json& attrs, const Shape& input);
 
 // An Evaluator whose session lives in a plugin, on `device` (a pp_device_kind).
-std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
-                                                 const Loss& loss, const EvaluatorOptions& options,
-                                                 int32_t device, const Subspace* subspace = nullptr,
-                                                 const std::string& path = {},
-                                                 std::shared_ptr<const OperationTable> operations = {});
+std::unique_ptr<Evaluator> make_plugin_evaluator(
+    const pp_plugin* plugin, const Model& model, const Loss& loss, const EvaluatorOptions& options,
+    int32_t device, const Subspace* subspace = nullptr, const std::string& path = {},
+    std::shared_ptr<const OperationTable> operations = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
 std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,

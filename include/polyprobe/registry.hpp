@@ -118,7 +118,7 @@ class PluginRegistry {
  private:
   struct Loaded;
   std::vector<PluginInfo> infos_;
-  std::vector<const pp_plugin*> descriptors_;  // parallel to infos_ (null if not loaded)
+  std::vector<const pp_plugin*> descriptors_;   // parallel to infos_ (null if not loaded)
   std::shared_ptr<OperationTable> operations_;  // shared with the evaluators it serves
 };
 

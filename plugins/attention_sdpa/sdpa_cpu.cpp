@@ -8,11 +8,11 @@
 // explicit attention's tie rule (strictly larger replaces).
 #include "sdpa_cpu.hpp"
 
-#include <Eigen/Core>
 #include <tbb/blocked_range.h>
 #include <tbb/enumerable_thread_specific.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
+#include <Eigen/Core>
 
 #include <algorithm>
 #include <array>
@@ -103,9 +103,8 @@ void attend(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t k
       // acc += p V_tile: a [1, n] x [n, v_dim] product.
       using Rows = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
       Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(acc, dv).noalias() +=
-          s.head(n).matrix().transpose() *
-          Eigen::Map<const Rows, 0, Eigen::OuterStride<>>(v + j0 * vr, n, dv,
-                                                          Eigen::OuterStride<>(vr));
+          s.head(n).matrix().transpose() * Eigen::Map<const Rows, 0, Eigen::OuterStride<>>(
+                                               v + j0 * vr, n, dv, Eigen::OuterStride<>(vr));
     }
     if (short_softmax) continue;
     S* o = out + i * outr;
@@ -129,8 +128,8 @@ void attend(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t k
 // The tile width for kv_len keys: one vector of floats for short sequences (where a wide
 // tile would be mostly masking), four beyond.
 template <class S>
-void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
-                const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
+void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
+                int64_t vr, S* out, int64_t outr, Work<S>& w) {
   if (a.kv_len <= 16)
     attend<S, 16>(a, q, qr, k, kr, v, vr, out, outr, w);
   else
@@ -148,7 +147,8 @@ void run_typed(const pp_sdpa_args& a) {
     const int64_t h = p % a.heads, b1 = (p / a.heads) % a.b1, b0 = p / (a.heads * a.b1);
     auto at = [&](const int64_t* st) { return b0 * st[0] + b1 * st[1] + h * st[2]; };
     attend_any<S>(a, q + at(a.q_strides), a.q_strides[3], k + at(a.k_strides), a.k_strides[3],
-              v + at(a.v_strides), a.v_strides[3], out + at(a.out_strides), a.out_strides[3], w);
+                  v + at(a.v_strides), a.v_strides[3], out + at(a.out_strides), a.out_strides[3],
+                  w);
   };
   if (a.threads == 1 || problems == 1) {
     thread_local Work<S> w;
@@ -192,8 +192,10 @@ std::string check_args(const pp_sdpa_args& a, int32_t device) {
   for (int i = 0; i < 4; ++i)
     if (a.q_strides[i] < 0 || a.k_strides[i] < 0 || a.v_strides[i] < 0 || a.out_strides[i] < 0)
       return "sdpa: strides must not be negative";
-  if (a.q_strides[3] < a.head_dim && a.q_len > 1) return "sdpa: q rows overlap (row stride < head_dim)";
-  if (a.k_strides[3] < a.head_dim && a.kv_len > 1) return "sdpa: k rows overlap (row stride < head_dim)";
+  if (a.q_strides[3] < a.head_dim && a.q_len > 1)
+    return "sdpa: q rows overlap (row stride < head_dim)";
+  if (a.k_strides[3] < a.head_dim && a.kv_len > 1)
+    return "sdpa: k rows overlap (row stride < head_dim)";
   if (a.v_strides[3] < a.v_dim && a.kv_len > 1) return "sdpa: v rows overlap (row stride < v_dim)";
   if ((a.out_strides[3] < a.v_dim && a.q_len > 1) || (a.out_strides[2] == 0 && a.heads > 1) ||
       (a.out_strides[1] == 0 && a.b1 > 1) || (a.out_strides[0] == 0 && a.b0 > 1))

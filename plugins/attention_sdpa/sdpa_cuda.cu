@@ -123,8 +123,8 @@ void run_cuda(const pp_sdpa_args& args) {
   if (std::string why = check_args(args, PP_DEVICE_CUDA); !why.empty())
     throw std::invalid_argument(why);
   if (args.head_dim > kMaxDim || args.v_dim > kMaxDim)
-    throw std::invalid_argument("sdpa (cuda): head_dim and v_dim up to " +
-                                std::to_string(kMaxDim) + " are served");
+    throw std::invalid_argument("sdpa (cuda): head_dim and v_dim up to " + std::to_string(kMaxDim) +
+                                " are served");
   if (args.dtype == PP_DTYPE_F32)
     launch<float>(args);
   else

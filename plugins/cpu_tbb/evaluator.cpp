@@ -585,8 +585,7 @@ const char* EvaluatorImpl<S>::explain() {
         {"kink_tables", kink_[l].built}};
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
     if (site_[l].declared)
-      entry["site_local"] =
-          site_[l].usable() ? "yes (probed)" + site_[l].attention : site_[l].note;
+      entry["site_local"] = site_[l].usable() ? "yes (probed)" + site_[l].attention : site_[l].note;
     layers.push_back(entry);
   }
   json counts = json::object();

@@ -60,9 +60,9 @@ struct SiteWork {
   M mix;     // the moved heads' new mix [length, embed] (other columns unused)
   M diff;    // [length, head_dim]
   // attention with the sdpa operation, all candidates of a group at once:
-  std::vector<S> deltas;      // [candidates, moves]
-  std::vector<S> parts;       // the moved q/k/v parts of one head [candidates, batch * L, hd]
-  std::vector<S> head_mix;    // per moved head [candidates, batch * L, hd]
+  std::vector<S> deltas;    // [candidates, moves]
+  std::vector<S> parts;     // the moved q/k/v parts of one head [candidates, batch * L, hd]
+  std::vector<S> head_mix;  // per moved head [candidates, batch * L, hd]
 };
 
 // Parses the layer (kind, attributes, shapes, parameter count) and probes the per-site

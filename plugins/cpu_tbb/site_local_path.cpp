@@ -295,8 +295,8 @@ void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const 
     for (std::size_t hi = 0; hi < w.heads.size(); ++hi) {
       const int64_t h = w.heads[hi];
       const ConstMapMat<S> mix(w.head_mix.data() + hi * block + c * rows * hd, rows, hd);
-      y.noalias() += (mix - mixed.middleCols(h * hd, hd)) *
-                     out_weight.middleCols(h * hd, hd).transpose();
+      y.noalias() +=
+          (mix - mixed.middleCols(h * hd, hd)) * out_weight.middleCols(h * hd, hd).transpose();
     }
     for (int64_t t = 0; t < moves; ++t) {
       const int64_t p = w.param[static_cast<std::size_t>(t)];
@@ -306,10 +306,11 @@ void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const 
         const int64_t row = (p - out_w) / e, j = (p - out_w) % e;
         const int64_t slot = head_slot[static_cast<std::size_t>(j / hd)];
         if (slot >= 0)
-          y.col(row) += delta * ConstMapMat<S>(w.head_mix.data() + static_cast<std::size_t>(slot) * block +
-                                                   c * rows * hd,
-                                               rows, hd)
-                                    .col(j % hd);
+          y.col(row) +=
+              delta * ConstMapMat<S>(w.head_mix.data() + static_cast<std::size_t>(slot) * block +
+                                         c * rows * hd,
+                                     rows, hd)
+                          .col(j % hd);
         else
           y.col(row) += delta * mixed.col(j);
       } else {
@@ -468,8 +469,7 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
         SiteLayer with = L;
         with.sdpa = sdpa;
         w.deltas = w.delta;
-        attention_apply_fused(with, x.data(), rows, params.data(), qkv, mixed, 1, w,
-                              fused.data());
+        attention_apply_fused(with, x.data(), rows, params.data(), qkv, mixed, 1, w, fused.data());
         for (std::size_t i = 0; i < fused.size(); ++i)
           if (!close(fused[i], y1[i])) sdpa_note = "it disagreed with the layer's forward";
       }
@@ -511,7 +511,8 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
   std::string provider, sdpa_note;
   if (why.empty() && L.kind == SiteLayer::Kind::attention && host != nullptr &&
       host->find_operation != nullptr) {
-    const pp_operation* op = host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype);
+    const pp_operation* op =
+        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype);
     const pp_operation* op64 =
         host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, PP_DTYPE_F64);
     if (op != nullptr && op64 != nullptr) {
@@ -634,23 +635,23 @@ void EvaluatorImpl<S>::evaluate_site_local(const Candidates& c, const Group& g, 
     attention_apply_fused(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], n, w,
                           s.stack.data());
   } else {
-  for (int64_t i = 0; i < n; ++i) {
-    const double* delta = c.displacement + (g.begin + i) * d;
-    for (int64_t t = 0; t < moves; ++t) {
-      const auto ut = static_cast<std::size_t>(t);
-      double raw = base_[static_cast<std::size_t>(s.touched[ut])];
-      for (int32_t k = 0; k < d; ++k)
-        raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
-      // Host layers see the raw parameter in S (no transform): the change as they see it.
-      w.delta[ut] = static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
+    for (int64_t i = 0; i < n; ++i) {
+      const double* delta = c.displacement + (g.begin + i) * d;
+      for (int64_t t = 0; t < moves; ++t) {
+        const auto ut = static_cast<std::size_t>(t);
+        double raw = base_[static_cast<std::size_t>(s.touched[ut])];
+        for (int32_t k = 0; k < d; ++k)
+          raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+        // Host layers see the raw parameter in S (no transform): the change as they see it.
+        w.delta[ut] = static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
+      }
+      S* out = s.stack.data() + i * batch * layer.out;
+      s.stack.middleRows(i * batch, batch) = acts_[l + 1];
+      if (site.kind == SiteLayer::Kind::conv)
+        conv_apply(site, batch, w, out);
+      else
+        attention_apply(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w, out);
     }
-    S* out = s.stack.data() + i * batch * layer.out;
-    s.stack.middleRows(i * batch, batch) = acts_[l + 1];
-    if (site.kind == SiteLayer::Kind::conv)
-      conv_apply(site, batch, w, out);
-    else
-      attention_apply(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w, out);
-  }
   }
   // The suffix shares the incumbent's weights: once over the whole group.
   for (std::size_t m = l + 1; m < plan_.layers.size(); ++m) {

@@ -76,9 +76,8 @@ std::vector<double> reference_sdpa(const pp_sdpa_args& a) {
   const auto* q = static_cast<const S*>(a.q);
   const auto* k = static_cast<const S*>(a.k);
   const auto* v = static_cast<const S*>(a.v);
-  std::vector<double> out(static_cast<std::size_t>(a.b0 * a.b1 * a.heads * a.q_len *
-                                                   a.out_strides[3]),
-                          0.0);
+  std::vector<double> out(
+      static_cast<std::size_t>(a.b0 * a.b1 * a.heads * a.q_len * a.out_strides[3]), 0.0);
   std::vector<double> w(static_cast<std::size_t>(a.kv_len));
   for (int64_t b0 = 0; b0 < a.b0; ++b0)
     for (int64_t b1 = 0; b1 < a.b1; ++b1)
@@ -109,8 +108,8 @@ std::vector<double> reference_sdpa(const pp_sdpa_args& a) {
           for (int64_t c = 0; c < a.v_dim; ++c) {
             double acc = 0;
             for (int64_t j = 0; j < n; ++j)
-              acc += w[static_cast<std::size_t>(j)] *
-                     static_cast<double>(vp[j * a.v_strides[3] + c]);
+              acc +=
+                  w[static_cast<std::size_t>(j)] * static_cast<double>(vp[j * a.v_strides[3] + c]);
             op[i * a.out_strides[3] + c] = acc / sum;
           }
         }

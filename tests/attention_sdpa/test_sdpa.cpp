@@ -55,9 +55,9 @@ void check_random_problems(double tolerance) {
     SdpaProblem<S> p = random_problem<S>(rng, trial < 280 ? 40 : 200);
     pp_sdpa_args& a = p.args;
     a.threads = trial % 2 == 0 ? 1 : 0;
-    INFO("trial " << trial << ": b0 " << a.b0 << " b1 " << a.b1 << " heads " << a.heads
-                  << " q_len " << a.q_len << " kv_len " << a.kv_len << " head_dim "
-                  << a.head_dim << " v_dim " << a.v_dim << " causal " << a.causal
+    INFO("trial " << trial << ": b0 " << a.b0 << " b1 " << a.b1 << " heads " << a.heads << " q_len "
+                  << a.q_len << " kv_len " << a.kv_len << " head_dim " << a.head_dim << " v_dim "
+                  << a.v_dim << " causal " << a.causal
                   << (a.weighting == PP_SDPA_ARGMAX ? " argmax" : " softmax"));
     const std::vector<double> want = reference_sdpa<S>(a);
     pp_error err{};
@@ -70,7 +70,8 @@ void check_random_problems(double tolerance) {
         padding_kept = padding_kept && p.out[static_cast<std::size_t>(e)] == S(-7);
         continue;
       }
-      const double got = p.out[static_cast<std::size_t>(e)], ref = want[static_cast<std::size_t>(e)];
+      const double got = p.out[static_cast<std::size_t>(e)],
+                   ref = want[static_cast<std::size_t>(e)];
       worst = std::max(worst, std::abs(got - ref) / std::max(1.0, std::abs(ref)));
     }
     CHECK(worst < tolerance);
@@ -107,7 +108,8 @@ TEST_CASE("sdpa: argmax ties take the first largest key, as the explicit attenti
   a.q_len = 1, a.kv_len = 3, a.head_dim = 2, a.v_dim = 1;
   a.scale = 1.0;
   a.q = q, a.k = k, a.v = v, a.out = &out;
-  const int64_t qs[4] = {2, 2, 2, 2}, ks[4] = {6, 6, 6, 2}, vs[4] = {3, 3, 3, 1}, os[4] = {1, 1, 1, 1};
+  const int64_t qs[4] = {2, 2, 2, 2}, ks[4] = {6, 6, 6, 2}, vs[4] = {3, 3, 3, 1},
+                os[4] = {1, 1, 1, 1};
   std::memcpy(a.q_strides, qs, sizeof(qs));
   std::memcpy(a.k_strides, ks, sizeof(ks));
   std::memcpy(a.v_strides, vs, sizeof(vs));
@@ -191,8 +193,8 @@ TEST_CASE("self_attention: the same output with the sdpa operation as explicitly
     const int64_t heads = pick(1, 4), len = pick(1, 70), embed = heads * pick(1, 8);
     const std::string weighting = trial % 2 == 0 ? "softmax" : "argmax";
     const bool bias = trial % 3 != 0;
-    const Layers layers{{"self_attention",
-                         {{"num_heads", heads}, {"attention", weighting}, {"bias", bias}}}};
+    const Layers layers{
+        {"self_attention", {{"num_heads", heads}, {"attention", weighting}, {"bias", bias}}}};
     INFO("trial " << trial << ": L " << len << " E " << embed << " heads " << heads << " "
                   << weighting << (bias ? "" : " no bias"));
     const Model plain = build(factory(false), Shape{{len, embed}}, layers, DType::f64, trial);

@@ -6,8 +6,8 @@
 #include <polyprobe/operations.hpp>
 #include <polyprobe/registry.hpp>
 
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdlib>
 #include <iostream>

@@ -64,10 +64,10 @@ typedef struct pp_tensor {
 
 /* What a plugin can provide. */
 typedef enum pp_component {
-  PP_COMPONENT_EVALUATOR = 1,   /* scores candidate sets (name = the evaluation path) */
-  PP_COMPONENT_ACCUMULATOR = 2, /* reduce-by-key (name = the strategy) */
-  PP_COMPONENT_LAYER = 3,       /* a layer kind (name = the kind, as in model files) */
-  PP_COMPONENT_SUBSPACE = 4,    /* a parameter subspace */
+  PP_COMPONENT_EVALUATOR = 1,    /* scores candidate sets (name = the evaluation path) */
+  PP_COMPONENT_ACCUMULATOR = 2,  /* reduce-by-key (name = the strategy) */
+  PP_COMPONENT_LAYER = 3,        /* a layer kind (name = the kind, as in model files) */
+  PP_COMPONENT_SUBSPACE = 4,     /* a parameter subspace */
   PP_COMPONENT_RADIUS_MODEL = 5, /* a radius model */
   PP_COMPONENT_OPERATION = 6     /* a named operation (operations.h; name = the operation) */
 } pp_component;
