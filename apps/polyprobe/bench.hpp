@@ -36,6 +36,9 @@ struct TimingOptions {
 
 // Times `call`: the first call is cold, then warm-up calls (untimed), then `repeats` timed.
 Timing time_calls(const std::function<void()>& call, const TimingOptions& options = {});
+// The same summary of times measured elsewhere (a device's own events): throws Error when
+// `times_ms` is empty.
+Timing timing_of(double cold_ms, std::vector<double> times_ms);
 
 struct BenchRecord {
   std::string suite, workload, path, device = "cpu", dtype = "float32";

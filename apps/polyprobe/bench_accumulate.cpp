@@ -67,7 +67,58 @@ void measure(Context& ctx, int64_t n_keys, int64_t n, int64_t width,
     }
 }
 
+// The cuda plugin's accumulators on data generated and kept on the GPU: ~62 and ~900
+// contributions per key, each strategy beside a device-to-device copy of the same value
+// bytes timed in the same call (the bandwidth yardstick).
+std::vector<BenchRecord> run_device_accumulate(Context& ctx) {
+  std::vector<BenchRecord> records;
+  const int64_t n_keys = ctx.vm["accumulate-keys"].as<int64_t>();
+  const int repeats = std::min(ctx.vm["repeats"].as<int>(), 9);
+  for (const int64_t per_key : {int64_t{62}, int64_t{900}})
+    for (const int64_t width : {int64_t{3}, int64_t{64}})
+      for (const bool f32 : {true, false})
+        for (const std::string strategy : {"scatter", "segment", "auto"}) {
+          auto acc = ctx.registry.make_accumulator("cuda", strategy, 1);
+          const int64_t rows = n_keys * per_key;
+          const nlohmann::json j =
+              nlohmann::json::parse(acc->device_benchmark(n_keys, rows, width, f32, repeats, 17));
+          BenchRecord r;
+          r.suite = "accumulate";
+          r.workload = "keys=" + std::to_string(n_keys) + ",rows=" + std::to_string(rows) +
+                       ",width=" + std::to_string(width);
+          r.path = strategy;
+          r.device = "cuda";
+          r.dtype = f32 ? "float32" : "float64";
+          r.candidates = rows;
+          r.timing =
+              timing_of(j.at("cold_ms").get<double>(), j.at("times_ms").get<std::vector<double>>());
+          const Timing copy = timing_of(0, j.at("copy_times_ms").get<std::vector<double>>());
+          // The bytes the reduction must move (values and keys read, the output written once)
+          // against the copy's (read and written), both over their median times.
+          const double moved = j.at("value_bytes").get<double>() + j.at("key_bytes").get<double>() +
+                               static_cast<double>(n_keys * width) * (f32 ? 4.0 : 8.0);
+          r.max_rel_diff =
+              j.at("max_abs_diff").get<double>() / (1.0 + j.at("max_abs_sum").get<double>());
+          r.extra["strategy_used"] = j.at("strategy_used");
+          r.extra["contributions_per_key"] = per_key;
+          r.extra["gbytes_per_s"] = moved / (r.timing.median_ms * 1e6);
+          r.extra["copy_gbytes_per_s"] =
+              2.0 * j.at("copy_bytes").get<double>() / (copy.median_ms * 1e6);
+          r.extra["fraction_of_copy"] =
+              r.extra["gbytes_per_s"].get<double>() / r.extra["copy_gbytes_per_s"].get<double>();
+          records.push_back(r);
+          if (!ctx.quiet)
+            *ctx.err << r.workload << " " << r.dtype << " " << strategy
+                     << " (cuda): " << r.timing.median_ms << " ms, "
+                     << r.extra["fraction_of_copy"].get<double>() << " of the copy's bandwidth\n";
+        }
+  return records;
+}
+
 std::vector<BenchRecord> run_accumulate(Context& ctx) {
+  if (ctx.vm["bench-device"].as<std::string>() == "cuda") return run_device_accumulate(ctx);
+  if (ctx.vm["bench-device"].as<std::string>() != "cpu")
+    throw UsageError("--bench-device must be cpu or cuda");
   std::vector<BenchRecord> records;
   const int64_t n_keys = ctx.vm["accumulate-keys"].as<int64_t>();
   const int64_t n = n_keys * 62;
@@ -84,7 +135,8 @@ BenchSuite accumulate_suite() {
   BenchSuite s;
   s.name = "accumulate";
   s.summary =
-      "reduce-by-key, ~62 contributions per key, widths 3 and 64, float32/float64, every strategy";
+      "reduce-by-key, ~62 contributions per key, widths 3 and 64, float32/float64, every strategy "
+      "(--bench-device cuda: the GPU's, at ~62 and ~900 per key, beside a device copy)";
   s.options = [](po::options_description& o) {
     o.add_options()("accumulate-keys", po::value<int64_t>()->default_value(100000),
                     "accumulate: number of keys");

@@ -416,7 +416,8 @@ BenchSuite step_suite() {
         "displacement), step@reference and step@train (complete optimizer steps at the "
         "reference's radius and at train's default radius)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
-        "step/forward: the device the backend evaluates on (cpu or cuda)");
+        "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
+        "with cuda times the cuda plugin's accumulators on device-resident data)");
   };
   s.run = run_step;
   return s;

@@ -100,7 +100,15 @@ Timing time_calls(const std::function<void()>& call, const TimingOptions& option
     call();
     t.times_ms.push_back(ms_since(t0));
   }
-  t.reps = options.repeats;
+  return timing_of(t.cold_ms, std::move(t.times_ms));
+}
+
+Timing timing_of(double cold_ms, std::vector<double> times_ms) {
+  if (times_ms.empty()) throw Error("a timing needs at least one timed repetition");
+  Timing t;
+  t.cold_ms = cold_ms;
+  t.times_ms = std::move(times_ms);
+  t.reps = static_cast<int>(t.times_ms.size());
   t.median_ms = percentile(t.times_ms, 0.5);
   t.iqr_ms = percentile(t.times_ms, 0.75) - percentile(t.times_ms, 0.25);
   t.min_ms = *std::min_element(t.times_ms.begin(), t.times_ms.end());

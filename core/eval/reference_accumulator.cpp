@@ -35,6 +35,11 @@ class ReferenceAccumulator final : public Accumulator {
 
 }  // namespace
 
+std::string Accumulator::device_benchmark(int64_t, int64_t, int64_t, bool, int, uint64_t) {
+  throw Error("accumulator '" + name() +
+              "' works on host memory: it has no device to run a device benchmark on");
+}
+
 std::unique_ptr<Accumulator> make_reference_accumulator() {
   return std::make_unique<ReferenceAccumulator>();
 }

@@ -22,6 +22,7 @@ class ReferenceEvaluator final : public Evaluator {
   }
 
   std::string name() const override { return "reference"; }
+  int threads() const override { return options_.threads; }
 
   void register_batch(const Batch& batch) override {
     if (batch.size() == 0) throw Error("cannot register an empty batch");

@@ -1,13 +1,14 @@
 // Tight-frame templates and Haar rotations.
-#include "random_normal.hpp"
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/geometry.hpp>
+#include <polyprobe/plugin/kernels/philox.hpp>
 
 #include <Eigen/LU>
 #include <Eigen/QR>
 
 #include <cmath>
+#include <numbers>
 #include <string>
 
 namespace polyprobe {
@@ -102,12 +103,48 @@ bool usable_bias(std::span<const double> bias, int64_t particle, int32_t d, doub
   return norm > 0 && std::isfinite(norm);
 }
 
-void draw_qr(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> rotations,
-             std::span<const double> bias) {
+// Normal draws 0 .. out.size() - 1 of one particle's stream (kernels/philox.hpp).
+void particle_normals(const RotationStream& stream, int64_t particle, std::span<double> out) {
+  double pair[2];
+  for (std::size_t j = 0; j < out.size(); j += 2) {
+    kernels::particle_normal_pair(stream.seed, stream.step, static_cast<uint64_t>(particle),
+                                  static_cast<uint32_t>(j / 2), pair);
+    out[j] = pair[0];
+    if (j + 1 < out.size()) out[j + 1] = pair[1];
+  }
+}
+
+// SO(2) is the circle: a uniform angle is its Haar law, so one uniform (block 0 of the
+// stream) and one sincos replace a factorisation. A biased particle's rotation is fixed by
+// its first column.
+void draw_plane(const RotationStream& stream, int64_t first, int64_t count,
+                std::span<double> rotations, std::span<const double> bias) {
+  for (int64_t p = 0; p < count; ++p) {
+    double* q = rotations.data() + p * 4;
+    double c = 0, s = 0, norm = 0;
+    if (usable_bias(bias, p, 2, norm)) {
+      c = bias[static_cast<std::size_t>(p * 2)] / norm;
+      s = bias[static_cast<std::size_t>(p * 2 + 1)] / norm;
+    } else {
+      const kernels::PhiloxWords r = kernels::particle_random_block(
+          stream.seed, stream.step, static_cast<uint64_t>(first + p), 0);
+      const double angle = 2.0 * std::numbers::pi * kernels::philox_uniform(r.w[0], r.w[1]);
+      c = std::cos(angle);
+      s = std::sin(angle);
+    }
+    q[0] = c;
+    q[1] = -s;
+    q[2] = s;
+    q[3] = c;
+  }
+}
+
+void draw_qr(const RotationStream& stream, int64_t first, int64_t count, int32_t d,
+             std::span<double> rotations, std::span<const double> bias) {
   MatD g(d, d);
   std::vector<double> normals(static_cast<std::size_t>(d) * static_cast<std::size_t>(d));
   for (int64_t p = 0; p < count; ++p) {
-    fill_standard_normal(rng, normals);
+    particle_normals(stream, first + p, normals);
     for (int32_t i = 0; i < d; ++i)
       for (int32_t j = 0; j < d; ++j)
         g(i, j) = normals[static_cast<std::size_t>(i) * static_cast<std::size_t>(d) +
@@ -129,12 +166,12 @@ void draw_qr(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> r
 // Stewart (1980): Q = H_0 H_1 ... H_{d-2} D, each H_k a Householder reflection on
 // coordinates k..d-1 built from a fresh Gaussian vector, D the signs that make the
 // equivalent QR factor's diagonal positive. O(d^2) per rotation instead of O(d^3).
-void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d, std::span<double> rotations,
-                      std::span<const double> bias) {
+void draw_householder(const RotationStream& stream, int64_t first, int64_t count, int32_t d,
+                      std::span<double> rotations, std::span<const double> bias) {
   std::vector<double> x(static_cast<std::size_t>(d));
   std::vector<double> normals(static_cast<std::size_t>(d * (d + 1) / 2));
   for (int64_t p = 0; p < count; ++p) {
-    fill_standard_normal(rng, normals);
+    particle_normals(stream, first + p, normals);
     Eigen::Map<Matrix<double>> q(rotations.data() + p * d * d, d, d);
     q.setIdentity();
     double det_sign = 1;
@@ -183,9 +220,18 @@ void draw_householder(std::mt19937_64& rng, int64_t count, int32_t d, std::span<
 
 }  // namespace
 
-void draw_rotations(std::mt19937_64& rng, int64_t count, int32_t d, RotationMethod method,
-                    std::span<double> rotations, std::span<const double> bias) {
+RotationMethod resolve_rotation_method(RotationMethod method, int64_t particles, int32_t d) {
+  if (method != RotationMethod::automatic) return method;
+  return particles * d >= kWideRotationBatch ? RotationMethod::householder : RotationMethod::qr;
+}
+
+void draw_rotations(const RotationStream& stream, int64_t first, int64_t count, int32_t d,
+                    RotationMethod method, std::span<double> rotations,
+                    std::span<const double> bias) {
   if (d < 1) throw Error("rotation dimension must be at least 1, got " + std::to_string(d));
+  if (first < 0 || count < 0)
+    throw Error("draw_rotations: particles [" + std::to_string(first) + ", " +
+                std::to_string(first + count) + ") is not a range of particles");
   if (static_cast<int64_t>(rotations.size()) != count * d * d)
     throw Error("draw_rotations: the output holds " + std::to_string(rotations.size()) +
                 " values, not count * d * d = " + std::to_string(count * d * d));
@@ -196,12 +242,14 @@ void draw_rotations(std::mt19937_64& rng, int64_t count, int32_t d, RotationMeth
     std::fill(rotations.begin(), rotations.end(), 1.0);  // SO(1) = {1}
     return;
   }
-  if (method == RotationMethod::automatic)
-    method = count * d >= kWideRotationBatch ? RotationMethod::householder : RotationMethod::qr;
-  if (method == RotationMethod::qr)
-    draw_qr(rng, count, d, rotations, bias);
+  if (d == 2) {
+    draw_plane(stream, first, count, rotations, bias);
+    return;
+  }
+  if (resolve_rotation_method(method, count, d) == RotationMethod::qr)
+    draw_qr(stream, first, count, d, rotations, bias);
   else
-    draw_householder(rng, count, d, rotations, bias);
+    draw_householder(stream, first, count, d, rotations, bias);
 }
 
 }  // namespace polyprobe

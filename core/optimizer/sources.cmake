@@ -8,5 +8,6 @@ target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/radius_model.cpp
   ${CMAKE_CURRENT_LIST_DIR}/schedule.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_engine.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/step_threads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
   ${CMAKE_CURRENT_LIST_DIR}/vector_search.cpp)

@@ -3,6 +3,7 @@
 
 #include "metric.hpp"
 #include "state_io.hpp"
+#include "transport_threads.hpp"
 
 #include <polyprobe/error.hpp>
 
@@ -20,6 +21,14 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // metric = bfgs learns only from moves at least this long, in probe radii (apply_metric).
 constexpr double kMetricMinMove = 0.5;
+
+// Particles per chunk of the step's parallel loops (fixed: step_threads.hpp).
+constexpr int64_t kParticleGrain = 1024;
+
+// Written first in a checkpoint: the rotation stream it continues. Version 2 is the
+// counter-based Philox stream; version 1 checkpoints (std::mt19937_64 state) cannot resume
+// the same trajectory.
+constexpr int64_t kRotationStream = 2;
 
 ScheduleSettings schedule_settings(const OptimizerConfig& c) {
   ScheduleSettings s;
@@ -78,7 +87,7 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
       template_(make_template(config.polytope, d)),
       schedule_(schedule_settings(config)),
       radius_(make_radius_model(config.radius)),
-      rng_(config.seed) {
+      rotation_method_(resolve_rotation_method(config.rotation, particles, d)) {
   if (solver_ == TransportSolver::automatic)
     throw Error("StepEngine: the transport solver must be resolved before construction");
   if (solver_ == TransportSolver::top_k && config.top_k > vertices_)
@@ -142,7 +151,6 @@ StepInfo StepEngine::begin_info() const {
 
 void StepEngine::plan(uint64_t objective_key) {
   if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
-  rng_before_plan_ = rng_;
   key_ = objective_key;
   epsilon_ = schedule_.at(step_);
   const RadiusMultipliers m = radius_->multipliers();
@@ -150,40 +158,44 @@ void StepEngine::plan(uint64_t objective_key) {
   step_r_plan_ = config_.step_radius * epsilon_ * m.step;
 
   const auto P = particles_, V = vertices_;
-  rotations_.resize(idx(P * d_ * d_));
-  draw_rotations(
-      rng_, P, d_, config_.rotation, rotations_,
-      config_.biased_rotation ? std::span<const double>(last_move_) : std::span<const double>());
-
-  std::fill(reused_.begin(), reused_.end(), 0);
-  if (config_.adaptive_probes && key_ == cache_key_ && step_r_plan_ == cache_step_r_ &&
-      probe_r_ == cache_probe_r_) {
-    for (int64_t i = 0; i < P; ++i) {
-      if (!cache_valid_[idx(i)]) continue;
-      double norm2 = 0;
-      for (int32_t j = 0; j < d_; ++j)
-        norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
-      if (norm2 >= config_.adaptive_probes_threshold) continue;
-      reused_[idx(i)] = 1;
-      // The cached costs were measured with the cached rotation: keep them together.
-      std::copy_n(cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_), d_ * d_,
-                  rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_));
-    }
-  }
-
+  const int64_t dd = int64_t{d_} * d_;
+  rotations_.resize(idx(P * dd));
   directions_.resize(idx(P * V * d_));
   const bool shaped = config_.metric == MetricKind::bfgs;
   if (shaped) sheared_.resize(idx(P * V * d_));
-  for (int64_t i = 0; i < P; ++i) {
-    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
-    Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
-    dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
-    if (shaped) {
-      Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
-      Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
-      sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
+  const bool may_reuse = config_.adaptive_probes && key_ == cache_key_ &&
+                         step_r_plan_ == cache_step_r_ && probe_r_ == cache_probe_r_;
+  const RotationStream stream{config_.seed, static_cast<uint64_t>(step_)};
+  threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+    const int64_t n = end - begin;
+    draw_rotations(stream, begin, n, d_, rotation_method_,
+                   std::span<double>(rotations_).subspan(idx(begin * dd), idx(n * dd)),
+                   config_.biased_rotation
+                       ? std::span<const double>(last_move_).subspan(idx(begin * d_), idx(n * d_))
+                       : std::span<const double>());
+    for (int64_t i = begin; i < end; ++i) {
+      reused_[idx(i)] = 0;
+      if (may_reuse && cache_valid_[idx(i)]) {
+        double norm2 = 0;
+        for (int32_t j = 0; j < d_; ++j)
+          norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
+        if (norm2 < config_.adaptive_probes_threshold) {
+          reused_[idx(i)] = 1;
+          // The cached costs were measured with the cached rotation: keep them together.
+          std::copy_n(cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * dd), dd,
+                      rotations_.begin() + static_cast<std::ptrdiff_t>(i * dd));
+        }
+      }
+      Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * dd, d_, d_);
+      Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+      dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
+      if (shaped) {
+        Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * dd, d_, d_);
+        Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
+        sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
+      }
     }
-  }
+  });
   displacements_ready_ = false;
   screened_ = false;
   planned_ = true;
@@ -264,14 +276,15 @@ const std::vector<char>& StepEngine::screen(std::span<const double> screen_losse
   return keep_;
 }
 
-void StepEngine::solve_block(const BlockRange& block, double temperature, StepInfo& info) {
-  auto cost = cost_.middleRows(block.first, block.count);
+TransportResult StepEngine::solve_block(const BlockRange& block, double temperature) {
+  const auto cost = cost_.middleRows(block.first, block.count);
   auto weights = weights_.middleRows(block.first, block.count);
-  scaled_ = cost;  // the buffer is kept: no allocation per step
-  MatrixRef<double> scaled = scaled_;
+  auto scaled = scaled_.middleRows(block.first, block.count);
+  scaled = cost;  // the buffer is kept: no allocation per step
+  TransportResult result;
   if (!penalise_nonfinite(scaled, config_.nonfinite_margin)) {
     weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
-    return;
+    return result;
   }
   scale_cost(config_.cost_scaling, scaled);
   const bool lone = block.count == 1 && solver_ == TransportSolver::sinkhorn;
@@ -279,23 +292,22 @@ void StepEngine::solve_block(const BlockRange& block, double temperature, StepIn
     case TransportSolver::sinkhorn: {
       const SinkhornSettings settings{config_.sinkhorn_max_iterations, config_.sinkhorn_tolerance};
       const auto b = static_cast<std::size_t>(&block - blocks_.data());
-      const TransportResult r = solve_sinkhorn(scaled, temperature, settings, duals_[b], weights);
-      info.transport_iterations = std::max(info.transport_iterations, r.iterations);
-      info.transport_converged = info.transport_converged && r.converged;
+      result = detail::solve_sinkhorn(scaled, temperature, settings, duals_[b], weights, threads_);
       break;
     }
     case TransportSolver::softmax:
-      solve_softmax(scaled, temperature, weights);
+      detail::solve_softmax(scaled, temperature, weights, threads_);
       break;
     case TransportSolver::greedy:
-      solve_greedy(scaled, weights);
+      detail::solve_top_k(scaled, 1, weights, threads_);
       break;
     case TransportSolver::top_k:
-      solve_top_k(scaled, config_.top_k, weights);
+      detail::solve_top_k(scaled, config_.top_k, weights, threads_);
       break;
     case TransportSolver::automatic:
       break;
   }
+  return result;
 }
 
 StepInfo StepEngine::finish(std::span<const double> losses, std::span<const double> incumbents,
@@ -327,45 +339,61 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   info.probe_radius = probe_r_;
 
   // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
-  // screen loss plus the particle's offset calibrated on its kept vertices.
+  // screen loss plus the particle's offset calibrated on its kept vertices. Per chunk of
+  // particles the sum, count and minimum of the finite costs, added in chunk order.
   cost_.resize(P, V);
   weights_.resize(P, V);
-  for (int64_t i = 0; i < P; ++i) {
-    if (reused_[idx(i)]) {
-      for (int64_t v = 0; v < V; ++v) cost_(i, v) = cache_costs_[idx(i * V + v)];
-      ++info.reused;
-      continue;
-    }
-    double offset = 0;
-    int64_t kept = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      if (screened_ && !keep_[idx(i * V + v)]) continue;
-      double sum = 0;
-      for (int32_t k = 0; k < K; ++k) sum += losses[idx((i * V + v) * K + k)];
-      cost_(i, v) = sum / K;
-      if (screened_ && std::isfinite(cost_(i, v) - screen_losses_[idx(i * V + v)])) {
-        offset += cost_(i, v) - screen_losses_[idx(i * V + v)];
-        ++kept;
-      }
-    }
-    if (screened_) {
-      offset = kept > 0 ? offset / static_cast<double>(kept) : 0.0;
-      for (int64_t v = 0; v < V; ++v)
-        if (!keep_[idx(i * V + v)]) cost_(i, v) = screen_losses_[idx(i * V + v)] + offset;
-    }
-  }
-  info.reused *= V * K;
-  {
+  scaled_.resize(P, V);
+  const int64_t chunks = StepThreads::chunk_count(P, kParticleGrain);
+  struct CostPartial {
     double sum = 0, best = std::numeric_limits<double>::infinity();
-    int64_t finite = 0;
-    for (Eigen::Index c = 0; c < cost_.size(); ++c)
-      if (std::isfinite(cost_.data()[c])) {
-        sum += cost_.data()[c];
-        best = std::min(best, cost_.data()[c]);
-        ++finite;
+    int64_t finite = 0, reused = 0;
+  };
+  std::vector<CostPartial> cost_partial(idx(chunks));
+  threads_.for_chunks(P, kParticleGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    CostPartial& part = cost_partial[idx(chunk)];
+    for (int64_t i = begin; i < end; ++i) {
+      if (reused_[idx(i)]) {
+        for (int64_t v = 0; v < V; ++v) cost_(i, v) = cache_costs_[idx(i * V + v)];
+        ++part.reused;
+      } else {
+        double offset = 0;
+        int64_t kept = 0;
+        for (int64_t v = 0; v < V; ++v) {
+          if (screened_ && !keep_[idx(i * V + v)]) continue;
+          double sum = 0;
+          for (int32_t k = 0; k < K; ++k) sum += losses[idx((i * V + v) * K + k)];
+          cost_(i, v) = sum / K;
+          if (screened_ && std::isfinite(cost_(i, v) - screen_losses_[idx(i * V + v)])) {
+            offset += cost_(i, v) - screen_losses_[idx(i * V + v)];
+            ++kept;
+          }
+        }
+        if (screened_) {
+          offset = kept > 0 ? offset / static_cast<double>(kept) : 0.0;
+          for (int64_t v = 0; v < V; ++v)
+            if (!keep_[idx(i * V + v)]) cost_(i, v) = screen_losses_[idx(i * V + v)] + offset;
+        }
       }
-    info.mean_cost = finite > 0 ? sum / static_cast<double>(finite) : kNaN;
-    info.best_cost = finite > 0 ? best : kNaN;
+      for (int64_t v = 0; v < V; ++v)
+        if (std::isfinite(cost_(i, v))) {
+          part.sum += cost_(i, v);
+          part.best = std::min(part.best, cost_(i, v));
+          ++part.finite;
+        }
+    }
+  });
+  {
+    CostPartial all;
+    for (const CostPartial& part : cost_partial) {
+      all.sum += part.sum;
+      all.best = std::min(all.best, part.best);
+      all.finite += part.finite;
+      all.reused += part.reused;
+    }
+    info.reused = all.reused * V * K;
+    info.mean_cost = all.finite > 0 ? all.sum / static_cast<double>(all.finite) : kNaN;
+    info.best_cost = all.finite > 0 ? all.best : kNaN;
   }
 
   // The incumbent closes the deferred trust-region comparison before the step radius is set.
@@ -385,50 +413,71 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   const double step_r = config_.step_radius * epsilon_ * radius_->multipliers().step;
   info.step_radius = step_r;
 
+  // One transport problem per block; blocks run side by side (each also parallel over its
+  // rows) and their results are combined in block order.
   const double temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
-  for (const BlockRange& block : blocks_) solve_block(block, temperature, info);
+  const auto n_blocks = static_cast<int64_t>(blocks_.size());
+  std::vector<TransportResult> solved(blocks_.size());
+  threads_.for_chunks(n_blocks, 1, [&](int64_t b, int64_t, int64_t) {
+    solved[idx(b)] = solve_block(blocks_[idx(b)], temperature);
+  });
+  for (const TransportResult& r : solved) {
+    info.transport_iterations = std::max(info.transport_iterations, r.iterations);
+    info.transport_converged = info.transport_converged && r.converged;
+  }
   schedule_.observe_solve(info.transport_converged);
 
   // Barycentric move, in template space then rotated once: X_i + step_r R_i (W_i T).
-  std::vector<double> template_mean(idx(d_));
-  for (int64_t i = 0; i < P; ++i) {
-    Eigen::Map<Vector<double>> m(template_mean.data(), d_);
-    m.noalias() = template_.transpose() * weights_.row(i).transpose();
-    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
-    Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
-    out.noalias() = step_r * (rot * m);
-  }
+  threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+    Vector<double> m(d_);
+    for (int64_t i = begin; i < end; ++i) {
+      m.noalias() = template_.transpose() * weights_.row(i).transpose();
+      Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
+      Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
+      out.noalias() = step_r * (rot * m);
+    }
+  });
 
-  // Quadratic models: per block, the step length along the transport move.
+  // Quadratic models: per block, the step length along the transport move. Each particle's
+  // fit is independent; the block's slope and curvature add chunk partials in order.
   if (quadratic) {
     const double scaled_radius = probe_r_ * K / (K + 1.0);
-    std::vector<double> outer(idx(V));
     gradients_.resize(idx(P * d_));
     double predicted = 0;
     bool at_boundary = false;
+    std::vector<BlockModel> partial;
     for (const BlockRange& block : blocks_) {
+      partial.assign(idx(StepThreads::chunk_count(block.count, kParticleGrain)), BlockModel{});
+      threads_.for_chunks(block.count, kParticleGrain, [&](int64_t chunk, int64_t b, int64_t e) {
+        std::vector<double> outer(idx(V));
+        BlockModel& model = partial[idx(chunk)];
+        for (int64_t i = block.first + b; i < block.first + e; ++i) {
+          for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
+          const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
+          Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+          const std::span<double> gradient(gradients_.data() + i * d_, idx(d_));
+          const double curvature = fit_particle_quadratic(outer, f, dir, scaled_radius, gradient);
+          double slope = 0, norm2 = 0;
+          for (int32_t j = 0; j < d_; ++j) {
+            slope += gradient[idx(j)] * moves[idx(i * d_ + j)];
+            norm2 += moves[idx(i * d_ + j)] * moves[idx(i * d_ + j)];
+          }
+          if (std::isfinite(slope) && std::isfinite(curvature)) {
+            model.slope += slope;
+            model.curvature += curvature * norm2;
+          }
+        }
+      });
       BlockModel model;
-      for (int64_t i = block.first; i < block.first + block.count; ++i) {
-        for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
-        const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
-        Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
-        const std::span<double> gradient(gradients_.data() + i * d_, idx(d_));
-        const double curvature = fit_particle_quadratic(outer, f, dir, scaled_radius, gradient);
-        double slope = 0, norm2 = 0;
-        for (int32_t j = 0; j < d_; ++j) {
-          slope += gradient[idx(j)] * moves[idx(i * d_ + j)];
-          norm2 += moves[idx(i * d_ + j)] * moves[idx(i * d_ + j)];
-        }
-        if (std::isfinite(slope) && std::isfinite(curvature)) {
-          model.slope += slope;
-          model.curvature += curvature * norm2;
-        }
+      for (const BlockModel& part : partial) {
+        model.slope += part.slope;
+        model.curvature += part.curvature;
       }
       const double a = radius_->move_scale(model);
       at_boundary = at_boundary || a >= config_.radius.quadratic_max_scale;
       predicted += a * model.slope + 0.5 * a * a * model.curvature;
-      for (int64_t i = block.first; i < block.first + block.count; ++i)
-        for (int32_t j = 0; j < d_; ++j) moves[idx(i * d_ + j)] *= a;
+      for (int64_t c = block.first * d_; c < (block.first + block.count) * d_; ++c)
+        moves[idx(c)] *= a;
     }
     info.predicted_change = predicted;
     radius_->record_prediction(predicted, at_boundary);
@@ -437,13 +486,25 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     if (config_.metric == MetricKind::bfgs) apply_metric(moves);
   }
 
-  if (config_.momentum) {
-    const double mu = momentum_coefficient();
-    for (std::size_t c = 0; c < moves.size(); ++c)
-      moves[c] = velocity_[c] = mu * velocity_[c] + config_.velocity_lr * moves[c];
-  }
-  const bool finite =
-      std::all_of(moves.begin(), moves.end(), [](double x) { return std::isfinite(x); });
+  // Momentum, then the finiteness check and the move's norm (chunk partials in order).
+  const double mu = config_.momentum ? momentum_coefficient() : 0.0;
+  const auto n_moves = static_cast<int64_t>(moves.size());
+  std::vector<double> norm_partial(idx(StepThreads::chunk_count(n_moves, kParticleGrain * d_)));
+  std::vector<char> finite_partial(norm_partial.size(), 1);
+  threads_.for_chunks(n_moves, kParticleGrain * d_, [&](int64_t chunk, int64_t b, int64_t e) {
+    double norm2 = 0;
+    bool finite = true;
+    for (int64_t c = b; c < e; ++c) {
+      if (config_.momentum)
+        moves[idx(c)] = velocity_[idx(c)] = mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
+      finite = finite && std::isfinite(moves[idx(c)]);
+      norm2 += moves[idx(c)] * moves[idx(c)];
+    }
+    norm_partial[idx(chunk)] = norm2;
+    finite_partial[idx(chunk)] = finite ? 1 : 0;
+  });
+  const bool finite = std::all_of(finite_partial.begin(), finite_partial.end(),
+                                  [](char f) { return f != 0; });
   if (!finite) {
     // A NaN step is reverted: nothing moves and the history that produced it is dropped.
     std::fill(moves.begin(), moves.end(), 0.0);
@@ -451,21 +512,22 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     info.reverted = true;
     radius_->invalidate();
     prediction_valid_ = false;
-  } else if (!config_.momentum) {
-    std::copy(moves.begin(), moves.end(), velocity_.begin());
+    info.move_norm = 0;
+  } else {
+    if (!config_.momentum) std::copy(moves.begin(), moves.end(), velocity_.begin());
+    info.move_norm = std::sqrt(std::accumulate(norm_partial.begin(), norm_partial.end(), 0.0));
   }
-  double norm2 = 0;
-  for (double x : moves) norm2 += x * x;
-  info.move_norm = std::sqrt(norm2);
   std::copy(moves.begin(), moves.end(), last_move_.begin());
 
   if (config_.adaptive_probes) {
-    for (int64_t i = 0; i < P; ++i) {
-      for (int64_t v = 0; v < V; ++v) cache_costs_[idx(i * V + v)] = cost_(i, v);
-      std::copy_n(rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_), d_ * d_,
-                  cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_));
-      cache_valid_[idx(i)] = 1;
-    }
+    threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        for (int64_t v = 0; v < V; ++v) cache_costs_[idx(i * V + v)] = cost_(i, v);
+        std::copy_n(rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_), d_ * d_,
+                    cache_rotations_.begin() + static_cast<std::ptrdiff_t>(i * d_ * d_));
+        cache_valid_[idx(i)] = 1;
+      }
+    });
     cache_key_ = key_;
     cache_step_r_ = step_r_plan_;
     cache_probe_r_ = probe_r_;
@@ -477,8 +539,9 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
 }
 
 void StepEngine::apply_metric(std::span<double> moves) {
+  threads_.for_chunks(particles_, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
   Vector<double> move(d_), gradient(d_), change(d_);
-  for (int64_t i = 0; i < particles_; ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     Eigen::Map<Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
     Eigen::Map<Matrix<double>> inverse(metric_inverse_.data() + i * d_ * d_, d_, d_);
     Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
@@ -513,6 +576,7 @@ void StepEngine::apply_metric(std::span<double> moves) {
     previous = gradient;
     valid = 1;
   }
+  });
 }
 
 StepInfo StepEngine::coast(std::span<double> moves) {
@@ -548,14 +612,14 @@ void StepEngine::forget_history() {
 
 void StepEngine::save(std::ostream& out) const {
   using namespace state_io;
+  put(out, "engine.rotation_stream", kRotationStream);
   put(out, "engine.particles", particles_);
   put(out, "engine.d", d_);
   put(out, "engine.vertices", vertices_);
   put(out, "engine.blocks", static_cast<int64_t>(blocks_.size()));
   put(out, "engine.step", step_);
-  // A step planned but not finished (ask/tell between ask and tell) is re-planned on load
-  // from the generator state it started from, which reproduces it exactly.
-  put(out, "engine.rng", planned_ ? rng_before_plan_ : rng_);
+  // A step planned but not finished (ask/tell between ask and tell) is re-planned on load:
+  // its rotations are a function of (seed, step), which reproduces it exactly.
   put(out, "engine.planned_key", planned_ ? key_ : uint64_t{0});
   for (const SinkhornDuals& d : duals_) {
     put(out, "duals.f", d.f);
@@ -585,8 +649,13 @@ void StepEngine::save(std::ostream& out) const {
 
 void StepEngine::load(std::istream& in) {
   using namespace state_io;
-  int64_t particles = 0, vertices = 0, blocks = 0;
+  int64_t particles = 0, vertices = 0, blocks = 0, stream = 0;
   int32_t d = 0;
+  get(in, "engine.rotation_stream", stream);
+  if (stream != kRotationStream)
+    throw Error("optimizer checkpoint: written with rotation stream " + std::to_string(stream) +
+                ", this build draws stream " + std::to_string(kRotationStream) +
+                "; it cannot continue that trajectory (start the run again)");
   get(in, "engine.particles", particles);
   get(in, "engine.d", d);
   get(in, "engine.vertices", vertices);
@@ -600,7 +669,6 @@ void StepEngine::load(std::istream& in) {
                 std::to_string(vertices_) + ", " + std::to_string(blocks_.size()) +
                 "; load it into an optimizer of the same configuration and model");
   get(in, "engine.step", step_);
-  get(in, "engine.rng", rng_);
   uint64_t planned_key = 0;
   get(in, "engine.planned_key", planned_key);
   for (SinkhornDuals& dl : duals_) {

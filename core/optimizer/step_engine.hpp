@@ -7,14 +7,20 @@
 // momentum-only step; PolytopeOptimizer, AskTellOptimizer and minimize() drive it with their
 // own evaluation in between. Moves are returned as displacements of the P particles in the
 // search coordinates; the caller applies them.
+//
+// Threads: the per-particle work (rotations, directions, cost rows, transport rows, the move,
+// the quadratic fit, the metric, momentum) runs on set_threads() threads. Rotation i of step
+// t comes from the counter-based stream of (seed, t, i), every reduction adds fixed chunks in
+// order, so a trajectory is the same bits for any thread count.
 #pragma once
+
+#include "step_threads.hpp"
 
 #include <polyprobe/optimizer.hpp>
 
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -31,6 +37,9 @@ class StepEngine {
   // `solver` must be resolved (not automatic). Blocks must tile [0, particles).
   StepEngine(const OptimizerConfig& config, int32_t d, int64_t particles,
              std::vector<BlockRange> blocks, TransportSolver solver);
+
+  // Threads for the step's own work (0 = all the process may use); results do not depend on it.
+  void set_threads(int threads) { threads_.set_threads(threads); }
 
   int32_t dim() const { return d_; }
   int64_t particle_count() const { return particles_; }
@@ -91,7 +100,9 @@ class StepEngine {
   void load(std::istream& in);
 
  private:
-  void solve_block(const BlockRange& block, double temperature, StepInfo& info);
+  // Solves one block's transport into weights_; returns its Sinkhorn result (iterations and
+  // convergence; the closed-form rules report 0 and converged).
+  TransportResult solve_block(const BlockRange& block, double temperature);
   StepInfo begin_info() const;
   double momentum_coefficient() const;
   // metric = bfgs: maps the template-space moves through each particle's factor and updates
@@ -109,7 +120,8 @@ class StepEngine {
   Matrix<double> template_;
   EpsilonSchedule schedule_;
   std::unique_ptr<RadiusModel> radius_;
-  std::mt19937_64 rng_;
+  RotationMethod rotation_method_;  // resolved for P particles
+  StepThreads threads_;
 
   // Persistent state (checkpointed).
   int64_t step_ = 0;
@@ -136,7 +148,6 @@ class StepEngine {
 
   // The step in flight (rebuilt by plan()).
   bool planned_ = false;
-  std::mt19937_64 rng_before_plan_;
   uint64_t key_ = 0;
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
   std::vector<double> rotations_;   // [P d d]
@@ -145,7 +156,7 @@ class StepEngine {
   std::vector<double> gradients_;   // [P d]: the quadratic fit's gradient in template space
   mutable std::vector<double> displacements_;  // [P V K d], valid when displacements_ready_
   mutable bool displacements_ready_ = false;
-  Matrix<double> scaled_;     // solve_block's scaled cost, kept between steps
+  Matrix<double> scaled_;     // [P V] solve_block's scaled costs (rows of its block), kept
   std::vector<char> reused_;  // [P]
   bool screened_ = false;
   std::vector<double> screen_losses_;  // [P V]

@@ -1,4 +1,6 @@
 // Transport solvers.
+#include "transport_threads.hpp"
+
 #include <polyprobe/error.hpp>
 #include <polyprobe/transport.hpp>
 
@@ -86,44 +88,64 @@ void scale_cost(CostScaling scaling, MatrixRef<double> cost) {
 
 namespace {
 
+// Rows per chunk of the parallel passes. Fixed, so the column sums add the same partials in
+// the same order for any thread count (step_threads.hpp).
+constexpr int64_t kRowGrain = 1024;
+
 // g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
+// Per chunk of rows a column maximum and a partial sum; the partials are added in chunk order.
 void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
                          const std::vector<double>& f, std::vector<double>& g,
-                         std::vector<double>& column_max) {
+                         std::vector<double>& partial, const detail::StepThreads& threads) {
   const auto rows = cost.rows();
-  const auto cols = cost.cols();
-  std::fill(column_max.begin(), column_max.end(), -std::numeric_limits<double>::infinity());
-  for (Eigen::Index i = 0; i < rows; ++i)
-    for (Eigen::Index v = 0; v < cols; ++v)
-      column_max[static_cast<std::size_t>(v)] = std::max(
-          column_max[static_cast<std::size_t>(v)], f[static_cast<std::size_t>(i)] - cost(i, v));
-  std::vector<double> sums(static_cast<std::size_t>(cols), 0.0);
-  for (Eigen::Index i = 0; i < rows; ++i)
-    for (Eigen::Index v = 0; v < cols; ++v)
-      sums[static_cast<std::size_t>(v)] += std::exp(
-          (f[static_cast<std::size_t>(i)] - cost(i, v) - column_max[static_cast<std::size_t>(v)]) /
-          eps);
+  const auto cols = static_cast<std::size_t>(cost.cols());
+  const int64_t chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
+  partial.resize(2 * cols * static_cast<std::size_t>(chunks));
+  const auto at = [&](int64_t chunk) { return partial.data() + 2 * cols * static_cast<std::size_t>(chunk); };
+  threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    double* column_max = at(chunk);
+    std::fill(column_max, column_max + cols, -std::numeric_limits<double>::infinity());
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (std::size_t v = 0; v < cols; ++v)
+        column_max[v] = std::max(column_max[v], f[static_cast<std::size_t>(i)] -
+                                                    cost(i, static_cast<Eigen::Index>(v)));
+  });
+  std::vector<double> column_max(cols, -std::numeric_limits<double>::infinity());
+  for (int64_t c = 0; c < chunks; ++c)
+    for (std::size_t v = 0; v < cols; ++v) column_max[v] = std::max(column_max[v], at(c)[v]);
+  threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    double* sums = at(chunk) + cols;
+    std::fill(sums, sums + cols, 0.0);
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (std::size_t v = 0; v < cols; ++v)
+        sums[v] += std::exp(
+            (f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)) - column_max[v]) /
+            eps);
+  });
   const double log_rows = std::log(static_cast<double>(rows));
-  for (Eigen::Index v = 0; v < cols; ++v)
-    g[static_cast<std::size_t>(v)] =
-        -(column_max[static_cast<std::size_t>(v)] +
-          eps * (std::log(sums[static_cast<std::size_t>(v)]) - log_rows));
+  for (std::size_t v = 0; v < cols; ++v) {
+    double sum = 0;
+    for (int64_t c = 0; c < chunks; ++c) sum += at(c)[cols + v];
+    g[v] = -(column_max[v] + eps * (std::log(sum) - log_rows));
+  }
 }
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P.
 void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std::vector<double>& g,
-                      std::vector<double>& f) {
+                      std::vector<double>& f, const detail::StepThreads& threads) {
   const auto cols = cost.cols();
   const double log_cols = std::log(static_cast<double>(cols));
-  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
-    double m = -std::numeric_limits<double>::infinity();
-    for (Eigen::Index v = 0; v < cols; ++v)
-      m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
-    double s = 0;
-    for (Eigen::Index v = 0; v < cols; ++v)
-      s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
-    f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
-  }
+  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+    for (Eigen::Index i = begin; i < end; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (Eigen::Index v = 0; v < cols; ++v)
+        m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
+      double s = 0;
+      for (Eigen::Index v = 0; v < cols; ++v)
+        s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
+      f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
+    }
+  });
 }
 
 void check_sizes(const ConstMatrixRef<double>& cost, const MatrixRef<double>& weights) {
@@ -133,11 +155,18 @@ void check_sizes(const ConstMatrixRef<double>& cost, const MatrixRef<double>& we
                 " x " + std::to_string(cost.cols()));
 }
 
+const detail::StepThreads& serial() {
+  static const detail::StepThreads one(1);
+  return one;
+}
+
 }  // namespace
+
+namespace detail {
 
 TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
                                const SinkhornSettings& settings, SinkhornDuals& duals,
-                               MatrixRef<double> weights) {
+                               MatrixRef<double> weights, const StepThreads& threads) {
   check_sizes(cost, weights);
   const auto rows = static_cast<std::size_t>(cost.rows());
   const auto cols = static_cast<std::size_t>(cost.cols());
@@ -146,15 +175,15 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   if (duals.f.size() != rows || duals.g.size() != cols) {
     duals.f.assign(rows, 0.0);
     duals.g.assign(cols, 0.0);
-    update_row_duals(cost, epsilon, duals.g, duals.f);
+    update_row_duals(cost, epsilon, duals.g, duals.f, threads);
   }
   TransportResult result;
   result.converged = false;
-  std::vector<double> next_g(cols), column_max(cols);
+  std::vector<double> next_g(cols), partial;
   for (int32_t it = 0; it < settings.max_iterations; ++it) {
     // With rows exact, the column sums times V are exp((g_v - g_v') / eps), where g' is the
     // update: the error check costs nothing extra.
-    update_column_duals(cost, epsilon, duals.f, next_g, column_max);
+    update_column_duals(cost, epsilon, duals.f, next_g, partial, threads);
     double error = 0;
     for (std::size_t v = 0; v < cols; ++v)
       error = std::max(error, std::abs(std::expm1((duals.g[v] - next_g[v]) / epsilon)));
@@ -165,22 +194,68 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
       break;
     }
     duals.g = next_g;
-    update_row_duals(cost, epsilon, duals.g, duals.f);
+    update_row_duals(cost, epsilon, duals.g, duals.f, threads);
     result.iterations = it + 1;
   }
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
-  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
-    double m = -std::numeric_limits<double>::infinity();
-    for (Eigen::Index v = 0; v < cost.cols(); ++v)
-      m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
-    double s = 0;
-    for (Eigen::Index v = 0; v < cost.cols(); ++v) {
-      weights(i, v) = std::exp((duals.g[static_cast<std::size_t>(v)] - cost(i, v) - m) / epsilon);
-      s += weights(i, v);
+  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+    for (Eigen::Index i = begin; i < end; ++i) {
+      double m = -std::numeric_limits<double>::infinity();
+      for (Eigen::Index v = 0; v < cost.cols(); ++v)
+        m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
+      double s = 0;
+      for (Eigen::Index v = 0; v < cost.cols(); ++v) {
+        weights(i, v) = std::exp((duals.g[static_cast<std::size_t>(v)] - cost(i, v) - m) / epsilon);
+        s += weights(i, v);
+      }
+      weights.row(i) /= s;
     }
-    weights.row(i) /= s;
-  }
+  });
   return result;
+}
+
+void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights,
+                   const StepThreads& threads) {
+  check_sizes(cost, weights);
+  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+    for (Eigen::Index i = begin; i < end; ++i) {
+      const double m = cost.row(i).minCoeff();
+      double s = 0;
+      for (Eigen::Index v = 0; v < cost.cols(); ++v) {
+        weights(i, v) = std::exp(-(cost(i, v) - m) / epsilon);
+        s += weights(i, v);
+      }
+      weights.row(i) /= s;
+    }
+  });
+}
+
+void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights,
+                 const StepThreads& threads) {
+  check_sizes(cost, weights);
+  const auto cols = static_cast<std::size_t>(cost.cols());
+  if (k < 1 || static_cast<std::size_t>(k) > cols)
+    throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) +
+                "]");
+  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+    std::vector<int64_t> order(cols);
+    for (Eigen::Index i = begin; i < end; ++i) {
+      weights.row(i).setZero();
+      std::iota(order.begin(), order.end(), 0);
+      // Stable: ties go to the earlier vertex, so the rule is deterministic.
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return cost(i, a) < cost(i, b); });
+      for (int32_t j = 0; j < k; ++j) weights(i, order[static_cast<std::size_t>(j)]) = 1.0 / k;
+    }
+  });
+}
+
+}  // namespace detail
+
+TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
+                               const SinkhornSettings& settings, SinkhornDuals& duals,
+                               MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
+  return detail::solve_sinkhorn(cost, epsilon, settings, duals, weights, serial());
 }
 
 Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
@@ -195,40 +270,20 @@ Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
   return plan;
 }
 
-void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights) {
-  check_sizes(cost, weights);
-  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
-    const double m = cost.row(i).minCoeff();
-    double s = 0;
-    for (Eigen::Index v = 0; v < cost.cols(); ++v) {
-      weights(i, v) = std::exp(-(cost(i, v) - m) / epsilon);
-      s += weights(i, v);
-    }
-    weights.row(i) /= s;
-  }
+// A writable Eigen::Ref travels by value (Eigen's advice); passing it on is not a copy of data.
+void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon,
+                   MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
+  detail::solve_softmax(cost, epsilon, weights, serial());
 }
 
-// A writable Eigen::Ref travels by value (Eigen's advice); passing it on is not a copy of data.
 void solve_greedy(const ConstMatrixRef<double>& cost,
                   MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
-  solve_top_k(cost, 1, weights);
+  detail::solve_top_k(cost, 1, weights, serial());
 }
 
-void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights) {
-  check_sizes(cost, weights);
-  const auto cols = static_cast<std::size_t>(cost.cols());
-  if (k < 1 || static_cast<std::size_t>(k) > cols)
-    throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) +
-                "]");
-  std::vector<int64_t> order(cols);
-  weights.setZero();
-  for (Eigen::Index i = 0; i < cost.rows(); ++i) {
-    std::iota(order.begin(), order.end(), 0);
-    // Stable: ties go to the earlier vertex, so the rule is deterministic.
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return cost(i, a) < cost(i, b); });
-    for (int32_t j = 0; j < k; ++j) weights(i, order[static_cast<std::size_t>(j)]) = 1.0 / k;
-  }
+void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k,
+                 MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
+  detail::solve_top_k(cost, k, weights, serial());
 }
 
 }  // namespace polyprobe

@@ -46,6 +46,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   const int64_t P = engine_.particle_count(), V = engine_.vertex_count();
   const int32_t K = engine_.probes();
   moves_.resize(static_cast<std::size_t>(P * d));
+  engine_.set_threads(evaluator.threads());  // one --threads for the whole step
   if (!engine_.next_is_scored()) {
     StepInfo info = engine_.coast(moves_);
     apply(params, moves_);

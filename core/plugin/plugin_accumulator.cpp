@@ -31,7 +31,40 @@ class PluginAccumulator final : public Accumulator {
     run(keys, values, out);
   }
 
+  std::string device_benchmark(int64_t n_keys, int64_t rows, int64_t width, bool single_precision,
+                               int repeats, uint64_t seed) override {
+    auto& [self, api] = instance(single_precision ? PP_DTYPE_F32 : PP_DTYPE_F64);
+    if (api->struct_size < offsetof(pp_accumulator_api, device_benchmark) + sizeof(void*) ||
+        api->device_benchmark == nullptr)
+      return Accumulator::device_benchmark(n_keys, rows, width, single_precision, repeats, seed);
+    const pp_accumulate_benchmark spec{
+        sizeof(pp_accumulate_benchmark), n_keys, rows, width, repeats, seed};
+    const char* json = nullptr;
+    pp_error err{};
+    if (api->device_benchmark(self, &spec, &json, &err) != PP_OK || json == nullptr)
+      throw Error("plugin " + std::string(plugin_->name) + ": device benchmark of accumulator '" +
+                  strategy_ + "' failed: " + error_text(err));
+    return json;
+  }
+
  private:
+  // The plugin's accumulator for `dtype`, created on first use.
+  std::pair<void*, const pp_accumulator_api*>& instance(int32_t dtype) {
+    auto& slot = by_dtype_[dtype == PP_DTYPE_F32 ? 0 : 1];
+    auto& [self, api] = slot;
+    pp_error err{};
+    if (self == nullptr) {
+      if (plugin_->accumulator_create(strategy_.c_str(), dtype, &self, &api, &err) != PP_OK ||
+          self == nullptr)
+        throw Error("plugin " + std::string(plugin_->name) + ": cannot create accumulator '" +
+                    strategy_ + "': " + error_text(err));
+      if (api->struct_size >= offsetof(pp_accumulator_api, set_threads) + sizeof(void*) &&
+          api->set_threads != nullptr && api->set_threads(self, threads_, &err) != PP_OK)
+        throw Error("plugin " + std::string(plugin_->name) + ": " + error_text(err));
+    }
+    return slot;
+  }
+
   template <class S>
   void run(std::span<const int64_t> keys, ConstMatrixRef<S> values, MatrixRef<S> out) {
     if (values.rows() != static_cast<Eigen::Index>(keys.size()) || values.cols() != out.cols())
@@ -51,17 +84,8 @@ class PluginAccumulator final : public Accumulator {
       o = out_copy.data();
     }
     const int32_t dtype = std::is_same_v<S, float> ? PP_DTYPE_F32 : PP_DTYPE_F64;
-    auto& [self, api] = by_dtype_[dtype == PP_DTYPE_F32 ? 0 : 1];
+    auto& [self, api] = instance(dtype);
     pp_error err{};
-    if (self == nullptr) {
-      if (plugin_->accumulator_create(strategy_.c_str(), dtype, &self, &api, &err) != PP_OK ||
-          self == nullptr)
-        throw Error("plugin " + std::string(plugin_->name) + ": cannot create accumulator '" +
-                    strategy_ + "': " + error_text(err));
-      if (api->struct_size >= offsetof(pp_accumulator_api, set_threads) + sizeof(void*) &&
-          api->set_threads != nullptr && api->set_threads(self, threads_, &err) != PP_OK)
-        throw Error("plugin " + std::string(plugin_->name) + ": " + error_text(err));
-    }
     const int64_t v_shape[2] = {values.rows(), values.cols()},
                   o_shape[2] = {out.rows(), out.cols()};
     pp_tensor tv{const_cast<S*>(v), dtype, PP_DEVICE_CPU, 0, 2, v_shape, nullptr};

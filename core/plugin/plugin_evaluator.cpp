@@ -19,7 +19,8 @@ class PluginEvaluator final : public Evaluator {
         model_view_(model),
         loss_view_(loss),
         subspace_view_(subspace),
-        path_(std::move(path)) {
+        path_(std::move(path)),
+        threads_(options.threads) {
     if (subspace != nullptr && subspace_view_.get() == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
     if (plugin_->session_create == nullptr)
@@ -39,6 +40,7 @@ class PluginEvaluator final : public Evaluator {
   PluginEvaluator& operator=(const PluginEvaluator&) = delete;
 
   std::string name() const override { return plugin_->name; }
+  int threads() const override { return threads_; }
 
   void register_batch(const Batch& batch) override {
     if (batch.inputs.cols() != model_.input_shape().numel())
@@ -189,6 +191,7 @@ class PluginEvaluator final : public Evaluator {
   LossView loss_view_;
   SubspaceView subspace_view_;
   std::string path_;
+  int threads_ = 1;
   void* self_ = nullptr;
   const pp_session_api* api_ = nullptr;
   pp_error err_{};

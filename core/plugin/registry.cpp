@@ -481,14 +481,17 @@ std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string&
     const PluginInfo& info = infos_[i];
     if (!automatic && info.name != backend) continue;
     const pp_plugin* desc = descriptors_[i];
+    // Choosing by score takes host accumulators only (the core's calls pass host memory, and
+    // a device accumulator would stage it); a device one serves when named.
     bool declared = false;
     if (info.available && desc != nullptr && desc->accumulator_create != nullptr)
       for (int32_t c = 0; c < desc->n_caps; ++c)
-        declared = declared ||
-                   (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
-                    desc->caps[c].device == PP_DEVICE_CPU && strategy == safe(desc->caps[c].name));
+        declared = declared || (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
+                                (!automatic || desc->caps[c].device == PP_DEVICE_CPU) &&
+                                strategy == safe(desc->caps[c].name));
     if (!declared) {
-      sel.reasons.push_back(info.name + ": declined: no cpu accumulator '" + strategy + "'" +
+      sel.reasons.push_back(info.name + ": declined: no " + (automatic ? "cpu " : "") +
+                            "accumulator '" + strategy + "'" +
                             (info.available ? "" : " (" + info.reason + ")"));
       continue;
     }

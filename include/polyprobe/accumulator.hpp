@@ -30,6 +30,13 @@ class Accumulator {
                           MatrixRef<double> out) = 0;
   virtual void accumulate(std::span<const int64_t> keys, ConstMatrixRef<float> values,
                           MatrixRef<float> out) = 0;
+
+  // Device accumulators only: times this accumulator on data generated and kept on its
+  // device (`rows` rows of `width` values, keys uniform over `n_keys`, from `seed`) and
+  // returns the backend's JSON record (pp_accumulate_benchmark in the plugin ABI says what
+  // it holds). Throws polyprobe::Error where the accumulator has no device.
+  virtual std::string device_benchmark(int64_t n_keys, int64_t rows, int64_t width,
+                                       bool single_precision, int repeats, uint64_t seed);
 };
 
 std::unique_ptr<Accumulator> make_reference_accumulator();

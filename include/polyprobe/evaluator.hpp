@@ -57,6 +57,11 @@ class Evaluator {
   // "reference", or "<plugin>".
   virtual std::string name() const = 0;
   virtual void register_batch(const Batch& batch) = 0;
+  // The threads the optimizer's own work of a step (rotations, cost matrix, transport solve,
+  // move) may use around this evaluator's calls: the options' thread count (0 = all the
+  // process may use), so one --threads governs the whole step. 1 by default (evaluators that
+  // say nothing, such as minimize()'s function adapter, run the step on the calling thread).
+  virtual int threads() const { return 1; }
 
   // --- Stateless calls
   // The objective at `base`.

@@ -169,8 +169,8 @@ int set_threads(void* self, int32_t threads, pp_error* err) {
 }
 const char* last_strategy(void* self) { return static_cast<Accumulator*>(self)->last_strategy(); }
 
-const pp_accumulator_api kApi = {sizeof(pp_accumulator_api), &accumulate, &destroy, &set_threads,
-                                 &last_strategy};
+const pp_accumulator_api kApi = {
+    sizeof(pp_accumulator_api), &accumulate, &destroy, &set_threads, &last_strategy, nullptr};
 
 }  // namespace
 

@@ -1,6 +1,7 @@
 // Device kernels of the CUDA session. One thread owns each output value it writes, and
 // every sum runs in a fixed order, so results do not depend on scheduling: candidates are
 // compared by tiny loss differences.
+#include "accumulate.cuh"
 #include "candidate_source.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
@@ -69,7 +70,7 @@ __device__ double candidate_value(const CandidateSource& s, const ParticleTable&
 template <class S>
 __global__ void deltas_kernel(CandidateSource src, ParticleTable t, int64_t count,
                               const double* theta, const OpTransform* ops, const S* eff, S* dq,
-                              double* l2_terms) {
+                              S* q_new, double* l2_terms) {
   const int64_t total = count * t.elem_max;
   for (int64_t i = thread_index(); i < total; i += thread_stride()) {
     const int64_t c = i / t.elem_max, e = i % t.elem_max;
@@ -81,7 +82,9 @@ __global__ void deltas_kernel(CandidateSource src, ParticleTable t, int64_t coun
     const double now = candidate_value(src, t, c, p, raw, old);
     const OpTransform o = ops[t.elem_op[begin + e]];
     const int32_t q = raw - o.offset < o.weights ? o.weight_transform : o.bias_transform;
-    dq[i] = effective<S>(q, now, o.quant_step) - eff[raw];
+    const S changed = effective<S>(q, now, o.quant_step);
+    dq[i] = changed - eff[raw];
+    if (q_new != nullptr) q_new[i] = changed;
     l2_terms[i] = now * now - old * old;
   }
 }
@@ -100,6 +103,32 @@ __global__ void l2_kernel(CandidateSource src, ParticleTable t, int64_t count,
 template <class S>
 __global__ void broadcast_kernel(const S* zinc, int64_t per, int64_t total, S* z) {
   for (int64_t i = thread_index(); i < total; i += thread_stride()) z[i] = zinc[i % per];
+}
+
+// w[c, e] = q_new[c, e] at each parameter e of op `op` the candidate changes (w[c] already
+// holds the incumbent's effective block): the candidate's own Q(theta + delta), set, not
+// added, so the materialised weights equal what the reference computes from theta + delta.
+template <class S>
+__global__ void materialise_kernel(CandidateSource src, ParticleTable t, int64_t count, int32_t op,
+                                   int64_t offset, const S* q_new, S* w, int64_t block) {
+  const int64_t total = count * t.elem_max;
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t c = i / t.elem_max, e = i % t.elem_max;
+    const int64_t p = particle_of(src, c);
+    const int64_t begin = t.elem_begin[p];
+    if (e >= t.elem_begin[p + 1] - begin || t.elem_op[begin + e] != op) continue;
+    w[c * block + (t.elem_raw[begin + e] - offset)] = q_new[i];
+  }
+}
+
+// y[c, b, :] += w[c, bias_at : bias_at + width]: each candidate's own bias.
+template <class S>
+__global__ void batched_bias_kernel(S* y, const S* w, int64_t block, int64_t bias_at, int64_t rows,
+                                    int64_t width, int64_t total) {
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t c = i / (rows * width);
+    y[i] += w[c * block + bias_at + i % width];
+  }
 }
 
 // One thread per (candidate, sample) row: it alone writes z[c, b, :], in element order.
@@ -151,10 +180,8 @@ __global__ void objective_kernel(CandidateSource src, int64_t count, const S* pe
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   const int lane = threadIdx.x % 32;
   for (int64_t c = thread_index() / 32; c < count; c += warps) {
-    double sum = 0.0;
-    for (int64_t b = lane; b < batch; b += 32) sum += static_cast<double>(per[c * batch + b]);
-    for (int offset = 16; offset > 0; offset /= 2)
-      sum += __shfl_down_sync(0xffffffffu, sum, offset);
+    // The candidate's samples are one contiguous segment: its owner warp sums them.
+    const double sum = owner_warp_sum(per + c * batch, batch, lane);
     if (lane == 0) {
       double value = sum / static_cast<double>(batch);
       if (l2 != 0.0) value += l2 * (sum_sq + (l2_delta ? l2_delta[c] : 0.0));
@@ -179,13 +206,32 @@ void launch_effective(const double* theta, const int32_t* owner, const OpTransfo
 
 template <class S>
 void launch_deltas(CandidateSource src, ParticleTable table, int64_t count, const double* theta,
-                   const OpTransform* ops, const S* eff, S* dq, double* l2_terms, double* l2,
-                   cudaStream_t stream) {
-  deltas_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(src, table, count, theta,
-                                                                          ops, eff, dq, l2_terms);
+                   const OpTransform* ops, const S* eff, S* dq, S* q_new, double* l2_terms,
+                   double* l2, cudaStream_t stream) {
+  deltas_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(
+      src, table, count, theta, ops, eff, dq, q_new, l2_terms);
   check_launch("candidate deltas kernel");
   l2_kernel<<<grid(count), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
   check_launch("l2 kernel");
+}
+
+template <class S>
+void launch_materialise(CandidateSource src, ParticleTable table, int64_t count, int32_t op,
+                        const S* block_eff, int64_t offset, int64_t block, const S* q_new, S* w,
+                        cudaStream_t stream) {
+  launch_broadcast<S>(block_eff, 1, block, count, w, stream);
+  materialise_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(
+      src, table, count, op, offset, q_new, w, block);
+  check_launch("materialise kernel");
+}
+
+template <class S>
+void launch_batched_bias(S* y, const S* w, int64_t block, int64_t bias_at, int64_t rows,
+                         int64_t width, int64_t count, cudaStream_t stream) {
+  const int64_t total = count * rows * width;
+  batched_bias_kernel<S>
+      <<<grid(total), kThreads, 0, stream>>>(y, w, block, bias_at, rows, width, total);
+  check_launch("batched bias kernel");
 }
 
 template <class S>
@@ -245,8 +291,12 @@ void launch_move(const int64_t* coords, const double* moves, int64_t n, double* 
   template void launch_effective<S>(const double*, const int32_t*, const OpTransform*, int64_t,    \
                                     S*, cudaStream_t);                                             \
   template void launch_deltas<S>(CandidateSource, ParticleTable, int64_t, const double*,           \
-                                 const OpTransform*, const S*, S*, double*, double*,               \
+                                 const OpTransform*, const S*, S*, S*, double*, double*,           \
                                  cudaStream_t);                                                    \
+  template void launch_materialise<S>(CandidateSource, ParticleTable, int64_t, int32_t, const S*,  \
+                                      int64_t, int64_t, const S*, S*, cudaStream_t);               \
+  template void launch_batched_bias<S>(S*, const S*, int64_t, int64_t, int64_t, int64_t, int64_t,  \
+                                       cudaStream_t);                                              \
   template void launch_broadcast<S>(const S*, int64_t, int64_t, int64_t, S*, cudaStream_t);        \
   template void launch_correct<S>(CandidateSource, ParticleTable, int64_t, int32_t, const S*,      \
                                   const S*, int64_t, int64_t, S*, int64_t, int64_t, cudaStream_t); \

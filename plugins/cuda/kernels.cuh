@@ -59,12 +59,25 @@ void launch_effective(const double* theta, const int32_t* owner, const OpTransfo
                       S* eff, cudaStream_t stream);
 
 // For each candidate of the chunk and each parameter e it changes: the effective change
-// dq[c, e] = Q(theta + delta) - Q(theta) in S and the raw l2 change, then their sum per
+// dq[c, e] = Q(theta + delta) - Q(theta) in S, the new effective value q_new[c, e] =
+// Q(theta + delta) (skipped when q_new is null) and the raw l2 change, then their sum per
 // candidate into l2[c].
 template <class S>
 void launch_deltas(CandidateSource src, ParticleTable table, int64_t count, const double* theta,
-                   const OpTransform* ops, const S* eff, S* dq, double* l2_terms, double* l2,
-                   cudaStream_t stream);
+                   const OpTransform* ops, const S* eff, S* dq, S* q_new, double* l2_terms,
+                   double* l2, cudaStream_t stream);
+
+// The dense path's weights: w[c] = op `op`'s effective block (`block` values from parameter
+// `offset`, bias included) with the candidate's changed entries set to q_new[c, e].
+template <class S>
+void launch_materialise(CandidateSource src, ParticleTable table, int64_t count, int32_t op,
+                        const S* block_eff, int64_t offset, int64_t block, const S* q_new, S* w,
+                        cudaStream_t stream);
+
+// y[c, b, :] += w[c, bias_at:] over `rows` samples: each candidate's own bias.
+template <class S>
+void launch_batched_bias(S* y, const S* w, int64_t block, int64_t bias_at, int64_t rows,
+                         int64_t width, int64_t count, cudaStream_t stream);
 
 // z[c, b, :] = zinc[b, :] for a chunk of `count` candidates.
 template <class S>

@@ -3,6 +3,7 @@
 // pp::guard, so no exception crosses the boundary. Loading it does no CUDA work; probe()
 // asks the runtime for a device, and on a machine without a driver or a GPU it returns 0
 // with the runtime's reason, so the registry records the plugin as unavailable.
+#include "accumulator.hpp"
 #include "model_plan.hpp"
 #include "session.hpp"
 
@@ -62,7 +63,7 @@ std::string path_reason(const char* path, const pp_session_options& options) {
                     : "";
   if (p == "subspace-delta")
     return subspace ? "" : "path 'subspace-delta' needs a subspace; in full space use 'sparse'";
-  if (p == "layered") return "";
+  if (p == "layered" || p == "dense" || p == "materialised") return "";
   return "unknown path '" + std::string(p) + "' (paths: " + polyprobe::cuda::kPathNames + ")";
 }
 
@@ -95,6 +96,39 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
     if (!reason.empty()) throw std::invalid_argument(reason);
     *self = polyprobe::cuda::make_session(*model, *loss, *options).release();
     *api = &kSessionApi;
+  });
+}
+
+// --- The accumulator component.
+polyprobe::cuda::Accumulator* as_accumulator(void* self) {
+  return static_cast<polyprobe::cuda::Accumulator*>(self);
+}
+int accumulate(void* self, int64_t n, const int64_t* keys, const pp_tensor* values, int64_t n_keys,
+               pp_tensor* out, pp_error* err) {
+  return pp::guard(err, [&] { as_accumulator(self)->accumulate(n, keys, *values, n_keys, *out); });
+}
+void destroy_accumulator(void* self) { delete as_accumulator(self); }
+const char* last_strategy(void* self) { return as_accumulator(self)->last_strategy(); }
+int device_benchmark(void* self, const pp_accumulate_benchmark* spec, const char** json,
+                     pp_error* err) {
+  return pp::guard(err, [&] { *json = as_accumulator(self)->device_benchmark(*spec); });
+}
+
+const pp_accumulator_api kAccumulatorApi = [] {
+  pp_accumulator_api a{};
+  a.struct_size = sizeof(pp_accumulator_api);
+  a.accumulate = &accumulate;
+  a.destroy = &destroy_accumulator;
+  a.last_strategy = &last_strategy;
+  a.device_benchmark = &device_benchmark;
+  return a;
+}();
+
+int create_accumulator(const char* strategy, int32_t dtype, void** self,
+                       const pp_accumulator_api** api, pp_error* err) {
+  return pp::guard(err, [&] {
+    *self = polyprobe::cuda::make_accumulator(strategy, dtype).release();
+    *api = &kAccumulatorApi;
   });
 }
 
@@ -135,6 +169,14 @@ const pp_capability kCaps[] = {
     {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, 0,
      "rank-one subspace coordinates (hybrid): the rows and columns they move correct the "
      "layer's output, the rest one cuBLAS GEMM over the chunk"},
+    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CUDA, kFloats, 0,
+     "atomic adds pre-aggregated within a warp (4-wide float atomics for wide rows); the bits "
+     "may change run to run"},
+    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_CUDA, kFloats, 0,
+     "owner-computes: a stable radix sort groups rows by key, each key's owner adds them in "
+     "input order (the reference's bits)"},
+    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_CUDA, kFloats, 0,
+     "the strategy measured faster for the shape (bench accumulate --bench-device cuda)"},
 };
 
 const pp_plugin kPlugin = [] {
@@ -152,6 +194,7 @@ const pp_plugin kPlugin = [] {
   p.n_caps = static_cast<int32_t>(std::size(kCaps));
   p.session_supports = &supports;
   p.session_create = &create;
+  p.accumulator_create = &create_accumulator;
   return p;
 }();
 

@@ -49,6 +49,45 @@ void gemm<double>(cublasHandle_t h, int m, int n, int k, const double* a, const 
         "cublasDgemm");
 }
 
+// C[i] = A[i]^T-style products as gemm() above, for `batch` problems at the given strides
+// (a stride of 0 shares that operand across the batch).
+template <class T>
+void gemm_batched(cublasHandle_t h, int m, int n, int k, const T* a, int64_t stride_a, const T* b,
+                  int64_t stride_b, T* c, int64_t stride_c, int batch);
+template <>
+void gemm_batched<float>(cublasHandle_t h, int m, int n, int k, const float* a, int64_t stride_a,
+                         const float* b, int64_t stride_b, float* c, int64_t stride_c, int batch) {
+  const float one = 1.0f, zero = 0.0f;
+  check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, stride_a, b, k,
+                                  stride_b, &zero, c, m, stride_c, batch),
+        "cublasSgemmStridedBatched");
+}
+template <>
+void gemm_batched<double>(cublasHandle_t h, int m, int n, int k, const double* a, int64_t stride_a,
+                          const double* b, int64_t stride_b, double* c, int64_t stride_c,
+                          int batch) {
+  const double one = 1.0, zero = 0.0;
+  check(cublasDgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, stride_a, b, k,
+                                  stride_b, &zero, c, m, stride_c, batch),
+        "cublasDgemmStridedBatched");
+}
+
+// How a session runs its candidates (pp_session_options::path).
+enum class PathKind {
+  automatic,     // the fused tail where it applies, else the layered sparse / subspace delta
+  layered,       // the layered sparse / subspace-delta path only
+  dense,         // materialised weights of the changed ops, batched GEMM, prefix reused
+  materialised,  // every op recomputed for every candidate from the inputs (the check path)
+};
+
+PathKind parse_path(const char* path) {
+  const std::string_view p = path == nullptr ? "auto" : path;
+  if (p == "layered") return PathKind::layered;
+  if (p == "dense") return PathKind::dense;
+  if (p == "materialised") return PathKind::materialised;
+  return PathKind::automatic;  // auto, sparse, subspace-delta: validated by the plugin
+}
+
 template <class T>
 class DeviceSession final : public Session {
  public:
@@ -62,7 +101,8 @@ class DeviceSession final : public Session {
         chunk_option_(options.chunk_size) {
     const char* path = options.path;
     forced_ = path != nullptr && std::string_view(path) != "auto";
-    forced_dense_ = path != nullptr && std::string_view(path) == "layered";
+    path_ = parse_path(path);
+    forced_dense_ = path_ != PathKind::automatic;
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
@@ -321,6 +361,9 @@ class DeviceSession final : public Session {
       try {
         if (mode >= 0)
           run_fused_chunk(src, end - g, first, mode);
+        else if (path_ == PathKind::dense || path_ == PathKind::materialised)
+          run_dense_chunk(src, end - g, path_ == PathKind::materialised ? first_linear() : first,
+                          first, last);
         else
           run_chunk(src, end - g, first, last);
       } catch (const OutOfMemory&) {
@@ -366,7 +409,11 @@ class DeviceSession final : public Session {
   const char* explain() override {
     std::ostringstream j;
     const bool sub = subspace_ != nullptr;
-    const char* path = sub ? "subspace-delta" : "sparse";
+    const bool dense = path_ == PathKind::dense || path_ == PathKind::materialised;
+    const char* path = path_ == PathKind::dense          ? "dense"
+                       : path_ == PathKind::materialised ? "materialised"
+                       : sub                             ? "subspace-delta"
+                                                         : "sparse";
     j << "{\"evaluator\":\"cuda\",\"device\":\"" << device_name() << "\",\"dtype\":\""
       << (sizeof(T) == 4 ? "float32" : "float64") << "\",\"path\":\"" << path << "\""
       << ",\"forced\":" << (forced_ ? "true" : "false") << ",\"chunk\":" << chunk_cap_
@@ -377,7 +424,16 @@ class DeviceSession final : public Session {
       if (i > 0) j << ",";
       j << "{\"layer\":" << i << ",\"op\":\"" << (op.op == PP_OP_LINEAR ? "linear" : "activation")
         << "\",\"path\":\"";
-      if (op.op == PP_OP_LINEAR)
+      if (op.op == PP_OP_LINEAR && path_ == PathKind::materialised)
+        j << path
+          << ": every layer recomputed for every candidate from the inputs, the changed "
+             "layers with the candidate's materialised weights (cuBLAS strided batched GEMM)";
+      else if (op.op == PP_OP_LINEAR && dense)
+        j << path
+          << ": from the first changed layer's input (prefix reused), the changed layers "
+             "with the candidate's materialised weights (cuBLAS strided batched GEMM), later "
+             "layers one cuBLAS GEMM over the chunk";
+      else if (op.op == PP_OP_LINEAR)
         j << path
           << ": first changed layer = incumbent output + sparse correction over the changed "
              "weights (Q(w+d)-Q(w)) x; later layers one cuBLAS GEMM over the chunk";
@@ -385,11 +441,14 @@ class DeviceSession final : public Session {
         j << "elementwise, exact f(z + dz) on the corrected pre-activations";
       j << "\"}";
     }
-    j << "],\"declined\":{\"dense\":\"materialised-weight batched GEMM path not implemented yet\"";
+    j << "],\"declined\":{";
+    if (!dense)
+      j << "\"dense\":\"a particle changes a few entries of a layer: the delta costs less than "
+           "a materialised GEMM per candidate (path dense or materialised forces it)\",";
     if (sub)
-      j << ",\"sparse\":\"the particles move subspace coordinates\"";
+      j << "\"sparse\":\"the particles move subspace coordinates\"";
     else
-      j << ",\"subspace-delta\":\"no subspace\"";
+      j << "\"subspace-delta\":\"no subspace\"";
     j << "}}";
     explain_ = j.str();
     return explain_.c_str();
@@ -493,9 +552,21 @@ class DeviceSession final : public Session {
   }
 
   int64_t bytes_per_candidate() const {
-    return batch_ * (2 * plan_.max_width + 1) * int64_t{sizeof(T)} +
-           elem_max_ * int64_t{sizeof(T) + sizeof(double)} + int64_t{sizeof(double)};
+    int64_t bytes = batch_ * (2 * plan_.max_width + 1) * int64_t{sizeof(T)} +
+                    elem_max_ * int64_t{sizeof(T) + sizeof(double)} + int64_t{sizeof(double)};
+    if (path_ == PathKind::dense || path_ == PathKind::materialised)
+      bytes += (largest_block() + elem_max_) * int64_t{sizeof(T)};
+    return bytes;
   }
+
+  // The largest parameter block (weights and bias) of one linear op.
+  int64_t largest_block() const {
+    int64_t widest = 0;
+    for (const OpPlan& op : plan_.ops)
+      if (op.op == PP_OP_LINEAR) widest = std::max(widest, block_of(op));
+    return widest;
+  }
+  static int64_t block_of(const OpPlan& op) { return op.out * op.in + (op.bias ? op.out : 0); }
 
   int64_t chunk_capacity() {
     if (chunk_cap_ > 0) return chunk_cap_;
@@ -515,6 +586,8 @@ class DeviceSession final : public Session {
   }
 
   void release_chunk_buffers() {
+    w_cand_.resize(0);
+    q_new_.resize(0);
     buf_a_.resize(0);
     buf_b_.resize(0);
     per_.resize(0);
@@ -534,7 +607,7 @@ class DeviceSession final : public Session {
     l2c_.reserve(sz(count));
     const ParticleTable t = table();
     launch_deltas<T>(src, t, count, theta_d_.data(), ops_d_.data(), eff_d_.data(), dq_.data(),
-                     l2_terms_.data(), l2c_.data(), s);
+                     nullptr, l2_terms_.data(), l2c_.data(), s);
     T* cur = buf_a_.data();
     T* other = buf_b_.data();
     const OpPlan& f = plan_.ops[sz(first)];
@@ -554,6 +627,71 @@ class DeviceSession final : public Session {
         launch_correct<T>(src, t, count, static_cast<int32_t>(i), dq_.data(), cur, batch_ * op.in,
                           op.in, other, op.out, batch_, s);
       std::swap(cur, other);
+    }
+    launch_sample_losses<T>(cur, rows, plan_.out_features, batch_, static_cast<int32_t>(plan_.loss),
+                            labels_d_.data(), targets_d_.data(), per_.data(), s);
+    launch_objective<T>(src, count, per_.data(), batch_, plan_.l2, sum_sq_, l2c_.data(),
+                        losses_d_.data(), s);
+  }
+
+  // The dense and materialised paths: every op from `start` on runs for each candidate with
+  // cuBLAS; the ops the candidates change (first..last) with their own materialised weights
+  // (a strided batched GEMM), the others with the incumbent's (one GEMM over the chunk). The
+  // dense path starts at the first changed op from the incumbent's input there (prefix
+  // reuse); the materialised path starts at the inputs and reuses nothing, so it checks the
+  // others.
+  void run_dense_chunk(const CandidateSource& src, int64_t count, int32_t start, int32_t first,
+                       int32_t last) {
+    cudaStream_t s = stream_.get();
+    const int64_t rows = count * batch_;
+    buf_a_.reserve(sz(rows * plan_.max_width));
+    buf_b_.reserve(sz(rows * plan_.max_width));
+    per_.reserve(sz(rows));
+    dq_.reserve(sz(count * elem_max_));
+    q_new_.reserve(sz(count * elem_max_));
+    w_cand_.reserve(sz(count * largest_block()));
+    l2_terms_.reserve(sz(count * elem_max_));
+    l2c_.reserve(sz(count));
+    const ParticleTable t = table();
+    launch_deltas<T>(src, t, count, theta_d_.data(), ops_d_.data(), eff_d_.data(), dq_.data(),
+                     q_new_.data(), l2_terms_.data(), l2c_.data(), s);
+    T* cur = buf_a_.data();
+    T* other = buf_b_.data();
+    const T* x = acts_[sz(start)].data();
+    int64_t x_stride = 0;  // the op's input: shared by every candidate until the first op ran
+    for (std::size_t i = sz(start); i < plan_.ops.size(); ++i) {
+      const OpPlan& op = plan_.ops[i];
+      if (op.op == PP_OP_ACTIVATION) {
+        if (x_stride == 0) continue;  // an activation before any op ran is the incumbent's
+        if (op.fn != PP_ACT_IDENTITY)
+          launch_activation<T>(cur, cur, rows * op.out, op.fn, op.step, s);
+        continue;
+      }
+      const auto n_out = static_cast<int>(op.out), n_in = static_cast<int>(op.in);
+      const auto b = static_cast<int>(batch_);
+      const bool changed = static_cast<int32_t>(i) >= first && static_cast<int32_t>(i) <= last;
+      if (changed) {
+        const int64_t block = block_of(op);
+        launch_materialise<T>(src, t, count, static_cast<int32_t>(i),
+                              eff_d_.data() + op.param_offset, op.param_offset, block,
+                              q_new_.data(), w_cand_.data(), s);
+        gemm_batched<T>(blas_.get(), n_out, b, n_in, w_cand_.data(), block, x, x_stride * b * n_in,
+                        other, int64_t{b} * n_out, static_cast<int>(count));
+        if (op.bias)
+          launch_batched_bias<T>(other, w_cand_.data(), block, op.out * op.in, batch_, op.out,
+                                 count, s);
+      } else if (x_stride == 0) {
+        // An unchanged op on the shared input: the same product for every candidate.
+        const T* w = eff_d_.data() + op.param_offset;
+        gemm_batched<T>(blas_.get(), n_out, b, n_in, w, 0, x, 0, other, int64_t{b} * n_out,
+                        static_cast<int>(count));
+        if (op.bias) launch_add_bias<T>(other, w + op.out * op.in, rows, op.out, s);
+      } else {
+        linear(i, cur, rows, other);
+      }
+      std::swap(cur, other);
+      x = cur;
+      x_stride = 1;
     }
     launch_sample_losses<T>(cur, rows, plan_.out_features, batch_, static_cast<int32_t>(plan_.loss),
                             labels_d_.data(), targets_d_.data(), per_.data(), s);
@@ -788,7 +926,7 @@ class DeviceSession final : public Session {
       l2_terms_.reserve(sz(count * elem_max_));
       l2c_.reserve(sz(count));
       launch_deltas<T>(src, table(), count, theta_d_.data(), ops_d_.data(), eff_d_.data(),
-                       dq_.data(), l2_terms_.data(), l2c_.data(), s);
+                       dq_.data(), nullptr, l2_terms_.data(), l2c_.data(), s);
       l2_delta = l2c_.data();
     }
     launch_objective<T>(src, count, per_.data(), batch_, plan_.l2, sum_sq_, l2_delta,
@@ -842,6 +980,8 @@ class DeviceSession final : public Session {
   DeviceBuffer<double> dir_d_, disp_d_, moves_d_, losses_d_;
   std::vector<double> staging_;
   DeviceBuffer<T> buf_a_, buf_b_, per_, dq_;
+  DeviceBuffer<T> q_new_, w_cand_;  // the dense paths: new values, materialised op blocks
+  PathKind path_ = PathKind::automatic;
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;
   std::string explain_;

@@ -27,6 +27,7 @@ std::unique_ptr<Session> make_session(const pp_model_view& model, const pp_loss_
 // The paths a session can be forced to, for messages.
 // "layered" keeps every candidate on the layer-by-layer path (no fused tail): for tests
 // and for measuring what the fused tail gains.
-inline constexpr const char* kPathNames = "auto, sparse, subspace-delta, layered";
+inline constexpr const char* kPathNames =
+    "auto, sparse, subspace-delta, layered, dense, materialised";
 
 }  // namespace polyprobe::cuda

@@ -3,6 +3,7 @@
 // rank-one subspaces, through the stateless calls, the polytope form of score() and a whole
 // PolytopeOptimizer trajectory. Needs a CUDA device; without one each case says why and
 // exits with 77 (ctest: skipped), except the load test, which must pass anywhere.
+#include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/loss.hpp>
@@ -254,6 +255,21 @@ TEST_CASE("cuda: the fused tail and the layered path agree with the reference at
   }
 }
 
+TEST_CASE("cuda: the dense and materialised paths agree with the reference", "[cuda]") {
+  require_device();
+  // dense: the changed layers' weights materialised per candidate, cuBLAS strided batched
+  // GEMM from the first changed layer's input; materialised: every layer from the inputs.
+  for (const std::string path : {"dense", "materialised"}) {
+    for (const double spread : {1e-3, 0.3, 3.0}) {
+      check_stateless(DType::f64, true, false, 1e-12, 0, path, spread);
+      check_stateless(DType::f64, true, true, 1e-12, 0, path, spread);
+    }
+    check_stateless(DType::f32, false, false, 1e-5, 0, path);
+    check_stateless(DType::f32, false, true, 1e-5, 0, path);
+    check_stateless(DType::f64, true, false, 1e-12, 2, path);  // tiny chunks
+  }
+}
+
 TEST_CASE("cuda: the polytope form of score and move_incumbent match the host", "[cuda]") {
   require_device();
   std::mt19937_64 rng(7);
@@ -340,4 +356,71 @@ TEST_CASE("cuda: explain names the path of every layer", "[cuda]") {
   INFO(j.dump());
   CHECK(j["plugin"]["path"] == "sparse");
   CHECK(j["plugin"]["layers"].size() == c.model.num_layers());
+}
+
+// --- The accumulator component.
+
+namespace {
+
+template <class S>
+void check_accumulator(const std::string& strategy, int64_t n_keys, int64_t rows, int64_t width,
+                       std::mt19937_64& rng, bool clustered) {
+  std::vector<int64_t> keys(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    keys[i] = clustered ? static_cast<int64_t>(i * n_keys / keys.size())
+                        : static_cast<int64_t>(rng() % static_cast<uint64_t>(n_keys));
+  Matrix<S> values = Matrix<S>::Random(rows, width);
+  Matrix<S> start = Matrix<S>::Random(n_keys, width);  // accumulate adds to what out holds
+  Matrix<S> want = start, got = start;
+  make_reference_accumulator()->accumulate(keys, values, want);
+  auto acc = backends().registry.make_accumulator("cuda", strategy, 1);
+  acc->accumulate(keys, values, got);
+  INFO(strategy << " keys " << n_keys << " rows " << rows << " width " << width
+                << (clustered ? " clustered" : " random") << " ran " << acc->last_strategy());
+  if (acc->last_strategy() == std::string("segment")) {
+    CHECK(got == want);  // owner-computes in input order: the reference's bits
+  } else {
+    const double scale = 1.0 + static_cast<double>(want.cwiseAbs().maxCoeff());
+    const double tolerance = std::is_same_v<S, float> ? 1e-5 : 1e-12;
+    CHECK(static_cast<double>((got - want).cwiseAbs().maxCoeff()) / scale <= tolerance);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda: accumulators agree with the reference", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(5);
+  for (const std::string strategy : {"scatter", "segment", "auto"})
+    for (const int64_t width : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{100}})
+      for (const bool clustered : {false, true}) {
+        check_accumulator<float>(strategy, 37, 2000, width, rng, clustered);
+        check_accumulator<double>(strategy, 37, 2000, width, rng, clustered);
+        check_accumulator<double>(strategy, 5000, 300, width, rng, clustered);  // sparse keys
+      }
+}
+
+TEST_CASE("cuda: an accumulator refuses a key out of range", "[cuda]") {
+  require_device();
+  for (const std::string strategy : {"scatter", "segment"}) {
+    auto acc = backends().registry.make_accumulator("cuda", strategy, 1);
+    std::vector<int64_t> keys = {0, 1, 7};
+    Matrix<double> values = Matrix<double>::Ones(3, 2), out = Matrix<double>::Zero(4, 2);
+    try {
+      acc->accumulate(keys, values, out);
+      FAIL("accepted key 7 of 4");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("key 7 of row 2") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("cuda: the device benchmark of an accumulator checks itself", "[cuda]") {
+  require_device();
+  auto acc = backends().registry.make_accumulator("cuda", "scatter", 1);
+  const auto j = nlohmann::json::parse(acc->device_benchmark(1000, 62000, 64, true, 3, 9));
+  CHECK(j.at("times_ms").size() == 3);
+  CHECK(j.at("copy_times_ms").size() == 3);
+  CHECK(j.at("max_abs_diff").get<double>() <= 1e-4 * (1 + j.at("max_abs_sum").get<double>()));
+  CHECK(j.at("max_abs_sum").get<double>() > 1.0);  // 62 values in [-1, 1) per cell
 }

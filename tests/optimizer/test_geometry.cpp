@@ -2,10 +2,12 @@
 #include <catch2/catch.hpp>
 
 #include <polyprobe/geometry.hpp>
+#include <polyprobe/plugin/kernels/philox.hpp>
 
 #include <Eigen/LU>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numbers>
 #include <random>
@@ -34,12 +36,11 @@ TEST_CASE("templates are centred unit-radius tight frames", "[optimizer][geometr
 }
 
 TEST_CASE("rotations are orthogonal with determinant one", "[optimizer][geometry]") {
-  std::mt19937_64 rng(7);
   for (RotationMethod method : {RotationMethod::qr, RotationMethod::householder})
     for (int32_t d : {2, 3, 4, 7}) {
       const int64_t count = 50;
       std::vector<double> r(static_cast<std::size_t>(count * d * d));
-      draw_rotations(rng, count, d, method, r);
+      draw_rotations(RotationStream{7, static_cast<uint64_t>(d)}, 0, count, d, method, r);
       for (int64_t p = 0; p < count; ++p) {
         Eigen::Map<const Matrix<double>> q(r.data() + p * d * d, d, d);
         REQUIRE((q.transpose() * q - Eigen::MatrixXd::Identity(d, d)).cwiseAbs().maxCoeff() <
@@ -54,10 +55,10 @@ TEST_CASE("rotations are Haar distributed", "[optimizer][geometry]") {
   const int64_t count = 20000;
   const double n = static_cast<double>(count);
   for (RotationMethod method : {RotationMethod::qr, RotationMethod::householder}) {
-    std::mt19937_64 rng(11 + static_cast<int>(method));
+    const uint64_t seed = 11 + static_cast<uint64_t>(method);
     for (int32_t d : {3, 4}) {
       std::vector<double> r(static_cast<std::size_t>(count * d * d));
-      draw_rotations(rng, count, d, method, r);
+      draw_rotations(RotationStream{seed, static_cast<uint64_t>(d)}, 0, count, d, method, r);
       double m1 = 0, m2 = 0, entry = 0;
       for (int64_t p = 0; p < count; ++p) {
         Eigen::Map<const Matrix<double>> q(r.data() + p * d * d, d, d);
@@ -77,7 +78,7 @@ TEST_CASE("rotations are Haar distributed", "[optimizer][geometry]") {
     }
     // SO(2): Kolmogorov-Smirnov on the angle against the uniform law.
     std::vector<double> r(static_cast<std::size_t>(count * 4));
-    draw_rotations(rng, count, 2, method, r);
+    draw_rotations(RotationStream{seed, 2}, 0, count, 2, method, r);
     std::vector<double> u(static_cast<std::size_t>(count));
     for (int64_t p = 0; p < count; ++p)
       u[static_cast<std::size_t>(p)] =
@@ -103,7 +104,7 @@ TEST_CASE("biased rotations put the bias direction first", "[optimizer][geometry
   std::fill(bias.begin() + 2 * d, bias.begin() + 3 * d, 0.0);  // a zero bias stays Haar
   for (RotationMethod method : {RotationMethod::qr, RotationMethod::householder}) {
     std::vector<double> r(static_cast<std::size_t>(count * d * d));
-    draw_rotations(rng, count, d, method, r, bias);
+    draw_rotations(RotationStream{3, 0}, 0, count, d, method, r, bias);
     for (int64_t p = 0; p < count; ++p) {
       Eigen::Map<const Matrix<double>> q(r.data() + p * d * d, d, d);
       REQUIRE(std::abs(Eigen::MatrixXd(q).determinant() - 1) < 1e-12);
@@ -112,4 +113,63 @@ TEST_CASE("biased rotations put the bias direction first", "[optimizer][geometry
       REQUIRE((q.col(0) - b.normalized()).cwiseAbs().maxCoeff() < 1e-12);
     }
   }
+}
+
+// Random123's known-answer vectors for Philox4x32-10 (kat_vectors): the stream is the
+// published generator, so another backend (a CUDA kernel) can be checked against the same.
+TEST_CASE("the counter-based generator is Philox4x32-10", "[optimizer][geometry]") {
+  using kernels::philox4x32_10;
+  using kernels::PhiloxWords;
+  auto same = [](PhiloxWords a, std::array<uint32_t, 4> b) {
+    return a.w[0] == b[0] && a.w[1] == b[1] && a.w[2] == b[2] && a.w[3] == b[3];
+  };
+  REQUIRE(same(philox4x32_10(PhiloxWords{{0, 0, 0, 0}}, 0, 0),
+               {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  REQUIRE(same(philox4x32_10(PhiloxWords{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}},
+                             0xffffffff, 0xffffffff),
+               {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  REQUIRE(same(philox4x32_10(PhiloxWords{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}},
+                             0xa4093822, 0x299f31d0),
+               {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST_CASE("a particle's rotation depends on (seed, step, particle) alone",
+          "[optimizer][geometry]") {
+  for (RotationMethod method : {RotationMethod::qr, RotationMethod::householder})
+    for (int32_t d : {2, 3, 5}) {
+      INFO("method " << static_cast<int>(method) << " d=" << d);
+      const int64_t count = 300;
+      const auto dd = static_cast<std::size_t>(d * d);
+      const RotationStream stream{42, 7};
+      std::vector<double> whole(count * dd), pieces(count * dd), other(count * dd);
+      draw_rotations(stream, 0, count, d, method, whole);
+      // Any split into calls, in any order, gives the same rotations.
+      for (auto [first, n] : {std::pair<int64_t, int64_t>{250, 50}, {0, 1}, {1, 249}})
+        draw_rotations(stream, first, n, d, method,
+                       std::span<double>(pieces).subspan(static_cast<std::size_t>(first) * dd,
+                                                          static_cast<std::size_t>(n) * dd));
+      REQUIRE(whole == pieces);
+      // Another step or seed draws other rotations, for every particle.
+      for (const RotationStream s : {RotationStream{42, 8}, RotationStream{43, 7}}) {
+        draw_rotations(s, 0, count, d, method, other);
+        for (int64_t p = 0; p < count; ++p)
+          REQUIRE_FALSE(std::equal(whole.begin() + p * d * d, whole.begin() + (p + 1) * d * d,
+                                   other.begin() + p * d * d));
+      }
+    }
+}
+
+TEST_CASE("biased plane rotations put the bias direction first", "[optimizer][geometry]") {
+  const std::vector<double> bias{3, -4, 0, 0, -1, 0};
+  std::vector<double> r(12);
+  draw_rotations(RotationStream{1, 1}, 0, 3, 2, RotationMethod::automatic, r, bias);
+  for (int p = 0; p < 3; ++p) {
+    Eigen::Map<const Matrix<double>> q(r.data() + p * 4, 2, 2);
+    REQUIRE(std::abs(Eigen::MatrixXd(q).determinant() - 1) < 1e-12);
+    REQUIRE((q.transpose() * q - Eigen::MatrixXd::Identity(2, 2)).cwiseAbs().maxCoeff() < 1e-12);
+  }
+  REQUIRE(r[0] == Approx(0.6));
+  REQUIRE(r[2] == Approx(-0.8));
+  REQUIRE(r[8] == Approx(-1.0));
+  REQUIRE(r[10] == Approx(0.0).margin(1e-15));
 }

@@ -37,7 +37,7 @@ void probe(const Quadratic& q, PolytopeKind kind, double sr, std::mt19937_64& rn
   const auto d = static_cast<int32_t>(q.g.size());
   const Matrix<double> t = make_template(kind, d);
   std::vector<double> r(static_cast<std::size_t>(d * d));
-  draw_rotations(rng, 1, d, RotationMethod::qr, r);
+  draw_rotations(RotationStream{rng(), 0}, 0, 1, d, RotationMethod::qr, r);
   Eigen::Map<const Matrix<double>> rot(r.data(), d, d);
   directions = t * rot.transpose();
   losses.resize(static_cast<std::size_t>(t.rows()));
@@ -84,7 +84,7 @@ TEST_CASE("simplex gradient bias shrinks linearly with the radius", "[optimizer]
   const Quadratic q = random_quadratic(d, rng, 20.0);  // anisotropic
   const Matrix<double> t = make_template(PolytopeKind::simplex, d);
   std::vector<double> r(d * d);
-  draw_rotations(rng, 1, d, RotationMethod::qr, r);
+  draw_rotations(RotationStream{rng(), 0}, 0, 1, d, RotationMethod::qr, r);
   Eigen::Map<const Matrix<double>> rot(r.data(), d, d);
   const Matrix<double> dirs = t * rot.transpose();
   std::vector<double> bias;

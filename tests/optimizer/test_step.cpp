@@ -9,6 +9,7 @@
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -166,6 +167,64 @@ TEST_CASE("trajectories do not depend on the evaluator's thread count", "[optimi
     REQUIRE(results[0][i] == Approx(reference[i]).margin(1e-9));
 }
 
+// The step's own work runs on the evaluator's thread count in chunks of 1024 particles: a
+// model of 1,281 to 2,562 particles (two or three chunks, of particles and of Sinkhorn rows) must step to the
+// same bits on 1 and 2 threads, in every configuration that has a parallel reduction.
+TEST_CASE("whole steps are bit-identical on 1 and 2 threads", "[optimizer][step]") {
+  PluginRegistry registry;
+  registry.load_directories({POLYPROBE_TEST_PLUGIN_DIR});
+  const PluginInfo* tbb = registry.find("cpu_tbb");
+  std::vector<OptimizerConfig> configs(5);
+  configs[0].radius.kind = RadiusModelKind::quadratic;  // Sinkhorn, quadratic fit
+  configs[0].ent_epsilon = 1e-3;  // cold: many Sinkhorn iterations
+  configs[0].momentum = true;
+  configs[1].blocks = BlockStrategy::per_layer;  // blocks solved side by side
+  configs[1].radius.kind = RadiusModelKind::trust_region;
+  configs[1].biased_rotation = true;
+  configs[2].particle_dim = 4;  // householder rotations, the learned metric
+  configs[2].rotation = RotationMethod::householder;
+  configs[2].radius.kind = RadiusModelKind::quadratic;
+  configs[2].metric = MetricKind::bfgs;
+  configs[2].solver = TransportSolver::softmax;
+  configs[3].adaptive_probes = true;
+  configs[3].adaptive_probes_threshold = 1e-4;
+  configs[3].solver = TransportSolver::top_k;
+  configs[4].particle_dim = 3;  // qr rotations
+  configs[4].rotation = RotationMethod::qr;
+  configs[4].polytope = PolytopeKind::orthoplex;
+  for (std::size_t c = 0; c < configs.size(); ++c) {
+    configs[c].seed = 500 + c;
+    std::vector<std::vector<double>> results;
+    for (int threads : {1, 2}) {
+      Model model = small_mlp(2, 4, 640, 3);
+      auto loss = make_loss("cross_entropy");
+      EvaluatorOptions options;
+      options.threads = threads;
+      std::unique_ptr<Evaluator> evaluator;
+      if (tbb != nullptr && tbb->available) {
+        EvaluatorRequest request;
+        request.backend = "cpu_tbb";
+        request.options = options;
+        evaluator = registry.make_evaluator(model, *loss, request);
+      } else {
+        WARN("cpu_tbb plugin not found in " POLYPROBE_TEST_PLUGIN_DIR "; stepping on the reference");
+        evaluator = make_reference_evaluator(model, *loss, nullptr, options);
+      }
+      REQUIRE(evaluator->threads() == threads);
+      PolytopeOptimizer opt(model, configs[c]);
+      REQUIRE(opt.particles().count() > 1024);  // more than one chunk
+      for (int s = 0; s < 3; ++s) {
+        opt.register_evaluator(*evaluator, random_batch(static_cast<uint64_t>(s % 2)));
+        opt.step();
+      }
+      results.push_back(params_of(model));
+    }
+    INFO("configuration " << c);
+    REQUIRE(results[0] == results[1]);
+    REQUIRE(results[0] != params_of(small_mlp(2, 4, 640, 3)));  // it moved
+  }
+}
+
 TEST_CASE("per-layer and grouped blocks keep particles inside their block", "[optimizer][step]") {
   Model model = small_mlp(1);  // entries: 0.weight 0.bias 2.weight 2.bias
   for (auto [strategy, group] :
@@ -312,10 +371,19 @@ TEST_CASE("trust_reject undoes steps that raise the incumbent", "[optimizer][min
     return f(x);
   };
   const std::vector<double> x0(6, 0.0);
-  const MinimizeResult r = minimize(counted, x0, 800, one);
-  REQUIRE(calls == r.evaluations);
-  REQUIRE(calls <= 800);
-  REQUIRE(r.f < 1e-3 * f(x0));
+  // The median over five seeds: one run's reduction varies by 100x between seeds (1.9e-5 to
+  // 1.8e-3 of f(x0)), so a single seed would test the random stream, not the rule.
+  std::vector<double> reduction;
+  for (uint64_t seed = 0; seed < 5; ++seed) {
+    one.seed = seed;
+    calls = 0;
+    const MinimizeResult r = minimize(counted, x0, 800, one);
+    REQUIRE(calls == r.evaluations);
+    REQUIRE(calls <= 800);
+    reduction.push_back(r.f / f(x0));
+  }
+  std::nth_element(reduction.begin(), reduction.begin() + 2, reduction.end());
+  REQUIRE(reduction[2] < 1e-3);
 }
 
 TEST_CASE("a lone particle moves under the automatic solver and sinkhorn refuses it",

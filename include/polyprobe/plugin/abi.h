@@ -315,7 +315,27 @@ typedef struct pp_accumulator_api {
   int (*set_threads)(void* self, int32_t threads, pp_error* err);
   /* (optional) the strategy that ran in the last call ("auto" resolves to one). */
   const char* (*last_strategy)(void* self);
+  /* (optional, device backends) A benchmark on data that lives on the backend's device,
+   * which the host cannot allocate: see pp_accumulate_benchmark. *json receives a JSON
+   * object, valid until the next call on `self`. */
+  int (*device_benchmark)(void* self, const struct pp_accumulate_benchmark* spec, const char** json,
+                          pp_error* err);
 } pp_accumulator_api;
+
+/* What device_benchmark runs: n_rows rows of `width` values (uniform in [-1, 1)) with keys
+ * uniform in [0, n_keys), both generated on the device from `seed`; one untimed-then-timed
+ * cold call and `repeats` timed calls of the accumulator, each into a zeroed output, then
+ * `repeats` device-to-device copies of the value bytes (at most 4 GiB) as the bandwidth
+ * yardstick, all timed with device events; and the largest difference from the segment
+ * strategy's sum (the core reference's order) on the same data. The JSON holds
+ * "strategy_used", "cold_ms", "times_ms", "copy_times_ms", "value_bytes", "copy_bytes",
+ * "max_abs_diff", "max_abs_sum". */
+typedef struct pp_accumulate_benchmark {
+  uint32_t struct_size;
+  int64_t n_keys, n_rows, width;
+  int32_t repeats;
+  uint64_t seed;
+} pp_accumulate_benchmark;
 
 /* --- The descriptor -------------------------------------------------------------------- */
 

@@ -1,0 +1,21 @@
+// The transport solvers on the optimizer's threads (internal). The same results as the
+// public serial forms in <polyprobe/transport.hpp>, bit for bit, for any thread count: rows
+// are independent, and Sinkhorn's column sums add fixed chunks of rows in chunk order.
+#pragma once
+
+#include "step_threads.hpp"
+
+#include <polyprobe/transport.hpp>
+
+namespace polyprobe::detail {
+
+TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
+                               const SinkhornSettings& settings, SinkhornDuals& duals,
+                               MatrixRef<double> weights, const StepThreads& threads);
+void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights,
+                   const StepThreads& threads);
+// solve_greedy is solve_top_k with k = 1.
+void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights,
+                 const StepThreads& threads);
+
+}  // namespace polyprobe::detail
