@@ -618,33 +618,27 @@ void EvaluatorImpl<S>::evaluate_site_local(const Candidates& c, const Group& g, 
   else
     attention_setup(site, w);
   s.stack.resize(n * batch, layer.out);
+  // Candidate i's change of moved parameter t, as host layers see it: the raw parameter in S
+  // (no transform) minus the incumbent's.
+  auto change = [&](int64_t i, std::size_t t) {
+    const double* delta = c.displacement + (g.begin + i) * d;
+    double raw = base_[static_cast<std::size_t>(s.touched[t])];
+    for (int32_t k = 0; k < d; ++k)
+      raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+    return static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[t])];
+  };
   if (site.kind == SiteLayer::Kind::attention && site.sdpa != nullptr) {
     w.deltas.resize(static_cast<std::size_t>(n * moves));
     for (int64_t i = 0; i < n; ++i) {
-      const double* delta = c.displacement + (g.begin + i) * d;
-      for (int64_t t = 0; t < moves; ++t) {
-        const auto ut = static_cast<std::size_t>(t);
-        double raw = base_[static_cast<std::size_t>(s.touched[ut])];
-        for (int32_t k = 0; k < d; ++k)
-          raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
-        w.deltas[static_cast<std::size_t>(i * moves + t)] =
-            static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
-      }
+      for (int64_t t = 0; t < moves; ++t)
+        w.deltas[static_cast<std::size_t>(i * moves + t)] = change(i, static_cast<std::size_t>(t));
       s.stack.middleRows(i * batch, batch) = acts_[l + 1];
     }
     attention_apply_fused(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], n, w,
                           s.stack.data());
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      const double* delta = c.displacement + (g.begin + i) * d;
-      for (int64_t t = 0; t < moves; ++t) {
-        const auto ut = static_cast<std::size_t>(t);
-        double raw = base_[static_cast<std::size_t>(s.touched[ut])];
-        for (int32_t k = 0; k < d; ++k)
-          raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
-        // Host layers see the raw parameter in S (no transform): the change as they see it.
-        w.delta[ut] = static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
-      }
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
       S* out = s.stack.data() + i * batch * layer.out;
       s.stack.middleRows(i * batch, batch) = acts_[l + 1];
       if (site.kind == SiteLayer::Kind::conv)
