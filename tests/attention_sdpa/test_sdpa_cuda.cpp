@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 
@@ -85,6 +86,55 @@ TEST_CASE("sdpa cuda: float64 matches the reference", "[attention_sdpa][cuda]") 
 
 TEST_CASE("sdpa cuda: float32 matches the float64 reference to 1e-5", "[attention_sdpa][cuda]") {
   check_cuda<float>(1e-5);
+}
+
+// Not a test: the timing `polyprobe bench attention` cannot take (the host app does not link
+// the CUDA runtime), run by name on the GPU machine:
+//   build/bin/test_attention_sdpa_cuda "[.bench]"
+// 16 candidates x batch 16, E = 64, 4 heads, float32, L = 6, 64, 128, 1024: the median of 20
+// calls after 5 warm-up calls, by CUDA events; bench/torch_sdpa.py --device cuda is its
+// PyTorch counterpart.
+TEST_CASE("sdpa cuda: timing at the bench attention shapes", "[.bench]") {
+  const pp_sdpa_table& op = cuda_sdpa(PP_DTYPE_F32);
+  const int64_t problems = 256, heads = 4, hd = 16;
+  for (const int64_t len : {int64_t{6}, int64_t{64}, int64_t{128}, int64_t{1024}}) {
+    const auto n = static_cast<std::size_t>(problems * heads * len * hd);
+    std::vector<float> host(n);
+    std::mt19937_64 rng(static_cast<uint64_t>(len));
+    std::normal_distribution<float> gauss;
+    for (float& x : host) x = gauss(rng);
+    DeviceCopy<float> q(host), k(host), v(host), out(host);
+    pp_sdpa_args a{};
+    a.struct_size = sizeof(a);
+    a.dtype = PP_DTYPE_F32;
+    a.weighting = PP_SDPA_SOFTMAX;
+    a.b0 = 16, a.b1 = 16, a.heads = heads;
+    a.q_len = a.kv_len = len, a.head_dim = a.v_dim = hd;
+    a.scale = 0.25;
+    const int64_t st[4] = {16 * heads * len * hd, heads * len * hd, len * hd, hd};
+    for (int i = 0; i < 4; ++i)
+      a.q_strides[i] = a.k_strides[i] = a.v_strides[i] = a.out_strides[i] = st[i];
+    a.q = q.data, a.k = k.data, a.v = v.data, a.out = out.data;
+    pp_error err{};
+    cudaEvent_t start = nullptr, stop = nullptr;
+    REQUIRE(cudaEventCreate(&start) == cudaSuccess);
+    REQUIRE(cudaEventCreate(&stop) == cudaSuccess);
+    std::vector<float> ms;
+    for (int rep = 0; rep < 25; ++rep) {
+      REQUIRE(cudaEventRecord(start) == cudaSuccess);
+      REQUIRE(op.run(&a, &err) == PP_OK);
+      REQUIRE(cudaEventRecord(stop) == cudaSuccess);
+      REQUIRE(cudaEventSynchronize(stop) == cudaSuccess);
+      float t = 0;
+      REQUIRE(cudaEventElapsedTime(&t, start, stop) == cudaSuccess);
+      if (rep >= 5) ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::cout << "sdpa cuda float32 softmax L=" << len << " E=64 heads=4, 256 problems: median "
+              << ms[ms.size() / 2] << " ms (min " << ms.front() << ", max " << ms.back() << ")\n";
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
 }
 
 }  // namespace
