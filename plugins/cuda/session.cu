@@ -80,6 +80,29 @@ enum class PathKind {
   materialised,  // every op recomputed for every candidate from the inputs (the check path)
 };
 
+const char* op_name(int32_t op) {
+  switch (op) {
+    case PP_OP_LINEAR:
+      return "linear";
+    case PP_OP_ACTIVATION:
+      return "activation";
+    case PP_OP_LAYER_NORM:
+      return "layer_norm";
+    case PP_OP_CONV:
+      return "conv";
+    case PP_OP_POOL:
+      return "pool";
+    case PP_OP_SELF_ATTENTION:
+      return "self_attention";
+    case PP_OP_MOE:
+      return "moe";
+    case PP_OP_LIF:
+      return "lif";
+    default:
+      return "?";
+  }
+}
+
 PathKind parse_path(const char* path) {
   const std::string_view p = path == nullptr ? "auto" : path;
   if (p == "layered") return PathKind::layered;
@@ -102,6 +125,8 @@ class DeviceSession final : public Session {
     const char* path = options.path;
     forced_ = path != nullptr && std::string_view(path) != "auto";
     path_ = parse_path(path);
+    // Models with the layer_ops.cuh kinds run on the dense path (or the materialised one).
+    if (plan_.layered_kinds && path_ != PathKind::materialised) path_ = PathKind::dense;
     forced_dense_ = path_ != PathKind::automatic;
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
@@ -109,6 +134,9 @@ class DeviceSession final : public Session {
       if (op.op == PP_OP_LINEAR)
         ops[i] = {op.param_offset, op.out * op.in, op.weight_transform, op.bias_transform,
                   op.quant_step};
+      else if (op.param_count > 0)  // layer_ops.cuh kinds use their raw parameters
+        ops[i] = {op.param_offset, op.param_count, PP_TRANSFORM_IDENTITY, PP_TRANSFORM_IDENTITY,
+                  1.0};
     }
     ops_d_.upload(ops.data(), ops.size(), stream_.get());
     owner_d_.upload(plan_.owner.data(), plan_.owner.size(), stream_.get());
@@ -160,7 +188,7 @@ class DeviceSession final : public Session {
     acts_.resize(plan_.ops.size() + 1);
     acts_[0].upload(converted.data(), converted.size(), stream_.get());
     for (std::size_t i = 0; i < plan_.ops.size(); ++i)
-      acts_[i + 1].resize(sz(rows * plan_.ops[i].out));
+      acts_[i + 1].resize(sz(rows * out_features(plan_.ops[i])));
     // The host vector dies here: the copy must have read it.
     stream_.synchronize();
     prefix_dirty_ = true;
@@ -214,7 +242,10 @@ class DeviceSession final : public Session {
         const int64_t local = t - lin.param_offset;
         raw.push_back(t);
         op.push_back(o);
-        if (local < lin.out * lin.in) {
+        if (lin.op != PP_OP_LINEAR) {  // read by the dense paths only, through raw
+          row.push_back(0);
+          col.push_back(-1);
+        } else if (local < lin.out * lin.in) {
           row.push_back(static_cast<int32_t>(local / lin.in));
           col.push_back(static_cast<int32_t>(local % lin.in));
         } else {
@@ -362,8 +393,7 @@ class DeviceSession final : public Session {
         if (mode >= 0)
           run_fused_chunk(src, end - g, first, mode);
         else if (path_ == PathKind::dense || path_ == PathKind::materialised)
-          run_dense_chunk(src, end - g, path_ == PathKind::materialised ? first_linear() : first,
-                          first, last);
+          run_dense_chunk(src, end - g, path_ == PathKind::materialised ? -1 : first, first, last);
         else
           run_chunk(src, end - g, first, last);
       } catch (const OutOfMemory&) {
@@ -422,9 +452,12 @@ class DeviceSession final : public Session {
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (i > 0) j << ",";
-      j << "{\"layer\":" << i << ",\"op\":\"" << (op.op == PP_OP_LINEAR ? "linear" : "activation")
-        << "\",\"path\":\"";
-      if (op.op == PP_OP_LINEAR && path_ == PathKind::materialised)
+      j << "{\"layer\":" << i << ",\"op\":\"" << op_name(op.op) << "\",\"path\":\"";
+      if (op.op != PP_OP_LINEAR && op.op != PP_OP_ACTIVATION)
+        j << path
+          << ": one kernel over every (candidate, sample), each candidate with its own "
+             "materialised parameters where it changes them";
+      else if (op.op == PP_OP_LINEAR && path_ == PathKind::materialised)
         j << path
           << ": every layer recomputed for every candidate from the inputs, the changed "
              "layers with the candidate's materialised weights (cuBLAS strided batched GEMM)";
@@ -541,13 +574,25 @@ class DeviceSession final : public Session {
                         eff_d_.data(), s);
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
-      if (op.op == PP_OP_LINEAR)
-        linear(i, acts_[i].data(), batch_, acts_[i + 1].data());
-      else
+      if (op.op == PP_OP_LINEAR) {
+        linear(i, acts_[i].data(), batch_ * op.positions, acts_[i + 1].data());
+      } else if (op.op == PP_OP_ACTIVATION) {
         launch_activation<T>(acts_[i].data(), acts_[i + 1].data(), batch_ * op.out, op.fn, op.step,
                              s);
+      } else {
+        scratch_.reserve(sz(batch_ * scratch_per_sample(op.layer)));
+        const LayerIo<T> io{acts_[i].data(),
+                            0,
+                            batch_,
+                            batch_,
+                            eff_d_.data() + op.param_offset,
+                            0,
+                            acts_[i + 1].data(),
+                            scratch_.data()};
+        launch_layer_op<T>(op.layer, io, s);
+      }
     }
-    refresh_fused_inputs();
+    if (!plan_.layered_kinds) refresh_fused_inputs();
     prefix_dirty_ = false;
   }
 
@@ -555,18 +600,23 @@ class DeviceSession final : public Session {
     int64_t bytes = batch_ * (2 * plan_.max_width + 1) * int64_t{sizeof(T)} +
                     elem_max_ * int64_t{sizeof(T) + sizeof(double)} + int64_t{sizeof(double)};
     if (path_ == PathKind::dense || path_ == PathKind::materialised)
-      bytes += (largest_block() + elem_max_) * int64_t{sizeof(T)};
+      bytes += (largest_block() + elem_max_ + batch_ * largest_scratch()) * int64_t{sizeof(T)};
     return bytes;
+  }
+
+  int64_t largest_scratch() const {
+    int64_t widest = 0;
+    for (const OpPlan& op : plan_.ops) widest = std::max(widest, scratch_per_sample(op.layer));
+    return widest;
   }
 
   // The largest parameter block (weights and bias) of one linear op.
   int64_t largest_block() const {
     int64_t widest = 0;
-    for (const OpPlan& op : plan_.ops)
-      if (op.op == PP_OP_LINEAR) widest = std::max(widest, block_of(op));
+    for (const OpPlan& op : plan_.ops) widest = std::max(widest, block_of(op));
     return widest;
   }
-  static int64_t block_of(const OpPlan& op) { return op.out * op.in + (op.bias ? op.out : 0); }
+  static int64_t block_of(const OpPlan& op) { return op.param_count; }
 
   int64_t chunk_capacity() {
     if (chunk_cap_ > 0) return chunk_cap_;
@@ -588,6 +638,7 @@ class DeviceSession final : public Session {
   void release_chunk_buffers() {
     w_cand_.resize(0);
     q_new_.resize(0);
+    scratch_.resize(0);
     buf_a_.resize(0);
     buf_b_.resize(0);
     per_.resize(0);
@@ -650,6 +701,7 @@ class DeviceSession final : public Session {
     dq_.reserve(sz(count * elem_max_));
     q_new_.reserve(sz(count * elem_max_));
     w_cand_.reserve(sz(count * largest_block()));
+    scratch_.reserve(sz(rows * largest_scratch()));
     l2_terms_.reserve(sz(count * elem_max_));
     l2c_.reserve(sz(count));
     const ParticleTable t = table();
@@ -658,40 +710,59 @@ class DeviceSession final : public Session {
     T* cur = buf_a_.data();
     T* other = buf_b_.data();
     const T* x = acts_[sz(start)].data();
-    int64_t x_stride = 0;  // the op's input: shared by every candidate until the first op ran
+    bool shared = true;  // x is the incumbent's, the same for every candidate
+    if (start < 0) {
+      // The materialised path: every candidate from its own copy of the inputs.
+      start = 0;
+      launch_broadcast<T>(acts_[0].data(), batch_, plan_.in_features, count, cur, s);
+      x = cur;
+      shared = false;
+    }
     for (std::size_t i = sz(start); i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (op.op == PP_OP_ACTIVATION) {
-        if (x_stride == 0) continue;  // an activation before any op ran is the incumbent's
+        if (shared) {  // the incumbent's own output
+          x = acts_[i + 1].data();
+          continue;
+        }
         if (op.fn != PP_ACT_IDENTITY)
           launch_activation<T>(cur, cur, rows * op.out, op.fn, op.step, s);
         continue;
       }
-      const auto n_out = static_cast<int>(op.out), n_in = static_cast<int>(op.in);
-      const auto b = static_cast<int>(batch_);
       const bool changed = static_cast<int32_t>(i) >= first && static_cast<int32_t>(i) <= last;
+      const int64_t block = block_of(op);
+      const T* params = eff_d_.data() + op.param_offset;
+      int64_t param_stride = 0;
       if (changed) {
-        const int64_t block = block_of(op);
-        launch_materialise<T>(src, t, count, static_cast<int32_t>(i),
-                              eff_d_.data() + op.param_offset, op.param_offset, block,
-                              q_new_.data(), w_cand_.data(), s);
-        gemm_batched<T>(blas_.get(), n_out, b, n_in, w_cand_.data(), block, x, x_stride * b * n_in,
-                        other, int64_t{b} * n_out, static_cast<int>(count));
-        if (op.bias)
-          launch_batched_bias<T>(other, w_cand_.data(), block, op.out * op.in, batch_, op.out,
-                                 count, s);
-      } else if (x_stride == 0) {
-        // An unchanged op on the shared input: the same product for every candidate.
-        const T* w = eff_d_.data() + op.param_offset;
-        gemm_batched<T>(blas_.get(), n_out, b, n_in, w, 0, x, 0, other, int64_t{b} * n_out,
-                        static_cast<int>(count));
-        if (op.bias) launch_add_bias<T>(other, w + op.out * op.in, rows, op.out, s);
+        launch_materialise<T>(src, t, count, static_cast<int32_t>(i), params, op.param_offset,
+                              block, q_new_.data(), w_cand_.data(), s);
+        params = w_cand_.data();
+        param_stride = block;
+      }
+      if (op.op != PP_OP_LINEAR) {
+        const LayerIo<T> io{x,      shared ? 1 : 0, batch_, rows,
+                            params, param_stride,   other,  scratch_.data()};
+        launch_layer_op<T>(op.layer, io, s);
+      } else if (changed || shared) {
+        // Each candidate's weights (or the incumbent's, on the shared input): one strided
+        // batched GEMM over the candidates, `positions` rows per sample.
+        const int64_t n = batch_ * op.positions;
+        gemm_batched<T>(blas_.get(), static_cast<int>(op.out), static_cast<int>(n),
+                        static_cast<int>(op.in), params, param_stride, x, shared ? 0 : n * op.in,
+                        other, n * op.out, static_cast<int>(count));
+        if (op.bias && changed)
+          launch_batched_bias<T>(other, w_cand_.data(), block, op.out * op.in, n, op.out, count, s);
+        else if (op.bias)
+          launch_add_bias<T>(other, params + op.out * op.in, rows * op.positions, op.out, s);
       } else {
-        linear(i, cur, rows, other);
+        linear(i, cur, rows * op.positions, other);
       }
       std::swap(cur, other);
       x = cur;
-      x_stride = 1;
+      shared = false;
+    }
+    if (shared) {  // no op ran: every candidate is the incumbent
+      launch_broadcast<T>(x, batch_, plan_.out_features, count, cur, s);
     }
     launch_sample_losses<T>(cur, rows, plan_.out_features, batch_, static_cast<int32_t>(plan_.loss),
                             labels_d_.data(), targets_d_.data(), per_.data(), s);
@@ -736,6 +807,7 @@ class DeviceSession final : public Session {
 
   void plan_tails() {
     tails_.assign(plan_.ops.size(), TailPlan{});
+    if (plan_.layered_kinds) return;  // the dense path serves these models
     const bool outputs_fit = plan_.out_features <= kFusedMaxOutputs;
     const bool zero_one = plan_.loss == kernels::LossKind::zero_one;
     for (std::size_t l = 0; l < plan_.ops.size() && outputs_fit; ++l) {
@@ -981,6 +1053,7 @@ class DeviceSession final : public Session {
   std::vector<double> staging_;
   DeviceBuffer<T> buf_a_, buf_b_, per_, dq_;
   DeviceBuffer<T> q_new_, w_cand_;  // the dense paths: new values, materialised op blocks
+  DeviceBuffer<T> scratch_;         // layer_ops.cuh scratch (attention rows)
   PathKind path_ = PathKind::automatic;
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;

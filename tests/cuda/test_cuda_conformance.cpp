@@ -206,18 +206,127 @@ TEST_CASE("cuda: the plugin loads and declines cleanly without a device", "[cuda
 TEST_CASE("cuda: unsupported layers are declined with the layer named", "[cuda]") {
   require_device();
   const LayerFactory& f = backends().factory;
-  Model model(Shape{{2, 6}});
-  model.add(f.create("layer_norm", {}, model.output_shape()));
+  Model model(Shape{{8, 4}});
+  model.add(f.create("cheri_block", {}, model.output_shape()));
   model.add(f.create("flatten", {}, model.output_shape()));
   model.add(f.create("linear", {{"out_features", 3}}, model.output_shape()));
   model.initialize(1);
   auto loss = make_loss("cross_entropy");
   try {
     backends().registry.make_evaluator(model, *loss, cuda_request(DType::f64));
-    FAIL("the cuda backend accepted a layer_norm");
+    FAIL("the cuda backend accepted a cheri_block");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("layer 0 (layer_norm)") != std::string::npos);
+    CHECK(std::string(e.what()).find("layer 0 (cheri_block)") != std::string::npos);
   }
+}
+
+namespace {
+
+// Models with every layer kind the dense path runs besides linear and activations.
+std::vector<Case> layer_kind_cases(std::mt19937_64& rng) {
+  const LayerFactory& f = backends().factory;
+  using nlohmann::json;
+  struct Spec {
+    std::vector<int64_t> input;
+    std::vector<std::pair<std::string, json>> layers;
+    std::string description;
+  };
+  const std::vector<Spec> specs = {
+      {{1, 6, 6},
+       {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}},
+        {"relu", json::object()},
+        {"max_pool2d", {{"kernel_size", 2}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 4}}}},
+       "conv2d relu max_pool2d"},
+      {{4, 10},
+       {{"conv1d",
+         {{"out_channels", 6},
+          {"kernel_size", 3},
+          {"groups", 2},
+          {"dilation", 2},
+          {"stride", 2},
+          {"padding", 1}}},
+        {"tanh", json::object()},
+        {"avg_pool1d", {{"kernel_size", 2}, {"padding", 1}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "conv1d groups dilation stride, avg_pool1d padded"},
+      {{3, 5, 5},
+       {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"groups", 3}, {"bias", false}}},
+        {"avg_pool2d", {{"kernel_size", 2}, {"stride", 1}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "depthwise conv2d, avg_pool2d"},
+      {{3, 4},
+       {{"layer_norm", {{"normalized_dims", 2}}},
+        {"linear", {{"out_features", 5}}},
+        {"gelu", json::object()},
+        {"layer_norm", {{"elementwise_affine", false}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "layer_norm, per-position linear"},
+      {{5},
+       {{"linear", {{"out_features", 6}}},
+        {"lif", {{"steps", 6}, {"beta", 0.8}}},
+        {"linear", {{"out_features", 3}}}},
+       "lif"},
+      {{3, 4},
+       {{"moe", {{"num_experts", 3}, {"out_features", 5}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "moe"},
+      {{4, 6},
+       {{"self_attention", {{"num_heads", 2}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "self_attention softmax"},
+      {{4, 6},
+       {{"linear", {{"out_features", 6}}},
+        {"self_attention", {{"num_heads", 3}, {"attention", "argmax"}}},
+        {"layer_norm", json::object()},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "per-position linear, self_attention argmax, layer_norm"},
+  };
+  std::vector<Case> cases;
+  for (const Spec& spec : specs) {
+    cases.push_back(Case{Model(Shape{spec.input}), nullptr, {}, spec.description});
+    Case& c = cases.back();
+    c.loss = make_loss("cross_entropy");
+    for (const auto& [kind, attrs] : spec.layers)
+      c.model.add(f.create(kind, attrs, c.model.output_shape()));
+    c.model.initialize(static_cast<uint64_t>(rng() % 1000));
+    const int64_t features = c.model.input_shape().numel(), rows = 5;
+    c.batch.inputs = Matrix<double>::Random(rows, features);
+    for (int64_t r = 0; r < rows; ++r)
+      c.batch.targets.labels.push_back(
+          static_cast<int64_t>(rng() % static_cast<uint64_t>(c.model.output_shape().numel())));
+  }
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: every layer kind of the dense path agrees with the reference", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(77);
+  for (const Case& c : layer_kind_cases(rng))
+    for (const std::string path : {"auto", "materialised"})
+      for (const DType dtype : {DType::f64, DType::f32})
+        for (const double spread : {1e-3, 0.3}) {
+          const int64_t n = c.model.num_parameters();
+          const int32_t d = std::uniform_int_distribution<int32_t>(1, 4)(rng);
+          const Candidates cands = random_candidates(rng, n, d, 2, spread);
+          INFO(c.description << " path " << path << " " << to_string(dtype) << " spread " << spread
+                             << " d " << d);
+          auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+          auto cuda = backends().registry.make_evaluator(c.model, *c.loss,
+                                                         cuda_request(dtype, nullptr, 0, path));
+          const auto want = run(*reference, c, cands);
+          const auto got = run(*cuda, c, cands);
+          CHECK(max_relative_error(got, want) <= (dtype == DType::f64 ? 1e-12 : 1e-5));
+        }
 }
 
 TEST_CASE("cuda: full space float64 to 1e-12 with discontinuous models", "[cuda]") {

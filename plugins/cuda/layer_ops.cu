@@ -1,0 +1,290 @@
+// Device forwards of the layer kinds beyond linear and activations (layer_ops.cuh). One
+// thread owns each value it writes and sums in a fixed order, as the session's other
+// kernels; float64 sums for the statistics, as the core's layer norm.
+#include "device.hpp"
+#include "layer_ops.cuh"
+
+#include <stdexcept>
+
+namespace polyprobe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
+}
+__device__ int64_t thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+
+template <class S>
+__device__ const S* sample_x(const LayerIo<S>& io, int64_t r, int64_t in) {
+  return io.x + (io.x_shared ? r % io.batch : r) * in;
+}
+template <class S>
+__device__ const S* block_of(const LayerIo<S>& io, int64_t r) {
+  return io.params + (r / io.batch) * io.param_stride;
+}
+
+// core/layers/ops.hpp layer_norm_groups: a thread per (sample, group).
+template <class S>
+__global__ void layer_norm_kernel(LayerOp op, LayerIo<S> io) {
+  const int64_t n = op.norm.group_size, groups = op.in / n;
+  for (int64_t t = thread_index(); t < io.rows * groups; t += thread_stride()) {
+    const int64_t r = t / groups, g = t % groups;
+    const S* x = sample_x(io, r, op.in) + g * n;
+    S* y = io.y + r * op.out + g * n;
+    const S* p = block_of(io, r);
+    const S* gain = op.norm.affine ? p : nullptr;
+    const S* shift = op.norm.bias ? p + n : nullptr;
+    double mean = 0.0;
+    for (int64_t i = 0; i < n; ++i) mean += static_cast<double>(x[i]);
+    mean /= static_cast<double>(n);
+    double var = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = static_cast<double>(x[i]) - mean;
+      var += d * d;
+    }
+    var /= static_cast<double>(n);
+    const double inv = 1.0 / sqrt(var + op.norm.eps);
+    for (int64_t i = 0; i < n; ++i) {
+      S v = static_cast<S>((static_cast<double>(x[i]) - mean) * inv);
+      if (gain != nullptr) v *= gain[i];
+      if (shift != nullptr) v += shift[i];
+      y[i] = v;
+    }
+  }
+}
+
+// nn.Conv1d/2d (a 1-D conv is 2-D of height 1): a thread per output value.
+template <class S>
+__global__ void conv_kernel(LayerOp op, LayerIo<S> io) {
+  const pp_conv_attrs& a = op.conv;
+  const int64_t oh = a.out_size[0], ow = a.out_size[1], ih = a.in_size[0], iw = a.in_size[1];
+  const int64_t per_group_in = a.in_channels / a.groups, per_group_out = a.out_channels / a.groups;
+  const int64_t kh = a.kernel[0], kw = a.kernel[1];
+  for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
+    const int64_t r = t / op.out, o = t % op.out;
+    const int64_t oc = o / (oh * ow), oi = (o / ow) % oh, oj = o % ow;
+    const S* x = sample_x(io, r, op.in);
+    const S* w = block_of(io, r) + oc * per_group_in * kh * kw;
+    const int64_t first_in = (oc / per_group_out) * per_group_in;
+    S acc = 0;
+    for (int64_t c = 0; c < per_group_in; ++c)
+      for (int64_t ki = 0; ki < kh; ++ki) {
+        const int64_t i = oi * a.stride[0] - a.padding[0] + ki * a.dilation[0];
+        if (i < 0 || i >= ih) continue;
+        for (int64_t kj = 0; kj < kw; ++kj) {
+          const int64_t j = oj * a.stride[1] - a.padding[1] + kj * a.dilation[1];
+          if (j < 0 || j >= iw) continue;
+          acc += w[(c * kh + ki) * kw + kj] * x[((first_in + c) * ih + i) * iw + j];
+        }
+      }
+    if (a.bias) acc += block_of(io, r)[a.out_channels * per_group_in * kh * kw + oc];
+    io.y[t] = acc;
+  }
+}
+
+// nn.MaxPool / nn.AvgPool (count_include_pad; NaN propagates through max, as in PyTorch).
+template <class S>
+__global__ void pool_kernel(LayerOp op, LayerIo<S> io) {
+  const pp_pool_attrs& a = op.pool;
+  const int64_t oh = a.out_size[0], ow = a.out_size[1], ih = a.in_size[0], iw = a.in_size[1];
+  const S window = static_cast<S>(a.kernel[0] * a.kernel[1]);
+  for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
+    const int64_t r = t / op.out, o = t % op.out;
+    const int64_t c = o / (oh * ow), oi = (o / ow) % oh, oj = o % ow;
+    const S* x = sample_x(io, r, op.in);
+    S acc = a.average ? S(0) : -static_cast<S>(INFINITY);
+    for (int64_t ki = 0; ki < a.kernel[0]; ++ki) {
+      const int64_t i = oi * a.stride[0] + ki - a.padding[0];
+      if (i < 0 || i >= ih) continue;
+      for (int64_t kj = 0; kj < a.kernel[1]; ++kj) {
+        const int64_t j = oj * a.stride[1] + kj - a.padding[1];
+        if (j < 0 || j >= iw) continue;
+        const S v = x[(c * ih + i) * iw + j];
+        if (a.average)
+          acc += v;
+        else if (v > acc || isnan(v))
+          acc = v;
+      }
+    }
+    io.y[t] = a.average ? acc / window : acc;
+  }
+}
+
+// LIF: the firing rate of a neuron driven by each value as a constant current.
+template <class S>
+__global__ void lif_kernel(LayerOp op, LayerIo<S> io) {
+  const S beta = static_cast<S>(op.lif.beta), threshold = static_cast<S>(op.lif.threshold);
+  for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
+    const int64_t r = t / op.out, i = t % op.out;
+    const S current = sample_x(io, r, op.in)[i];
+    S v = 0;
+    int64_t spikes = 0;
+    for (int64_t s = 0; s < op.lif.steps; ++s) {
+      v = beta * v + current;
+      if (v >= threshold) {
+        ++spikes;
+        v = op.lif.reset_to_zero ? S(0) : v - threshold;
+      }
+    }
+    io.y[t] = static_cast<S>(spikes) / static_cast<S>(op.lif.steps);
+  }
+}
+
+// Hard top-1 MoE: a thread per (sample, position) routes (the first maximum, as
+// torch.argmax) and runs the chosen expert.
+template <class S>
+__global__ void moe_kernel(LayerOp op, LayerIo<S> io) {
+  const int64_t d = op.moe.in_features, o = op.moe.out_features, e = op.moe.experts;
+  const int64_t positions = op.in / d;
+  for (int64_t t = thread_index(); t < io.rows * positions; t += thread_stride()) {
+    const int64_t r = t / positions, pos = t % positions;
+    const S* x = sample_x(io, r, op.in) + pos * d;
+    const S* p = block_of(io, r);
+    int64_t best = 0;
+    S best_score = 0;
+    for (int64_t k = 0; k < e; ++k) {
+      S score = 0;
+      for (int64_t i = 0; i < d; ++i) score += p[k * d + i] * x[i];
+      score += p[e * d + k];
+      if (k == 0 || score > best_score) best = k, best_score = score;
+    }
+    const S* expert = p + e * (d + 1) + best * o * (d + 1);
+    S* y = io.y + r * op.out + pos * o;
+    for (int64_t j = 0; j < o; ++j) {
+      S acc = 0;
+      for (int64_t i = 0; i < d; ++i) acc += expert[j * d + i] * x[i];
+      y[j] = acc + expert[o * d + j];
+    }
+  }
+}
+
+// Self-attention, 1: q, k, v of every position (in_proj), a thread per value.
+template <class S>
+__global__ void attention_project_kernel(LayerOp op, LayerIo<S> io) {
+  const int64_t L = op.attention.length, E = op.attention.embed;
+  const int64_t per = L * 3 * E;
+  for (int64_t t = thread_index(); t < io.rows * per; t += thread_stride()) {
+    const int64_t r = t / per, l = (t / (3 * E)) % L, f = t % (3 * E);
+    const S* x = sample_x(io, r, op.in) + l * E;
+    const S* w = block_of(io, r) + f * E;
+    S acc = 0;
+    for (int64_t i = 0; i < E; ++i) acc += w[i] * x[i];
+    if (op.attention.bias) acc += block_of(io, r)[3 * E * E + f];
+    io.scratch[r * (per + L * E) + l * 3 * E + f] = acc;
+  }
+}
+
+// 2: a thread per (sample, head, query): scores, softmax or the one-hot of the first largest
+// (the core's weigh_rows), the weighted values.
+template <class S>
+__global__ void attention_mix_kernel(LayerOp op, LayerIo<S> io) {
+  const int64_t L = op.attention.length, E = op.attention.embed, H = op.attention.heads;
+  const int64_t hd = E / H, per = L * 3 * E;
+  const S scale = S(1) / sqrt(static_cast<S>(hd));
+  for (int64_t t = thread_index(); t < io.rows * H * L; t += thread_stride()) {
+    const int64_t r = t / (H * L), h = (t / L) % H, i = t % L;
+    const S* qkv = io.scratch + r * (per + L * E);
+    S* mixed = io.scratch + r * (per + L * E) + per + i * E + h * hd;
+    const S* q = qkv + i * 3 * E + h * hd;
+    // Pass 1: the row's largest score (first one wins).
+    int64_t best = 0;
+    S top = 0;
+    for (int64_t j = 0; j < L; ++j) {
+      const S* k = qkv + j * 3 * E + E + h * hd;
+      S s = 0;
+      for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
+      if (j == 0 || s > top) best = j, top = s;
+    }
+    for (int64_t c = 0; c < hd; ++c) mixed[c] = 0;
+    if (op.attention.argmax) {
+      const S* v = qkv + best * 3 * E + 2 * E + h * hd;
+      for (int64_t c = 0; c < hd; ++c) mixed[c] = v[c];
+      continue;
+    }
+    S total = 0;
+    for (int64_t j = 0; j < L; ++j) {
+      const S* k = qkv + j * 3 * E + E + h * hd;
+      S s = 0;
+      for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
+      total += exp(s - top);
+    }
+    for (int64_t j = 0; j < L; ++j) {
+      const S* k = qkv + j * 3 * E + E + h * hd;
+      S s = 0;
+      for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
+      const S weight = exp(s - top) / total;
+      const S* v = qkv + j * 3 * E + 2 * E + h * hd;
+      for (int64_t c = 0; c < hd; ++c) mixed[c] += weight * v[c];
+    }
+  }
+}
+
+// 3: the output projection, a thread per value.
+template <class S>
+__global__ void attention_out_kernel(LayerOp op, LayerIo<S> io) {
+  const int64_t L = op.attention.length, E = op.attention.embed, per = L * 3 * E;
+  const int64_t out_w = 3 * E * E + (op.attention.bias ? 3 * E : 0);
+  for (int64_t t = thread_index(); t < io.rows * L * E; t += thread_stride()) {
+    const int64_t r = t / (L * E), l = (t / E) % L, f = t % E;
+    const S* mixed = io.scratch + r * (per + L * E) + per + l * E;
+    const S* p = block_of(io, r);
+    S acc = 0;
+    for (int64_t i = 0; i < E; ++i) acc += p[out_w + f * E + i] * mixed[i];
+    if (op.attention.bias) acc += p[out_w + E * E + f];
+    io.y[t] = acc;
+  }
+}
+
+}  // namespace
+
+int64_t scratch_per_sample(const LayerOp& op) {
+  if (op.kind == PP_OP_SELF_ATTENTION)
+    return op.attention.length * 4 * op.attention.embed;  // q, k, v, then the mixed rows
+  return 0;
+}
+
+template <class S>
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream) {
+  switch (op.kind) {
+    case PP_OP_LAYER_NORM:
+      layer_norm_kernel<S>
+          <<<grid(io.rows * (op.in / op.norm.group_size)), kThreads, 0, stream>>>(op, io);
+      break;
+    case PP_OP_CONV:
+      conv_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      break;
+    case PP_OP_POOL:
+      pool_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      break;
+    case PP_OP_LIF:
+      lif_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      break;
+    case PP_OP_MOE:
+      moe_kernel<S><<<grid(io.rows * (op.in / op.moe.in_features)), kThreads, 0, stream>>>(op, io);
+      break;
+    case PP_OP_SELF_ATTENTION: {
+      const int64_t L = op.attention.length, E = op.attention.embed;
+      attention_project_kernel<S><<<grid(io.rows * L * 3 * E), kThreads, 0, stream>>>(op, io);
+      check(cudaGetLastError(), "attention projection kernel");
+      attention_mix_kernel<S>
+          <<<grid(io.rows * op.attention.heads * L), kThreads, 0, stream>>>(op, io);
+      check(cudaGetLastError(), "attention kernel");
+      attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
+      break;
+    }
+    default:
+      throw std::logic_error("launch_layer_op: not a device layer kind");
+  }
+  check(cudaGetLastError(), "layer kernel");
+}
+
+template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cudaStream_t);
+template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cudaStream_t);
+
+}  // namespace polyprobe::cuda

@@ -1,0 +1,49 @@
+// The layer kinds beyond linear and elementwise activations on the device: layer norm,
+// conv (1-D and 2-D, stride, padding, dilation, groups), max/avg pooling, LIF, hard top-1
+// MoE and multi-head self-attention (softmax or argmax), each as the core's forward
+// (core/layers/) computes it. They serve the session's dense and materialised paths: one
+// launch runs a chunk of candidates, each with its own parameter block, or the incumbent.
+#pragma once
+
+#include <polyprobe/plugin/ops.h>
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace polyprobe::cuda {
+
+// One such op with its attributes (the member of its kind is the one read).
+struct LayerOp {
+  int32_t kind = PP_OP_CUSTOM;
+  int64_t in = 0, out = 0;  // features per sample
+  pp_layer_norm_attrs norm{};
+  pp_conv_attrs conv{};
+  pp_pool_attrs pool{};
+  pp_attention_attrs attention{};
+  pp_moe_attrs moe{};
+  pp_lif_attrs lif{};
+};
+
+// A chunk: sample r of `rows` (count x batch, candidate-major) reads
+// x + (x_shared ? r % batch : r) * in and writes y + r * out, with the parameter block
+// params + (r / batch) * param_stride (0: one block for every sample). `scratch` holds
+// scratch_per_sample(op) values per sample.
+template <class S>
+struct LayerIo {
+  const S* x;
+  int32_t x_shared;
+  int64_t batch, rows;
+  const S* params;
+  int64_t param_stride;
+  S* y;
+  S* scratch;
+};
+
+// Scratch values per sample (attention: its q, k, v and mixed rows).
+int64_t scratch_per_sample(const LayerOp& op);
+
+template <class S>
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream);
+
+}  // namespace polyprobe::cuda
