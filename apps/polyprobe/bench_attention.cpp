@@ -60,8 +60,8 @@ std::vector<BenchRecord> run_attention(Context& ctx) {
   if (ctx.vm["attention-device"].as<std::string>() != "cpu")
     throw UsageError(
         "bench attention: --attention-device cuda is not measured by this suite yet (the host "
-        "app does not link the CUDA runtime); the cuda sdpa is tested by "
-        "test_attention_sdpa_cuda");
+        "app does not link the CUDA runtime); on a GPU machine, time the cuda sdpa with "
+        "`test_attention_sdpa_cuda \"[.bench]\"` and bench/torch_sdpa.py --device cuda");
   const OperationTable::Entry* op =
       ctx.registry.operations().find(PP_OPERATION_SDPA, PP_DEVICE_CPU, PP_DTYPE_F32);
   const int64_t candidates = 16, batch = 16, problems = candidates * batch;
