@@ -24,10 +24,9 @@ BenchSuite cheri_suite();          // bench_cheri.cpp
 BenchSuite scale_suite();          // bench_scale.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {step_suite(),          forward_suite(),
-                                                 accumulate_suite(),    dfo_bench_suite(),
-                                                 asktell_bench_suite(), cheri_suite(),
-                                                 scale_suite()};
+  static const std::vector<BenchSuite> suites = {
+      step_suite(),          forward_suite(), accumulate_suite(), dfo_bench_suite(),
+      asktell_bench_suite(), cheri_suite(),   scale_suite()};
   return suites;
 }
 
