@@ -22,11 +22,12 @@ BenchSuite dfo_bench_suite();      // bench_dfo.cpp
 BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 BenchSuite cheri_suite();          // bench_cheri.cpp
 BenchSuite scale_suite();          // bench_scale.cpp
+BenchSuite attention_suite();      // bench_attention.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
   static const std::vector<BenchSuite> suites = {
       step_suite(),          forward_suite(), accumulate_suite(), dfo_bench_suite(),
-      asktell_bench_suite(), cheri_suite(),   scale_suite()};
+      asktell_bench_suite(), cheri_suite(),   scale_suite(),      attention_suite()};
   return suites;
 }
 

@@ -7,6 +7,7 @@
 
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/loss.hpp>
+#include <polyprobe/operations.hpp>
 #if __has_include(<polyprobe/model_file.hpp>)
 #include <polyprobe/model_file.hpp>
 #define POLYPROBE_HAVE_MODEL_FILES 1
@@ -77,8 +78,22 @@ int run(Context& ctx) {
   std::vector<double> losses(static_cast<std::size_t>(w.candidates()));
   evaluator->evaluate(w.model->parameters(), w.set(), losses);
   const nlohmann::json explain = evaluator->explain();
+  // Which attention the host's own forward of each self_attention layer runs (the incumbent,
+  // the reference evaluator and every path that calls the layer).
+  nlohmann::json host_attention = nlohmann::json::array();
+  const int32_t dtype = request.options.dtype == DType::f32 ? PP_DTYPE_F32 : PP_DTYPE_F64;
+  for (std::size_t l = 0; l < w.model->num_layers(); ++l)
+    if (w.model->layer(l).kind() == "self_attention")
+      host_attention.push_back(
+          {{"layer", l},
+           {"attention",
+            describe_choice(ctx.layers.operations()->find(PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype),
+                            PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype)}});
   if (ctx.json) {
-    *ctx.out << nlohmann::json{{"selection", selection.to_json()}, {"evaluator", explain}}.dump(1)
+    *ctx.out << nlohmann::json{{"selection", selection.to_json()},
+                               {"evaluator", explain},
+                               {"host_attention", host_attention}}
+                    .dump(1)
              << "\n";
     return 0;
   }
@@ -90,6 +105,9 @@ int run(Context& ctx) {
       << "\n";
   out << "evaluator: " << selection.chosen << "\n";
   for (const std::string& reason : selection.reasons) out << "  " << reason << "\n";
+  for (const auto& a : host_attention)
+    out << "host forward of layer " << a["layer"] << " (self_attention): attention "
+        << a["attention"].get<std::string>() << "\n";
   if (!explain.contains("plugin")) {
     out << explain.dump(1) << "\n";
     return 0;

@@ -5,8 +5,15 @@
 // out_proj.weight [E, E], out_proj.bias [E]. attention = "softmax" is PyTorch's layer;
 // attention = "argmax" replaces each row of attention weights by the one-hot of its largest
 // score (the first one on ties, as torch.argmax): hard attention, not differentiable.
+//
+// The attention itself (softmax(scale Q K^T) V per head) runs as the "sdpa" operation when a
+// plugin offers one for the CPU and the dtype (attention_sdpa: fused, no L x L scores), else
+// explicitly here; both compute the same function, to rounding.
 #include "layers/builtin.hpp"
 #include "layers/ops.hpp"
+
+#include <polyprobe/operations.hpp>
+#include <polyprobe/plugin/plugin.hpp>
 
 namespace polyprobe {
 namespace {
@@ -15,7 +22,9 @@ enum class Weighting { softmax, argmax };
 
 class SelfAttention final : public LayerBase<SelfAttention> {
  public:
-  SelfAttention(const nlohmann::json& attrs, const Shape& input) : input_(input) {
+  SelfAttention(const nlohmann::json& attrs, const Shape& input,
+                std::shared_ptr<const OperationTable> operations)
+      : input_(input), operations_(std::move(operations)) {
     check_attribute_names(attrs, "self_attention", {"num_heads", "attention", "bias"});
     if (input.dims.size() != 2)
       throw Error("layer 'self_attention' needs a per-sample input of shape [L, E], got " +
@@ -70,6 +79,9 @@ class SelfAttention final : public LayerBase<SelfAttention> {
 
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {
+    const OperationTable::Entry* sdpa =
+        operations_->find(PP_OPERATION_SDPA, PP_DEVICE_CPU, pp::dtype_of<S>());
+    if (sdpa != nullptr && forward_fused<S>(*sdpa->op, x, params, y)) return;
     const int64_t head_dim = embed_ / heads_;
     const S scale = S(1) / std::sqrt(static_cast<S>(head_dim));
     Eigen::Map<const Matrix<S>> in_weight(params.data(), 3 * embed_, embed_);
@@ -102,6 +114,50 @@ class SelfAttention final : public LayerBase<SelfAttention> {
  private:
   int64_t out_weight_offset() const { return 3 * embed_ * embed_ + (bias_ ? 3 * embed_ : 0); }
 
+  // The forward with the attention as one call of the operation over the whole batch
+  // (b0 = 1, b1 = samples): q|k|v of every sample, then the op, then the output projection.
+  // False (and nothing written) when the op declines these arguments.
+  template <class S>
+  bool forward_fused(const pp_operation& op, ConstMatrixRef<S> x, std::span<const S> params,
+                     MatrixRef<S> y) const {
+    const int64_t batch = x.rows(), len = length_, e = embed_, hd = embed_ / heads_;
+    Eigen::Map<const Matrix<S>> in_weight(params.data(), 3 * e, e);
+    Eigen::Map<const Matrix<S>> out_weight(params.data() + out_weight_offset(), e, e);
+    Matrix<S> qkv(batch * len, 3 * e), mixed(batch * len, e);
+    for (Eigen::Index b = 0; b < batch; ++b) {
+      Eigen::Map<const Matrix<S>> tokens(layers::sample_in(x, b), len, e);
+      qkv.middleRows(b * len, len).noalias() = tokens * in_weight.transpose();
+    }
+    if (bias_)
+      qkv.rowwise() += Eigen::Map<const Vector<S>>(params.data() + 3 * e * e, 3 * e).transpose();
+    pp_sdpa_args a{};
+    a.struct_size = sizeof(a);
+    a.dtype = pp::dtype_of<S>();
+    a.weighting = weighting_ == Weighting::argmax ? PP_SDPA_ARGMAX : PP_SDPA_SOFTMAX;
+    a.b0 = 1, a.b1 = batch, a.heads = heads_;
+    a.q_len = a.kv_len = len, a.head_dim = a.v_dim = hd;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    const int64_t in_strides[4] = {0, len * 3 * e, hd, 3 * e}, out_strides[4] = {0, len * e, hd, e};
+    a.q = qkv.data(), a.k = qkv.data() + e, a.v = qkv.data() + 2 * e, a.out = mixed.data();
+    std::copy(in_strides, in_strides + 4, a.q_strides);
+    std::copy(in_strides, in_strides + 4, a.k_strides);
+    std::copy(in_strides, in_strides + 4, a.v_strides);
+    std::copy(out_strides, out_strides + 4, a.out_strides);
+    pp_error err{};
+    const int status = static_cast<const pp_sdpa_table*>(op.table)->run(&a, &err);
+    if (status == PP_UNSUPPORTED) return false;
+    if (status != PP_OK)
+      throw Error("layer 'self_attention': the sdpa operation failed: " + std::string(err.message));
+    for (Eigen::Index b = 0; b < batch; ++b) {
+      Eigen::Map<Matrix<S>> out(layers::sample_out(y, b), len, e);
+      out.noalias() = mixed.middleRows(b * len, len) * out_weight.transpose();
+      if (bias_)
+        out.rowwise() +=
+            Eigen::Map<const Vector<S>>(params.data() + out_weight_offset() + e * e, e).transpose();
+    }
+    return true;
+  }
+
   // Turns each row of scores into attention weights: softmax, or the one-hot of its argmax.
   template <class S>
   void weigh_rows(Matrix<S>& scores) const {
@@ -125,18 +181,20 @@ class SelfAttention final : public LayerBase<SelfAttention> {
   int64_t length_ = 0, embed_ = 0, heads_ = 1;
   bool bias_ = true;
   Weighting weighting_ = Weighting::softmax;
+  std::shared_ptr<const OperationTable> operations_;  // never null; may be empty
 };
 
 }  // namespace
 
 void register_attention(LayerFactory& factory) {
-  factory.add("self_attention",
-              {[](const nlohmann::json& attrs, const Shape& input) {
-                 return std::make_shared<const SelfAttention>(attrs, input);
-               },
-               "multi-head self-attention on [L, E] (nn.MultiheadAttention); attributes "
-               "num_heads, attention (softmax, or argmax: hard, not differentiable), bias",
-               "core"});
+  factory.add(
+      "self_attention",
+      {[operations = factory.operations()](const nlohmann::json& attrs, const Shape& input) {
+         return std::make_shared<const SelfAttention>(attrs, input, operations);
+       },
+       "multi-head self-attention on [L, E] (nn.MultiheadAttention); attributes "
+       "num_heads, attention (softmax, or argmax: hard, not differentiable), bias",
+       "core"});
 }
 
 }  // namespace polyprobe

@@ -1,11 +1,14 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/operations.hpp>
 
 #include "layers/builtin.hpp"
 
 #include <nlohmann/json.hpp>
 
 namespace polyprobe {
+
+LayerFactory::LayerFactory() : operations_(std::make_shared<OperationTable>()) {}
 
 LayerFactory LayerFactory::with_builtins() {
   LayerFactory factory;

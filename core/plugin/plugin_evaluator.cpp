@@ -10,8 +10,9 @@ class PluginEvaluator final : public Evaluator {
  public:
   PluginEvaluator(const pp_plugin* plugin, const Model& model, const Loss& loss,
                   const EvaluatorOptions& options, int32_t device, const Subspace* subspace,
-                  std::string path)
+                  std::string path, std::shared_ptr<const OperationTable> operations)
       : Evaluator(subspace),
+        operations_(std::move(operations)),
         plugin_(plugin),
         model_(model),
         loss_(loss),
@@ -25,7 +26,8 @@ class PluginEvaluator final : public Evaluator {
     if (plugin_->session_create == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + " provides no evaluator session");
     const pp_session_options opts = to_pp_options(options, device, subspace_view_.get(),
-                                                  path_.empty() ? nullptr : path_.c_str());
+                                                  path_.empty() ? nullptr : path_.c_str(),
+                                                  operations_ ? operations_->host_api() : nullptr);
     pp_error err{};
     if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_, &err) !=
             PP_OK ||
@@ -180,6 +182,8 @@ class PluginEvaluator final : public Evaluator {
                   error_text(err_));
   }
 
+  // Keeps the operations the session was handed (opts.host) alive as long as the session.
+  std::shared_ptr<const OperationTable> operations_;
   const pp_plugin* plugin_;
   const Model& model_;
   const Loss& loss_;
@@ -196,7 +200,8 @@ class PluginEvaluator final : public Evaluator {
 }  // namespace
 
 pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
-                                 const pp_subspace_view* subspace, const char* path) {
+                                 const pp_subspace_view* subspace, const char* path,
+                                 const pp_host_api* host) {
   pp_session_options o{};
   o.struct_size = sizeof(o);
   o.dtype = to_pp_dtype(options.dtype);
@@ -205,14 +210,17 @@ pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device
   o.chunk_size = options.chunk_size;
   o.subspace = subspace;
   o.path = path;
+  o.host = host;
   return o;
 }
 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
                                                  int32_t device, const Subspace* subspace,
-                                                 const std::string& path) {
-  return std::make_unique<PluginEvaluator>(plugin, model, loss, options, device, subspace, path);
+                                                 const std::string& path,
+                                                 std::shared_ptr<const OperationTable> operations) {
+  return std::make_unique<PluginEvaluator>(plugin, model, loss, options, device, subspace, path,
+                                           std::move(operations));
 }
 
 }  // namespace polyprobe::detail

@@ -8,6 +8,7 @@
 #include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/operations.hpp>
 #include <polyprobe/subspace.hpp>
 
 #include <deque>
@@ -94,10 +95,10 @@ std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const 
                                                const nlohmann::json& attrs, const Shape& input);
 
 // An Evaluator whose session lives in a plugin, on `device` (a pp_device_kind).
-std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
-                                                 const Loss& loss, const EvaluatorOptions& options,
-                                                 int32_t device, const Subspace* subspace = nullptr,
-                                                 const std::string& path = {});
+std::unique_ptr<Evaluator> make_plugin_evaluator(
+    const pp_plugin* plugin, const Model& model, const Loss& loss, const EvaluatorOptions& options,
+    int32_t device, const Subspace* subspace = nullptr, const std::string& path = {},
+    std::shared_ptr<const OperationTable> operations = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
 std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
@@ -118,6 +119,6 @@ std::unique_ptr<RadiusModel> make_plugin_radius_model(const pp_radius_model_kind
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
                                  const pp_subspace_view* subspace = nullptr,
-                                 const char* path = nullptr);
+                                 const char* path = nullptr, const pp_host_api* host = nullptr);
 
 }  // namespace polyprobe::detail

@@ -59,6 +59,8 @@ std::string component_label(int32_t component) {
       return "subspace";
     case PP_COMPONENT_RADIUS_MODEL:
       return "radius_model";
+    case PP_COMPONENT_OPERATION:
+      return "operation";
     default:
       return "component#" + std::to_string(component);
   }
@@ -170,7 +172,7 @@ std::string load_failure(const std::string& what, const fs::path& path) {
 
 }  // namespace
 
-PluginRegistry::PluginRegistry() = default;
+PluginRegistry::PluginRegistry() : operations_(std::make_shared<OperationTable>()) {}
 PluginRegistry::~PluginRegistry() = default;
 
 fs::path PluginRegistry::executable_plugin_dir() {
@@ -375,10 +377,21 @@ void PluginRegistry::load_library(const fs::path& requested) {
     }
   }
   info.available = true;
-  record("");
+  std::string notes;
+  if (PP_HAS_FIELD(desc, pp_plugin, n_operations) && desc->n_operations > 0 &&
+      desc->operations != nullptr)
+    for (int32_t i = 0; i < desc->n_operations; ++i) {
+      const pp_operation& op = desc->operations[i];
+      if (std::string why = operations_->add(&op, info.name); !why.empty())
+        notes += std::string(notes.empty() ? "" : "; ") + "operation " + safe(op.name) + " (" +
+                 detail::device_label(op.device) + ") not offered: " + why;
+    }
+  record(notes);
 }
 
 void PluginRegistry::register_layers(LayerFactory& factory) {
+  for (const OperationTable::Entry& e : operations_->entries())
+    (void)factory.operations()->add(e.op, e.provider);  // probed already: cannot fail now
   for (std::size_t i = 0; i < infos_.size(); ++i) {
     PluginInfo& info = infos_[i];
     const pp_plugin* desc = descriptors_[i];
@@ -520,7 +533,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   }
   sel.chosen = chosen->name;
   return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, device,
-                                       request.subspace, request.path);
+                                       request.subspace, request.path, operations_);
 }
 
 std::vector<NamedComponent> PluginRegistry::subspace_kinds() const {

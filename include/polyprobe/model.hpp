@@ -22,6 +22,8 @@
 
 namespace polyprobe {
 
+class OperationTable;
+
 struct ParameterEntry {
   std::string name;  // "0.weight"
   std::size_t layer;
@@ -82,6 +84,8 @@ class LayerFactory {
     std::string provider;  // "core" or the plugin's name
   };
 
+  // An empty factory (no kinds, no operations).
+  LayerFactory();
   // A factory holding the core's built-in layer kinds.
   static LayerFactory with_builtins();
 
@@ -93,8 +97,15 @@ class LayerFactory {
                                       const Shape& input_shape) const;
   const std::map<std::string, Entry>& kinds() const { return kinds_; }
 
+  // The named operations (operations.hpp) that the layers this factory creates may use,
+  // shared with them (and with copies of this factory); never null. Empty until a plugin
+  // registry fills it (PluginRegistry::register_layers): the layers then compute
+  // everything themselves.
+  const std::shared_ptr<OperationTable>& operations() const { return operations_; }
+
  private:
   std::map<std::string, Entry> kinds_;
+  std::shared_ptr<OperationTable> operations_;
 };
 
 }  // namespace polyprobe

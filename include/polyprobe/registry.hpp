@@ -16,6 +16,7 @@
 
 #include <polyprobe/plugin/abi.h>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/operations.hpp>
 #include <polyprobe/subspace_kinds.hpp>
 
 #include <filesystem>
@@ -101,9 +102,14 @@ class PluginRegistry {
   const std::vector<PluginInfo>& plugins() const { return infos_; }
   const PluginInfo* find(const std::string& name) const;
 
-  // Makes every layer kind of every available plugin creatable by `factory`. A kind that
+  // Makes every layer kind of every available plugin creatable by `factory`, and hands the
+  // plugins' operations to the layers it creates (factory.operations()). A kind that
   // collides with an existing one is skipped and noted in that plugin's reason.
   void register_layers(LayerFactory& factory);
+
+  // The usable operations of the available plugins (the kernel registry); evaluator
+  // sessions get them through pp_session_options.host.
+  const OperationTable& operations() const { return *operations_; }
 
   // Chooses and creates an evaluator. Throws polyprobe::Error when an explicit backend
   // cannot serve or does not exist. `selection` (optional) receives the reasons.
@@ -150,7 +156,8 @@ class PluginRegistry {
  private:
   struct Loaded;
   std::vector<PluginInfo> infos_;
-  std::vector<const pp_plugin*> descriptors_;  // parallel to infos_ (null if not loaded)
+  std::vector<const pp_plugin*> descriptors_;   // parallel to infos_ (null if not loaded)
+  std::shared_ptr<OperationTable> operations_;  // shared with the evaluators it serves
 };
 
 }  // namespace polyprobe

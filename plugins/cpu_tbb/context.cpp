@@ -17,6 +17,8 @@ EvaluationContext<S>::EvaluationContext(const pp_model_view& model, const pp_los
       threads(options.threads),
       arena(options.threads > 0 ? std::make_unique<tbb::task_arena>(options.threads)
                                 : std::make_unique<tbb::task_arena>()) {
+  // NOLINTNEXTLINE(bugprone-sizeof-expression): the field is a pointer; its size is the check
+  if (PP_HAS_FIELD(&options, pp_session_options, host)) host = options.host;
   // The field is a pointer and its size is the point of the check.
   // NOLINTNEXTLINE(bugprone-sizeof-expression)
   if (PP_HAS_FIELD(&options, pp_session_options, subspace) && options.subspace != nullptr) {

@@ -53,6 +53,7 @@ struct EvaluationContext {
   // The search space: raw parameters, or the subspace's coordinates.
   bool subspace_mode = false;
   const pp_subspace_view* subspace = nullptr;
+  const pp_host_api* host = nullptr;      // the host's named operations (may be null)
   std::vector<int32_t> coord_u, coord_v;  // per subspace coordinate: dense u / v index
   std::vector<std::vector<S>> dense_u;    // dense u vectors of subspace coordinates, in S
   std::vector<const double*> dense_v;     // dense v vectors

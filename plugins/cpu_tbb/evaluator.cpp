@@ -191,8 +191,9 @@ const char* EvaluatorImpl<S>::explain() {
         {"kink_tables", delta_.kink_table_built(l)}};
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
     if (site_local_.layer(l).declared)
-      entry["site_local"] =
-          site_local_.layer(l).usable() ? std::string("yes (probed)") : site_local_.layer(l).note;
+      entry["site_local"] = site_local_.layer(l).usable()
+                                ? "yes (probed)" + site_local_.layer(l).attention
+                                : site_local_.layer(l).note;
     layers.push_back(entry);
   }
   json counts = json::object();

@@ -38,6 +38,11 @@ struct SiteLayer {
   int64_t head_dim() const { return embed / heads; }
   int64_t out_weight_offset() const { return 3 * embed * embed + (bias ? 3 * embed : 0); }
 
+  // attention: the host's "sdpa" operation for this dtype (operations.h), or null for the
+  // explicit attention; `attention` says which, for explain.
+  const pp_sdpa_table* sdpa = nullptr;
+  std::string attention;
+
   bool usable() const { return kind != Kind::none && probed; }
 };
 
@@ -54,10 +59,16 @@ struct SiteWork {
   M scores;  // [length, length]
   M mix;     // the moved heads' new mix [length, embed] (other columns unused)
   M diff;    // [length, head_dim]
+  // attention with the sdpa operation, all candidates of a group at once:
+  std::vector<S> deltas;    // [candidates, moves]
+  std::vector<S> parts;     // the moved q/k/v parts of one head [candidates, batch * L, hd]
+  std::vector<S> head_mix;  // per moved head [candidates, batch * L, hd]
 };
 
 // Parses the layer (kind, attributes, shapes, parameter count) and probes the per-site
-// computation against its host forward; never throws (a failure is a note).
-SiteLayer plan_site_layer(const LayerPlan& layer);
+// computation against its host forward; never throws (a failure is a note). For attention,
+// `host` (may be null) offers the sdpa operation, which is probed as well and used when it
+// agrees.
+SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32_t dtype);
 
 }  // namespace polyprobe::cpu_tbb

@@ -11,7 +11,10 @@
 //     are the incumbent's plus delta * x[:, i] (or + delta), its scores, weights (softmax or
 //     argmax) and mix are recomputed, and out += (mix_new - mix_old) W_o[:, head]^T; a moved
 //     out_proj weight W_o[e, j] adds delta * mix[:, j] to output column e (the new mix when
-//     head(j) moved as well), an out_proj bias delta to the column.
+//     head(j) moved as well), an out_proj bias delta to the column. When the host offers the
+//     "sdpa" operation (operations.h; the attention_sdpa plugin), a group's candidates go
+//     through it together: per moved head, one fused call over (candidate, sample) in which
+//     the q/k/v parts the particle does not move are the incumbent's, shared (stride 0).
 // The rest of the model then runs once over the group's candidates stacked as
 // [candidates * batch, features] rows (one GEMM per affine layer, host forwards otherwise),
 // and each candidate's loss comes from its rows, plus the l2 term.
@@ -206,6 +209,116 @@ void attention_apply(const SiteLayer& L, const S* x, int64_t batch, const S* par
   }
 }
 
+// All n candidates of a group through the sdpa operation: per moved head, the q/k/v parts
+// the particle moves are built per candidate (the incumbent's plus the change), the others
+// are the incumbent's, shared across candidates (stride 0); one call scores every (candidate,
+// sample); then each candidate's output [batch * L, E] block of `out` (holding the
+// incumbent's output) gets the change, as in attention_apply. w.deltas is [n, moves].
+template <class S>
+void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const S* params,
+                           const Mat<S>& qkv, const Mat<S>& mixed, int64_t n, SiteWork<S>& w,
+                           S* out) {
+  const int64_t len = L.length, e = L.embed, hd = L.head_dim(), rows = batch * len;
+  const int64_t in_w_end = 3 * e * e, in_end = in_w_end + (L.bias ? 3 * e : 0);
+  const int64_t out_w = L.out_weight_offset(), out_w_end = out_w + e * e;
+  const auto moves = static_cast<int64_t>(w.param.size());
+  const ConstMapMat<S> tokens(x, rows, e), out_weight(params + out_w, e, e);
+  const std::size_t block = static_cast<std::size_t>(n * rows * hd);
+  w.head_mix.resize(w.heads.size() * block);
+  std::vector<int64_t> head_slot(static_cast<std::size_t>(L.heads), -1);
+  for (std::size_t hi = 0; hi < w.heads.size(); ++hi) {
+    const int64_t h = w.heads[hi];
+    head_slot[static_cast<std::size_t>(h)] = static_cast<int64_t>(hi);
+    pp_sdpa_args a{};
+    a.struct_size = sizeof(a);
+    a.dtype = pp::dtype_of<S>();
+    a.weighting = L.argmax ? PP_SDPA_ARGMAX : PP_SDPA_SOFTMAX;
+    a.b0 = n, a.b1 = batch, a.heads = 1;
+    a.q_len = a.kv_len = len, a.head_dim = a.v_dim = hd;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    a.threads = 1;  // already inside the evaluator's parallel loop over groups
+    const int64_t own[4] = {rows * hd, len * hd, 0, hd}, shared[4] = {0, len * 3 * e, 0, 3 * e};
+    // Which parts (q, k, v) of head h the particle moves.
+    std::array<bool, 3> moved{};
+    for (int64_t t = 0; t < moves; ++t) {
+      const int64_t p = w.param[static_cast<std::size_t>(t)];
+      if (p >= in_end) continue;
+      const int64_t row = p < in_w_end ? p / e : p - in_w_end;
+      if ((row % e) / hd == h) moved[static_cast<std::size_t>(row / e)] = true;
+    }
+    int slots = 0;
+    for (const bool m : moved) slots += m ? 1 : 0;
+    w.parts.resize(static_cast<std::size_t>(slots) * block);
+    const S* part_data[3] = {};
+    const int64_t* part_strides[3] = {};
+    int next = 0;
+    for (int part = 0; part < 3; ++part) {
+      const int64_t base_col = part * e + h * hd;
+      if (!moved[static_cast<std::size_t>(part)]) {
+        part_data[part] = qkv.data() + base_col;
+        part_strides[part] = shared;
+        continue;
+      }
+      S* dst = w.parts.data() + static_cast<std::size_t>(next++) * block;
+      for (int64_t c = 0; c < n; ++c) {
+        MapMat<S> mine(dst + c * rows * hd, rows, hd);
+        mine = qkv.middleCols(base_col, hd);
+        for (int64_t t = 0; t < moves; ++t) {
+          const int64_t p = w.param[static_cast<std::size_t>(t)];
+          if (p >= in_end) continue;
+          const bool is_bias = p >= in_w_end;
+          const int64_t row = is_bias ? p - in_w_end : p / e;
+          if (row / e != part || (row % e) / hd != h) continue;
+          const S delta = w.deltas[static_cast<std::size_t>(c * moves + t)];
+          if (is_bias)
+            mine.col(row % hd).array() += delta;
+          else
+            mine.col(row % hd) += delta * tokens.col(p % e);
+        }
+      }
+      part_data[part] = dst;
+      part_strides[part] = own;
+    }
+    a.q = part_data[0], a.k = part_data[1], a.v = part_data[2];
+    std::copy(part_strides[0], part_strides[0] + 4, a.q_strides);
+    std::copy(part_strides[1], part_strides[1] + 4, a.k_strides);
+    std::copy(part_strides[2], part_strides[2] + 4, a.v_strides);
+    a.out = w.head_mix.data() + hi * block;
+    std::copy(own, own + 4, a.out_strides);
+    pp_error err{};
+    if (L.sdpa->run(&a, &err) != PP_OK)
+      throw std::runtime_error(std::string("the sdpa operation failed: ") + err.message);
+  }
+  for (int64_t c = 0; c < n; ++c) {
+    MapMat<S> y(out + c * rows * e, rows, e);
+    for (std::size_t hi = 0; hi < w.heads.size(); ++hi) {
+      const int64_t h = w.heads[hi];
+      const ConstMapMat<S> mix(w.head_mix.data() + hi * block + c * rows * hd, rows, hd);
+      y.noalias() +=
+          (mix - mixed.middleCols(h * hd, hd)) * out_weight.middleCols(h * hd, hd).transpose();
+    }
+    for (int64_t t = 0; t < moves; ++t) {
+      const int64_t p = w.param[static_cast<std::size_t>(t)];
+      if (p < out_w) continue;
+      const S delta = w.deltas[static_cast<std::size_t>(c * moves + t)];
+      if (p < out_w_end) {
+        const int64_t row = (p - out_w) / e, j = (p - out_w) % e;
+        const int64_t slot = head_slot[static_cast<std::size_t>(j / hd)];
+        if (slot >= 0)
+          y.col(row) +=
+              delta * ConstMapMat<S>(w.head_mix.data() + static_cast<std::size_t>(slot) * block +
+                                         c * rows * hd,
+                                     rows, hd)
+                          .col(j % hd);
+        else
+          y.col(row) += delta * mixed.col(j);
+      } else {
+        y.col(p - out_w_end).array() += delta;
+      }
+    }
+  }
+}
+
 // --- planning and the probe
 
 int64_t numel(int32_t ndim, const int64_t* shape) {
@@ -297,7 +410,10 @@ bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * (1.0 + std::ab
 
 // Empty when the per-site computation agrees with the host forward on random inputs,
 // parameters and perturbations (each tensor of the layer moved at least once), else why not.
-std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {
+// For attention with `sdpa` (float64; may be null) the fused computation is checked too, and
+// sdpa_note says why it is not used when it disagrees (it then stays unused).
+std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa_table* sdpa,
+                       std::string& sdpa_note) {
   std::mt19937_64 rng(0x517e);
   std::normal_distribution<double> gauss(0.0, 1.0);
   const int64_t rows = 2;
@@ -341,13 +457,21 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {
       moved[static_cast<std::size_t>(w.param[t])] += w.delta[t];
     }
     if (std::string why = host_forward(layer, x, rows, moved, y1); !why.empty()) return why;
-    std::vector<double> mine = y0;
+    std::vector<double> mine = y0, fused = y0;
     if (L.kind == SiteLayer::Kind::conv) {
       conv_gather(L, x.data(), rows, w);
       conv_apply(L, rows, w, mine.data());
     } else {
       attention_setup(L, w);
       attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
+      if (sdpa != nullptr) {
+        SiteLayer with = L;
+        with.sdpa = sdpa;
+        w.deltas = w.delta;
+        attention_apply_fused(with, x.data(), rows, params.data(), qkv, mixed, 1, w, fused.data());
+        for (std::size_t i = 0; i < fused.size(); ++i)
+          if (!close(fused[i], y1[i])) sdpa_note = "it disagreed with the layer's forward";
+      }
     }
     for (std::size_t i = 0; i < mine.size(); ++i)
       if (!close(mine[i], y1[i]))
@@ -360,7 +484,7 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L) {
 
 }  // namespace
 
-SiteLayer plan_site_layer(const LayerPlan& layer) {
+SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32_t dtype) {
   SiteLayer L;
   const pp_layer_view& v = *layer.view;
   L.declared = (v.contract & PP_CONTRACT_SITE_LOCAL) != 0;
@@ -381,9 +505,29 @@ SiteLayer plan_site_layer(const LayerPlan& layer) {
     why = std::string("attributes not understood (") + e.what() + ")";
   }
   if (why.empty() && v.host_forward == nullptr) why = "it has no host forward to probe";
+  // The sdpa operation of the host, for the evaluator's dtype and (for the probe) float64.
+  const pp_sdpa_table *sdpa = nullptr, *sdpa_probe = nullptr;
+  std::string provider, sdpa_note;
+  if (why.empty() && L.kind == SiteLayer::Kind::attention && host != nullptr &&
+      host->find_operation != nullptr) {
+    const pp_operation* op =
+        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype);
+    const pp_operation* op64 =
+        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, PP_DTYPE_F64);
+    if (op != nullptr && op64 != nullptr) {
+      sdpa = static_cast<const pp_sdpa_table*>(op->table);
+      sdpa_probe = static_cast<const pp_sdpa_table*>(op64->table);
+      provider = host->operation_provider != nullptr ? host->operation_provider(host->ctx, op)
+                                                     : "the host";
+    } else {
+      sdpa_note = "no sdpa operation loaded";
+    }
+  } else if (L.kind == SiteLayer::Kind::attention) {
+    sdpa_note = "no sdpa operation loaded";
+  }
   if (why.empty()) {
     try {
-      why = probe_site(layer, L);
+      why = probe_site(layer, L, sdpa_probe, sdpa_note);
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -398,6 +542,15 @@ SiteLayer plan_site_layer(const LayerPlan& layer) {
     return L;
   }
   L.probed = true;
+  if (L.kind == SiteLayer::Kind::attention) {
+    if (sdpa != nullptr && sdpa_note.empty()) {
+      L.sdpa = sdpa;
+      L.attention = std::string("; attention: sdpa (cpu, ") + pp::dtype_name(dtype) + ") from " +
+                    provider + ", candidates batched";
+    } else {
+      L.attention = "; attention: explicit (" + sdpa_note + ")";
+    }
+  }
   return L;
 }
 
@@ -408,7 +561,7 @@ SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
   site_.resize(ctx_.plan.layers.size());
   for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l)
     if ((ctx_.plan.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0)
-      site_[l] = plan_site_layer(ctx_.plan.layers[l]);
+      site_[l] = plan_site_layer(ctx_.plan.layers[l], ctx_.host, pp::dtype_of<S>());
 }
 
 template <class S>
@@ -466,23 +619,35 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
   else
     attention_setup(site, w);
   s.stack.resize(n * batch, layer.out);
-  for (int64_t i = 0; i < n; ++i) {
+  // Candidate i's change of moved parameter t, as host layers see it: the raw parameter in S
+  // (no transform) minus the incumbent's.
+  auto change = [&](int64_t i, std::size_t t) {
     const double* delta = c.displacement + (g.begin + i) * d;
-    for (int64_t t = 0; t < moves; ++t) {
-      const auto ut = static_cast<std::size_t>(t);
-      double raw = ctx_.inc.base[static_cast<std::size_t>(s.touched[ut])];
-      for (int32_t k = 0; k < d; ++k)
-        raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
-      // Host layers see the raw parameter in S (no transform): the change as they see it.
-      w.delta[ut] = static_cast<S>(raw) - ctx_.inc.eff[static_cast<std::size_t>(s.touched[ut])];
+    double raw = ctx_.inc.base[static_cast<std::size_t>(s.touched[t])];
+    for (int32_t k = 0; k < d; ++k)
+      raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
+    return static_cast<S>(raw) - ctx_.inc.eff[static_cast<std::size_t>(s.touched[t])];
+  };
+  if (site.kind == SiteLayer::Kind::attention && site.sdpa != nullptr) {
+    w.deltas.resize(static_cast<std::size_t>(n * moves));
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t t = 0; t < moves; ++t)
+        w.deltas[static_cast<std::size_t>(i * moves + t)] = change(i, static_cast<std::size_t>(t));
+      s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
     }
-    S* out = s.stack.data() + i * batch * layer.out;
-    s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
-    if (site.kind == SiteLayer::Kind::conv)
-      conv_apply(site, batch, w, out);
-    else
-      attention_apply(site, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w,
-                      out);
+    attention_apply_fused(site, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
+                          site_mixed_[l], n, w, s.stack.data());
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      S* out = s.stack.data() + i * batch * layer.out;
+      s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
+      if (site.kind == SiteLayer::Kind::conv)
+        conv_apply(site, batch, w, out);
+      else
+        attention_apply(site, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l], site_mixed_[l],
+                        w, out);
+    }
   }
   // The suffix shares the incumbent's weights: once over the whole group.
   for (std::size_t m = l + 1; m < ctx_.plan.layers.size(); ++m) {

@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <polyprobe/plugin/operations.h>
 #include <polyprobe/plugin/ops.h>
 
 #ifdef __cplusplus
@@ -63,11 +64,12 @@ typedef struct pp_tensor {
 
 /* What a plugin can provide. */
 typedef enum pp_component {
-  PP_COMPONENT_EVALUATOR = 1,   /* scores candidate sets (name = the evaluation path) */
-  PP_COMPONENT_ACCUMULATOR = 2, /* reduce-by-key (name = the strategy) */
-  PP_COMPONENT_LAYER = 3,       /* a layer kind (name = the kind, as in model files) */
-  PP_COMPONENT_SUBSPACE = 4,    /* a parameter subspace */
-  PP_COMPONENT_RADIUS_MODEL = 5 /* a radius model */
+  PP_COMPONENT_EVALUATOR = 1,    /* scores candidate sets (name = the evaluation path) */
+  PP_COMPONENT_ACCUMULATOR = 2,  /* reduce-by-key (name = the strategy) */
+  PP_COMPONENT_LAYER = 3,        /* a layer kind (name = the kind, as in model files) */
+  PP_COMPONENT_SUBSPACE = 4,     /* a parameter subspace */
+  PP_COMPONENT_RADIUS_MODEL = 5, /* a radius model */
+  PP_COMPONENT_OPERATION = 6     /* a named operation (operations.h; name = the operation) */
 } pp_component;
 
 /* One declared capability. */
@@ -223,6 +225,8 @@ typedef struct pp_session_options {
   void* stream;     /* (optional) a device stream (cudaStream_t) the session runs on; NULL =
                        the session makes its own. The host never synchronises it: every call
                        that returns results to host memory has completed its work. */
+  /* --- appended: named operations (operations.h) --- */
+  const pp_host_api* host; /* (optional) the host's operations; valid for the session's life */
 } pp_session_options;
 
 /* Whether the host sent an appended field of a struct (older hosts send fewer). */
@@ -473,6 +477,9 @@ typedef struct pp_plugin {
    * points into plugin memory, valid until the plugin's next bench call; host thread only. */
   int (*bench)(const char* suite, const char* options_json, const char** result_json,
                pp_error* err);
+  /* --- appended: named operations (operations.h) --- */
+  const pp_operation* operations; /* (optional) what the plugin offers the host and sessions */
+  int32_t n_operations;
 } pp_plugin;
 
 /* The one exported symbol. Returns NULL when the plugin cannot serve host_api_version. */

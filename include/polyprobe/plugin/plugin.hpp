@@ -100,6 +100,29 @@ std::span<T> as_span(const pp_tensor& t) {
   return {static_cast<T*>(t.data), static_cast<std::size_t>(numel(t))};
 }
 
+// Whether this CPU has the instruction set the calling plugin was compiled for (-march:
+// AVX-512, AVX2 and FMA are checked); false with the reason in *why when it lacks one, so a
+// plugin's probe can refuse instead of crashing on an illegal instruction.
+inline bool probe_cpu_isa(pp_error* why) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+#if defined(__AVX512F__)
+  if (!__builtin_cpu_supports("avx512f")) {
+    set_error(why, "built for AVX-512 (-march), which this CPU lacks");
+    return false;
+  }
+#endif
+#if defined(__AVX2__)
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
+    set_error(why, "built for AVX2 and FMA (-march), which this CPU lacks");
+    return false;
+  }
+#endif
+#endif
+  (void)why;
+  return true;
+}
+
 // The number of rows of a [rows, ...] tensor and the elements per row.
 inline int64_t rows(const pp_tensor& t) { return t.ndim == 0 ? 1 : t.shape[0]; }
 inline int64_t row_size(const pp_tensor& t) { return t.ndim == 0 ? 1 : numel(t) / t.shape[0]; }
