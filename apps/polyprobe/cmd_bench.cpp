@@ -25,10 +25,9 @@ BenchSuite scale_suite();          // bench_scale.cpp
 BenchSuite attention_suite();      // bench_attention.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {step_suite(),          forward_suite(),
-                                                 accumulate_suite(),    dfo_bench_suite(),
-                                                 asktell_bench_suite(), cheri_suite(),
-                                                 scale_suite(),         attention_suite()};
+  static const std::vector<BenchSuite> suites = {
+      step_suite(),          forward_suite(), accumulate_suite(), dfo_bench_suite(),
+      asktell_bench_suite(), cheri_suite(),   scale_suite(),      attention_suite()};
   return suites;
 }
 

@@ -117,10 +117,6 @@ class PluginRegistry {
                                             const EvaluatorRequest& request,
                                             Selection* selection = nullptr) const;
 
-  // Chooses and creates an accumulator of `strategy` ("auto", "scatter", "segment", ... as
-  // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
-  // declares the strategy (else the core's reference), "reference" the reference, else the
-  // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
   // The subspace kinds --subspace accepts: the core's (subspace_kinds.hpp: full, hybrid) and
   // every available plugin's, in load order; a plugin's kind that repeats an earlier one is
   // skipped.
@@ -142,12 +138,17 @@ class PluginRegistry {
   // unknown names, listing the known ones. `subspace`: the search runs over one.
   void choose_radius_model(const std::string& name, OptimizerConfig& config, bool subspace,
                            const std::string& options_json = "{}") const;
+
   // Runs available plugin `plugin`'s own benchmark `suite` (pp_plugin.bench) with `options`
   // and returns its {"records": [...]}. Throws polyprobe::Error naming the plugin when it is
   // missing, unavailable (with its reason), offers no benchmarks, or the run fails.
   nlohmann::json run_plugin_bench(const std::string& plugin, const std::string& suite,
                                   const nlohmann::json& options) const;
 
+  // Chooses and creates an accumulator of `strategy` ("auto", "scatter", "segment", ... as
+  // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
+  // declares the strategy (else the core's reference), "reference" the reference, else the
+  // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
   std::unique_ptr<Accumulator> make_accumulator(const std::string& backend,
                                                 const std::string& strategy, int threads = 0,
                                                 Selection* selection = nullptr) const;
