@@ -10,6 +10,7 @@
 #include "mgh_problems.hpp"
 
 #include <polyprobe/minimize.hpp>
+#include <polyprobe/optimizer_options.hpp>
 
 #ifndef POLYPROBE_HAVE_NLOPT
 #define POLYPROBE_HAVE_NLOPT 0
@@ -221,9 +222,12 @@ std::string run_nlopt(nlopt::algorithm algorithm, const MghProblem& p, History& 
 #endif  // POLYPROBE_HAVE_NLOPT
 
 // --dfo-config "key=value,...": overrides applied to the polyprobe-custom solver, which starts
-// from polyprobe-tr-dn. d=n means particle_dim = the problem's dimension.
+// from polyprobe-tr-dn. The keys are the option table's (optimizer_options.hpp; its aliases
+// d, K and radius, and '_' for '-', keep older command lines working); d=n means
+// particle_dim = the problem's dimension. A particle_dim of 2 or less without an explicit
+// solver goes back to the automatic solver, as polyprobe-tr-d2 has it.
 struct CustomConfig {
-  std::vector<std::pair<std::string, std::string>> settings;
+  std::vector<std::pair<std::string, std::string>> overrides;
   OptimizerConfig for_dimension(int n) const;
 };
 
@@ -269,69 +273,18 @@ std::vector<std::string> split_list(const std::string& text) {
 }
 
 OptimizerConfig CustomConfig::for_dimension(int n) const {
-  OptimizerConfig c = polyprobe_trust_region(n);
-  for (const auto& setting : settings) {
-    const std::string& key = setting.first;
-    const std::string& value = setting.second;
-    auto number = [&] { return std::stod(value); };
-    auto flag = [&] { return value == "1" || value == "true" || value == "on"; };
-    if (key == "d") {
-      c.particle_dim = value == "n" ? n : std::stoi(value);
-      if (c.particle_dim <= 2 && c.solver == TransportSolver::softmax)
-        c.solver = TransportSolver::automatic;
-    } else if (key == "polytope") {
-      c.polytope = parse_polytope(value);
-    } else if (key == "K") {
-      c.num_probe = std::stoi(value);
-    } else if (key == "step_radius") {
-      c.step_radius = number();
-    } else if (key == "probe_radius") {
-      c.probe_radius = number();
-    } else if (key == "epsilon") {
-      c.epsilon = number();
-    } else if (key == "ent_epsilon") {
-      c.ent_epsilon = number();
-    } else if (key == "solver") {
-      c.solver = parse_transport_solver(value);
-    } else if (key == "cost_scaling") {
-      c.cost_scaling = parse_cost_scaling(value);
-    } else if (key == "radius") {
-      c.radius.kind = parse_radius_model(value);
-    } else if (key == "trust_min") {
-      c.radius.trust_min = number();
-    } else if (key == "trust_max") {
-      c.radius.trust_max = number();
-    } else if (key == "trust_shrink") {
-      c.radius.trust_shrink = number();
-    } else if (key == "trust_grow") {
-      c.radius.trust_grow = number();
-    } else if (key == "trust_shrink_below") {
-      c.radius.trust_shrink_below = number();
-    } else if (key == "trust_grow_above") {
-      c.radius.trust_grow_above = number();
-    } else if (key == "trust_scales_probe") {
-      c.radius.trust_scales_probe = flag();
-    } else if (key == "trust_reject") {
-      c.radius.trust_reject = flag();
-    } else if (key == "quadratic_max_scale") {
-      c.radius.quadratic_max_scale = number();
-    } else if (key == "momentum") {
-      c.momentum = flag();
-    } else if (key == "amortize_steps") {
-      c.amortize_steps = std::stoi(value);
-    } else if (key == "adaptive_probes") {
-      c.adaptive_probes = flag();
-    } else if (key == "metric") {
-      c.metric = parse_metric(value);
-    } else if (key == "biased_rotation") {
-      c.biased_rotation = flag();
-    } else if (key == "seed") {
-      c.seed = std::stoull(value);
-    } else {
-      throw UsageError("--dfo-config: unknown key '" + key + "'");
-    }
+  OptimizerSettings settings;
+  settings.optimizer = polyprobe_trust_region(n);
+  for (const auto& [key, value] : overrides) {
+    // d=n: the problem's dimension, one particle of every coordinate.
+    const bool whole = value == "n" && find_option(key) == find_option("particle-dim");
+    set_option(settings, key, whole ? std::to_string(n) : value);
+    if (find_option(key) == find_option("particle-dim") && settings.optimizer.particle_dim <= 2 &&
+        settings.optimizer.solver == TransportSolver::softmax && !settings.given.contains("solver"))
+      settings.optimizer.solver = TransportSolver::automatic;
   }
-  return c;
+  validate_settings(settings, OptionScope::minimize);
+  return settings.optimizer;
 }
 
 CustomConfig parse_custom_config(const std::string& text) {
@@ -340,12 +293,10 @@ CustomConfig parse_custom_config(const std::string& text) {
     const std::size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0)
       throw UsageError("--dfo-config: expected key=value, got '" + item + "'");
-    custom.settings.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+    custom.overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
   }
   try {
-    custom.for_dimension(10).validate();
-  } catch (const UsageError&) {
-    throw;
+    (void)custom.for_dimension(10);
   } catch (const std::exception& e) {
     throw UsageError(std::string("--dfo-config: ") + e.what());
   }
@@ -359,7 +310,7 @@ std::vector<Solver> select_solvers(const std::string& list, const CustomConfig& 
   std::vector<Solver> all = solvers(custom);
   if (list == "all") {
     // polyprobe-custom is polyprobe-tr-dn unless --dfo-config changes it.
-    if (custom.settings.empty())
+    if (custom.overrides.empty())
       std::erase_if(all, [](const Solver& s) { return s.name == "polyprobe-custom"; });
     return all;
   }
@@ -647,10 +598,10 @@ void dfo_options(po::options_description& o) {
       "dfo-threads", po::value<int>()->default_value(0),
       "dfo: runs in parallel (0: one per hardware thread)")(
       "dfo-config", po::value<std::string>()->default_value(""),
-      "dfo: key=value overrides of polyprobe-tr-dn for the polyprobe-custom solver (d=n|INT, "
-      "polytope, K, step_radius, probe_radius, epsilon, ent_epsilon, solver, cost_scaling, "
-      "radius, trust_*, quadratic_max_scale, momentum, amortize_steps, adaptive_probes, "
-      "biased_rotation, metric, seed)")(
+      "dfo: key=value overrides of polyprobe-tr-dn for the polyprobe-custom solver: the "
+      "optimizer options of `polyprobe train --help` and the trust-region ones "
+      "(docs/training.md lists them all; '_' for '-' works, d=n is the problem's dimension), "
+      "e.g. d=n,metric=bfgs,ent-epsilon=0.5")(
       "dfo-seeds", po::value<int>()->default_value(1),
       "dfo: runs of each randomized (polyprobe) solver, seeds 0 .. N-1; its profile is the mean "
       "over them")(

@@ -79,8 +79,9 @@ Run read_run(const std::string& path) {
     if (const auto paths = record.find("paths"); paths != record.end() && paths->is_object())
       for (const auto& [name, count] : paths->items())
         if (count.is_number()) r.paths[name] = count.get<double>();
-    const bool validation = record.value("split", std::string()) == "validation";
-    (validation ? run.validations : run.steps).push_back(std::move(r));
+    const std::string split = record.value("split", std::string());
+    if (split == "test") continue;  // train's final record: the restored state's test result
+    (split == "validation" ? run.validations : run.steps).push_back(std::move(r));
   }
   if (file.bad()) throw Error("cannot read the metrics file '" + path + "'");
   if (run.steps.empty() && run.validations.empty())

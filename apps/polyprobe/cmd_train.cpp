@@ -6,12 +6,15 @@
 // checkpoint to --resume from and, with --save, the best weights so far. Every output path is
 // checked before any work, and none may be one of the run's inputs.
 #include "cli.hpp"
+#include "train_ranks.hpp"
 
 #include <polyprobe/data.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/safetensors.hpp>
+#include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
 
 #include <nlohmann/json.hpp>
@@ -23,8 +26,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 namespace polyprobe::app {
@@ -114,24 +120,91 @@ void check_files(const po::variables_map& vm, const std::filesystem::path& save,
   }
 }
 
-OptimizerConfig optimizer_config(const po::variables_map& vm, int64_t total_steps, uint64_t seed) {
-  OptimizerConfig config;
-  config.particle_dim = vm["particle-dim"].as<int>();
-  config.step_radius = vm["step-radius"].as<double>();
-  config.probe_radius = vm["probe-radius"].as<double>();
-  config.epsilon = vm["epsilon"].as<double>();
-  config.epsilon_final = vm["epsilon-final"].as<double>();
-  config.schedule = parse_schedule(vm["schedule"].as<std::string>());
-  config.radius.kind = parse_radius_model(vm["radius-model"].as<std::string>());
-  if (config.radius.kind == RadiusModelKind::trust_region)
-    throw UsageError(
-        "--radius-model trust_region needs one fixed objective, and minibatches change it every "
-        "step; use fixed, adaptive or quadratic here, or the library's manual step API");
-  config.polytope = parse_polytope(vm["polytope"].as<std::string>());
-  config.total_steps = total_steps;
-  config.seed = seed;
-  config.validate();
-  return config;
+// The optimizer's options as `train` shows them: one --help section per group of the core's
+// option table, every value a string that the table parses (so the command line and --config
+// files read the same text, and the defaults print as the table prints them).
+void add_optimizer_options(po::options_description& options) {
+  const OptimizerSettings defaults = training_defaults();
+  std::vector<std::pair<std::string, std::unique_ptr<po::options_description>>> groups;
+  for (const OptimizerOption& option : optimizer_options()) {
+    if (option.scope == OptionScope::minimize) continue;
+    const std::string caption = "optimizer: " + option.group;
+    auto group = std::find_if(groups.begin(), groups.end(),
+                              [&](const auto& g) { return g.first == caption; });
+    if (group == groups.end())
+      group =
+          groups.emplace(groups.end(), caption, std::make_unique<po::options_description>(caption));
+    std::string help = option.help;
+    if (!option.requirement.empty()) help += "; needs " + option.requirement;
+    auto* value = po::value<std::string>()->default_value(option.get(defaults));
+    switch (option.type) {
+      case OptionType::integer:
+        value->value_name("N");
+        break;
+      case OptionType::number:
+        value->value_name("X");
+        break;
+      case OptionType::flag:
+        value->implicit_value("on")->value_name("on|off");
+        break;
+      case OptionType::choice:
+        value->value_name("NAME");
+        break;
+    }
+    group->second->add_options()(option.name.c_str(), value, help.c_str());
+  }
+  for (const auto& group : groups) options.add(*group.second);
+}
+
+// The optimizer from the training defaults and the options the user gave (command line or
+// --config); the schedule runs over the whole run. Every rule of the table is checked here,
+// before any work.
+OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRegistry& registry,
+                                     int64_t total_steps, uint64_t seed) {
+  OptimizerSettings settings = training_defaults();
+  // The loaded plugins' subspace kinds and radius models are names the table accepts too.
+  for (const NamedComponent& kind : registry.subspace_kinds())
+    if (kind.provider != "core") settings.plugin_subspace_kinds.push_back(kind.name);
+  for (const NamedComponent& model : registry.radius_models())
+    if (model.provider != "core") settings.plugin_radius_models.push_back(model.name);
+  // A kind polyprobe ships as a plugin that is not on the plugin path: say which plugin.
+  if (vm.count("subspace")) {
+    const std::string kind = vm["subspace"].as<std::string>();
+    const std::string shipped = shipped_plugin_of("subspace", kind);
+    const auto& offered = settings.plugin_subspace_kinds;
+    if (!shipped.empty() && std::find(offered.begin(), offered.end(), kind) == offered.end())
+      throw UsageError("--subspace: unknown subspace kind '" + kind +
+                       "' (kinds: " + subspace_kind_names() + "). polyprobe ships --subspace " +
+                       kind + " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+                       ".so), which is not on the plugin path: put its folder there "
+                       "(--plugin-dir DIR or POLYPROBE_PLUGIN_PATH) or reinstall it into the "
+                       "install's plugin folder");
+  }
+  try {
+    for (const OptimizerOption& option : optimizer_options())
+      if (option.scope != OptionScope::minimize && vm.count(option.name) &&
+          !vm[option.name].defaulted())
+        set_option(settings, option.name, vm[option.name].as<std::string>());
+    settings.optimizer.total_steps = total_steps;
+    settings.optimizer.seed = seed;
+    if (!settings.given.contains("subspace-seed")) settings.subspace.seed = seed + 3;
+    // A plugin's radius model is created now, told the configuration as it stands, so a
+    // configuration it refuses is an error before any work.
+    const std::string radius_options = vm["radius-options"].as<std::string>();
+    if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+      registry.choose_radius_model(settings.optimizer.radius.plugin_name, settings.optimizer,
+                                   settings.subspace.kind != "full", radius_options);
+    else if (!vm["radius-options"].defaulted())
+      throw UsageError(
+          "--radius-options has no effect here: it applies to a plugin's radius "
+          "model (drop it or choose one with --radius-model)");
+    validate_settings(settings, OptionScope::training);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return settings;
 }
 
 // The terminal's width in columns: stderr's window size, else $COLUMNS, else 80.
@@ -274,7 +347,59 @@ std::string save_weights(const std::filesystem::path& save, const Model& model,
   return save.string() + " and " + model_path_for(save).string();
 }
 
-int run(Context& ctx) {
+// What every rank states at start-up (TrainRanks::agree_to_start): the model, the data, every
+// option that shapes the run (not the ones that are each rank's own: plugin folders, threads,
+// output files, --explain, --quiet) and the backend.
+std::vector<std::pair<std::string, std::string>> startup_facts(
+    const po::variables_map& vm, const Model& model, const ModelFile& spec,
+    const DataSplits& splits, const Evaluator& evaluator, const TrainOptions& options) {
+  std::vector<std::pair<std::string, std::string>> facts;
+  facts.emplace_back("polyprobe version", POLYPROBE_VERSION);
+  for (const auto& [name, value] : vm) {
+    if (name == "plugin-dir" || name == "threads" || name == "quiet" || name == "explain" ||
+        name == "config" || name == "rank-timeout" || name == "metrics" || name == "save" ||
+        name == "checkpoint")
+      continue;
+    std::string text = "(a value of another type)";
+    const boost::any& any = value.value();
+    if (const auto* str = boost::any_cast<std::string>(&any)) text = *str;
+    if (const auto* i64 = boost::any_cast<int64_t>(&any)) text = std::to_string(*i64);
+    if (const auto* i32 = boost::any_cast<int>(&any)) text = std::to_string(*i32);
+    if (const auto* num = boost::any_cast<double>(&any)) text = format_number(*num);
+    if (const auto* flag = boost::any_cast<bool>(&any)) text = *flag ? "true" : "false";
+    facts.emplace_back("option --" + name, text);
+  }
+  std::string layers;
+  for (std::size_t i = 0; i < model.num_layers(); ++i)
+    layers += model.layer(i).kind() + " -> " + model.layer(i).output_shape().str() + "; ";
+  facts.emplace_back("model (layers)", TrainRanks::digest(layers.data(), layers.size()));
+  const auto params = model.parameters();
+  facts.emplace_back("model (initial parameters)",
+                     TrainRanks::digest(params.data(), params.size_bytes()));
+  facts.emplace_back("loss", spec.loss + ", l2 " + format_number(spec.l2));
+  for (const Dataset* split : {&splits.train, &splits.validation, &splits.test}) {
+    const std::string which = "data (" + split->name + ")";
+    facts.emplace_back(which + " samples", std::to_string(split->size()));
+    facts.emplace_back(which + " features",
+                       TrainRanks::digest(split->features.data(),
+                                          static_cast<std::size_t>(split->features.size()) *
+                                              sizeof(*split->features.data())));
+    facts.emplace_back(
+        which + " labels",
+        TrainRanks::digest(split->labels.data(), split->labels.size() * sizeof(split->labels[0])));
+  }
+  facts.emplace_back("backend", evaluator.name());
+  if (options.resume) {
+    std::ifstream file(options.checkpoint_path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+    facts.emplace_back("checkpoint read by --resume",
+                       TrainRanks::digest(bytes.data(), bytes.size()));
+  }
+  return facts;
+}
+
+int train_run(Context& ctx, TrainRanks& ranks) {
   const po::variables_map& vm = ctx.vm;
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
 
@@ -294,6 +419,9 @@ int run(Context& ctx) {
   if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
     throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
+  options.record_test = vm["metrics-test"].as<bool>();
+  if (options.record_test && options.metrics_path.empty())
+    throw UsageError("--metrics-test writes into the metrics file: add --metrics FILE");
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
   if (vm.count("checkpoint"))
@@ -328,11 +456,39 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  PolytopeOptimizer optimizer(model, optimizer_config(vm, options.epochs * steps_per_epoch, seed));
+  const OptimizerSettings settings =
+      optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
+  // The subspace is recreated identically on --resume: its bases depend only on its settings.
+  const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
+  PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
+  EvaluatorRequest model_request = request;
+  model_request.subspace = subspace.get();
   Selection selection;
-  auto evaluator = ctx.registry.make_evaluator(model, *loss, request, &selection);
+  auto evaluator = ctx.registry.make_evaluator(model, *loss, model_request, &selection);
+  // The screen of --multifidelity-screen scores the first rows of each batch with its own
+  // evaluator (registered on them by the optimizer).
+  std::unique_ptr<Evaluator> screen_evaluator;
+  if (settings.optimizer.multifidelity_screen) {
+    screen_evaluator = ctx.registry.make_evaluator(model, *loss, model_request);
+    optimizer.set_screen_evaluator(*screen_evaluator);
+  }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
+    // Who provides the search space and the radius model (the core or a plugin).
+    const auto provider = [](const std::vector<NamedComponent>& components,
+                             const std::string& name) {
+      for (const NamedComponent& c : components)
+        if (c.name == name)
+          return c.provider == "core" ? std::string("the core") : "plugin " + c.provider;
+      return std::string("?");
+    };
+    *ctx.err << "subspace " << settings.subspace.kind << ": "
+             << provider(ctx.registry.subspace_kinds(), settings.subspace.kind) << "\n";
+    const std::string radius = settings.optimizer.radius.kind == RadiusModelKind::plugin
+                                   ? settings.optimizer.radius.plugin_name
+                                   : std::string(to_string(settings.optimizer.radius.kind));
+    *ctx.err << "radius model " << radius << ": " << provider(ctx.registry.radius_models(), radius)
+             << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
     // say which and why, since the model file promised more.
     const nlohmann::json explained = evaluator->explain();
@@ -344,13 +500,26 @@ int run(Context& ctx) {
                  << layer["contract_not_trusted"].get<std::string>() << "\n";
   }
 
+  if (ranks.size() > 1) {
+    ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
+    evaluator = ranks.shard(std::move(evaluator));
+    options.write_files = ranks.leader();
+    options.agree_on_stop = ranks.stop_agreement();
+  }
+
   std::ostream& out = *ctx.out;
   out << "data: " << splits.train.name.substr(0, splits.train.name.find('/')) << " ("
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
-      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name() << "\n"
-      << std::flush;
+      << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
+  if (ranks.size() > 1)
+    out << " on each of " << ranks.size() << " ranks (losses over " << ranks.exchange() << ")";
+  if (subspace)
+    out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
+  if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+    out << "; radius model " << settings.optimizer.radius.plugin_name << " (plugin)";
+  out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
         << " candidates, " << std::fixed << std::setprecision(1) << p.seconds << " s) of "
@@ -400,7 +569,7 @@ int run(Context& ctx) {
     // train() wrote the checkpoint (the current state) and left the best validated state in
     // the model.
     out << "interrupted at step " << result.steps;
-    if (!save.empty()) {
+    if (!save.empty() && ranks.leader()) {
       const std::string saved = save_weights(save, model, spec, data, data_name);
       if (result.best_epoch >= 0)
         out << "; saved the best weights so far (validation accuracy "
@@ -419,15 +588,50 @@ int run(Context& ctx) {
                                          : "best training-split accuracy (no validation split): ")
         << percent(result.best_validation_accuracy) << " (step " << result.best_step << ", epoch "
         << result.best_epoch + 1 << ", restored)\n";
-  if (!save.empty()) out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
+  if (!save.empty() && ranks.leader())
+    out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
   if (splits.test.size() == 0) {
     out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
     return 0;
   }
   const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
+  // The metrics file ends with the test result of the restored state, so a file alone gives
+  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
+  if (!options.metrics_path.empty())
+    std::ofstream(options.metrics_path, std::ios::app)
+        << nlohmann::json{{"split", "test"},           {"step", result.steps},
+                          {"seconds", result.seconds}, {"restored_step", result.best_step},
+                          {"loss", test.loss},         {"accuracy", test.accuracy}}
+               .dump()
+        << "\n";
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;
+}
+
+// Alone, the run; with ranks, a rank that fails before the start-up agreement says why there
+// (so every rank hears it, once), and one that fails after it ends the job (TrainRanks::fail).
+int run(Context& ctx) {
+  const double timeout = ctx.vm["rank-timeout"].as<double>();
+  if (!(timeout >= 0) || !std::isfinite(timeout))
+    throw UsageError("--rank-timeout must be a number of seconds >= 0 (0: wait for ever)");
+  TrainRanks ranks(timeout);
+  try {
+    return train_run(ctx, ranks);
+  } catch (const std::exception& e) {
+    if (ranks.size() == 1) throw;
+    if (ranks.agreed()) ranks.fail(e.what());
+    if (ranks.asked()) throw;  // the agreement's own verdict, thrown on every rank
+    const std::exception_ptr original = std::current_exception();
+    try {
+      ranks.agree_to_start(e.what(), {});
+    } catch (const Error& together) {
+      // Every rank met this same error: report it as itself (a usage error exits 2).
+      if (std::string(together.what()) == e.what()) std::rethrow_exception(original);
+      throw;
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -443,13 +647,21 @@ Command train_command() {
       "statistics of the training split; validation runs after every epoch (or every\n"
       "--validate-every steps) and when --time-limit ends the run, and the best validation\n"
       "state is restored at the end. The last line is the test accuracy.\n\n"
+      "The optimizer options below are the whole polytope optimizer, grouped as\n"
+      "docs/training.md lists them; each is also a --config key (`num-probe = 2`). An option\n"
+      "that has no effect where it is given, or an invalid combination, is an error naming\n"
+      "the rule. Flags: --momentum alone, or --momentum=off.\n\n"
       "examples:\n"
       "  polyprobe train\n"
+      "  polyprobe train --subspace hybrid --subspace-rank 4 --step-radius 1\n"
+      "  polyprobe train --num-probe 2 --polytope orthoplex --blocks per_layer\n"
+      "  polyprobe train --momentum --radius-model fixed\n"
       "  polyprobe train --model examples/models/staircase_mlp.json --save staircase.safetensors\n"
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
       "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
-      "  polyprobe eval --weights run.safetensors";
+      "  polyprobe eval --weights run.safetensors\n"
+      "  mpirun -np 2 polyprobe train --save run.safetensors   # candidates shared by 2 ranks";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
         "data", po::value<std::string>()->default_value("digits"),
@@ -476,23 +688,22 @@ Command train_command() {
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
         "`polyprobe report FILE -o report.html` draws them")(
+        "metrics-test", po::bool_switch(),
+        "with --metrics: measure the test split whenever the best validated state changes and "
+        "write its accuracy into every validation record (for curves of test accuracy against "
+        "time: scripts/accuracy_curves.py)")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
         "resume", po::bool_switch(), "continue from the checkpoint")(
-        "step-radius", number_value(2.0), "optimizer step radius")(
-        "probe-radius", number_value(2.0), "optimizer probe radius")(
-        "epsilon", number_value(0.3), "radius scale (and OT temperature)")(
-        "epsilon-final", number_value(0.02), "final epsilon (linear, cosine)")(
-        "schedule", po::value<std::string>()->default_value("cosine"),
-        "epsilon schedule: constant, linear, cosine, progressive, power")(
-        "radius-model", po::value<std::string>()->default_value("quadratic"),
-        "fixed, adaptive or quadratic (trust_region needs the manual step API)")(
-        "polytope", po::value<std::string>()->default_value("simplex"),
-        "simplex, orthoplex or cube")("particle-dim", po::value<int>()->default_value(2),
-                                      "coordinates per particle");
+        "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
+        "options of a plugin's radius model (--radius-model), as a JSON object")(
+        "rank-timeout", number_value(300),
+        "under mpirun: seconds a rank waits for the others (a step, the start-up) before it "
+        "ends the job saying which wait timed out (0: wait for ever)");
+    add_optimizer_options(o);
     add_backend_options(o);
   };
   c.run = run;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -111,6 +112,31 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
   CHECK(not_library_reason);
 }
 
+TEST_CASE("plugins lists subspace kinds and radius models; train uses and explains them") {
+  const std::string path = "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_EXAMPLE_PLUGIN_DIR);
+  const auto r = polyprobe("plugins", path);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("    radius_model plateau: ") &&
+                        Catch::Contains("    subspace factored: ") &&
+                        Catch::Contains("subspace kinds (--subspace): full, hybrid, factored "
+                                        "(factored_subspace)") &&
+                        Catch::Contains("plateau (plateau)"));
+  const auto json = nlohmann::json::parse(polyprobe("plugins --json", path).out);
+  CHECK(json["subspace_kinds"].size() == 3);
+  CHECK(json["radius_models"].back()["name"] == "plateau");
+  CHECK(json["radius_models"].back()["provider"] == "plateau");
+  const auto t = polyprobe(
+      "train --epochs 1 --quiet --explain --subspace factored --subspace-rank 2 "
+      "--radius-model plateau --radius-options '{\"patience\": 2}'",
+      path);
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.out, Catch::Contains("; subspace factored (") &&
+                        Catch::Contains("; radius model plateau (plugin)") &&
+                        Catch::Contains("test accuracy: "));
+  CHECK_THAT(t.err, Catch::Contains("subspace factored: plugin factored_subspace") &&
+                        Catch::Contains("radius model plateau: plugin plateau"));
+}
+
 TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
   const auto r =
       polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
@@ -149,7 +175,8 @@ TEST_CASE("plugins: the search path in the order applied, one line per layer, al
   while (std::getline(lines, line)) {
     if (line.starts_with("NAME")) version_col = line.find("VERSION");
     if (version_col == std::string::npos || line.empty() || line[0] == ' ' ||
-        line.starts_with("NAME") || line.starts_with("The core"))
+        line.starts_with("NAME") || line.starts_with("The core") ||
+        line.starts_with("subspace kinds") || line.starts_with("radius models"))
       continue;
     ++rows;
     INFO(line);
@@ -383,4 +410,133 @@ TEST_CASE("bench dfo closes with one row per run, not the profiles again") {
     CHECK(std::stod(c[4]) > 0);                // f0 of Rosenbrock's start
     CHECK(std::stod(c[5]) < std::stod(c[4]));  // best
   }
+}
+
+TEST_CASE("train offers the whole optimizer: subspaces, blocks, probes, momentum, screens") {
+  // Each runs two epochs on digits and ends with the test accuracy.
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"--subspace hybrid --subspace-rank 4 --step-radius 1", "subspace hybrid ("},
+      {"--subspace factored --subspace-rank 2", "subspace factored ("},
+      {"--blocks per_layer --solver softmax --num-probe 2", ""},
+      {"--momentum --radius-model fixed --amortize-steps 2", ""},
+      {"--radius-model fixed --multifidelity-screen --screen-fidelity 0.2", ""},
+  };
+  for (const auto& [args, says] : runs) {
+    INFO(args);
+    const auto r = polyprobe("train --epochs 2 --quiet " + args);
+    CHECK(r.exit_code == 0);
+    CHECK_THAT(r.out, Catch::Contains("test accuracy: ") && Catch::Contains(says));
+  }
+  // The same options from a config file.
+  const std::string config =
+      write_file("optimizer.ini", "epochs = 1\nsubspace = hybrid\nmax-subspace-dim = 300\n");
+  const auto from_file = polyprobe("train --quiet --config " + config);
+  CHECK(from_file.exit_code == 0);
+  CHECK_THAT(from_file.out, Catch::Contains("subspace hybrid (300 coordinates)"));
+}
+
+TEST_CASE("an invalid optimizer combination in train is one line naming the rule, exit 2") {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--top-k 3", "--top-k has no effect here: it applies with --solver top_k"},
+      {"--subspace-rank 4", "--subspace-rank has no effect here"},
+      {"--adaptive-probes", "adaptive_probes cannot run with the quadratic"},
+      {"--radius-model trust_region", "trust_region needs one fixed objective"},
+      {"--subspace spectral", "unknown subspace kind 'spectral' (kinds: full, hybrid, factored)"},
+      {"--num-probe two", "--num-probe: expected an integer, got 'two'"},
+      {"--momentum=maybe", "--momentum: expected on or off"},
+      {"--radius-options {}x", "--radius-options has no effect here"},
+  };
+  for (const auto& [args, says] : cases) {
+    INFO(args);
+    const auto r = polyprobe("train --epochs 1 " + args);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::StartsWith("polyprobe train: error: ") && Catch::Contains(says));
+    CHECK(lines(r.err) == 1);
+    CHECK(r.out.empty());
+  }
+  const std::string config = write_file("combination.ini", "top-k = 3\n");
+  const auto from_file = polyprobe("train --config " + config);
+  CHECK(from_file.exit_code == 2);
+  CHECK_THAT(from_file.err, Catch::Contains("--top-k has no effect here"));
+}
+
+TEST_CASE("train --help groups the optimizer options") {
+  const auto help = polyprobe("train --help");
+  REQUIRE(help.exit_code == 0);
+  for (const char* group :
+       {"optimizer: subspace:", "optimizer: particles and polytope:",
+        "optimizer: radii and schedule:", "optimizer: transport:", "optimizer: blocks:",
+        "optimizer: momentum:", "optimizer: budget controls:"})
+    CHECK_THAT(help.out, Catch::Contains(group));
+  CHECK_THAT(help.out, Catch::Contains("--num-probe N (=1)") &&
+                           Catch::Contains("needs --solver top_k") &&
+                           !Catch::Contains("--trust-min"));
+}
+
+TEST_CASE("bench dfo --dfo-config reads the option table's keys") {
+  const auto unknown = polyprobe("bench dfo --dfo-config no_such_key=1");
+  CHECK(unknown.exit_code == 2);
+  CHECK_THAT(unknown.err, Catch::Contains("--dfo-config: unknown optimizer option 'no_such_key'"));
+  const auto training = polyprobe("bench dfo --dfo-config subspace=hybrid");
+  CHECK(training.exit_code == 2);
+  CHECK_THAT(training.err, Catch::Contains("--subspace applies to polyprobe train only"));
+  const auto ignored = polyprobe("bench dfo --dfo-config radius=quadratic,trust_min=0.1");
+  CHECK(ignored.exit_code == 2);
+  CHECK_THAT(ignored.err, Catch::Contains("--trust-min has no effect here"));
+}
+
+TEST_CASE("the metrics file ends with the restored state's test result") {
+  const std::string path = std::string(POLYPROBE_TEST_TMP) + "/final-test.jsonl";
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  std::filesystem::remove(path);
+  const auto r = polyprobe("train --quiet --epochs 2 --metrics " + path);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream file(path);
+  std::string line, last;
+  while (std::getline(file, line)) last = line;
+  const nlohmann::json record = nlohmann::json::parse(last);
+  CHECK(record.at("split") == "test");
+  // The accuracy printed last is the recorded one, rounded.
+  const std::string printed = r.out.substr(r.out.rfind("test accuracy: ") + 15);
+  CHECK(std::abs(100 * record.at("accuracy").get<double>() - std::stod(printed)) <= 0.05);
+  CHECK(record.at("seconds").get<double>() > 0);
+  CHECK(record.at("restored_step").get<int64_t>() <= record.at("step").get<int64_t>());
+  // `polyprobe report` draws the file (the test record is not a step).
+  const auto report = polyprobe("report " + path + " -o " + path + ".html");
+  CHECK(report.exit_code == 0);
+
+  // --metrics-test: every validation record carries the best state's test accuracy, and the
+  // last one is the restored state's, the one the run ends with.
+  std::filesystem::remove(path);
+  const auto tracked = polyprobe("train --quiet --epochs 3 --metrics " + path + " --metrics-test");
+  REQUIRE(tracked.exit_code == 0);
+  std::ifstream again(path);
+  std::vector<nlohmann::json> validations;
+  nlohmann::json final_test;
+  while (std::getline(again, line)) {
+    const nlohmann::json rec = nlohmann::json::parse(line);
+    if (rec.value("split", "") == "validation") validations.push_back(rec);
+    if (rec.value("split", "") == "test") final_test = rec;
+  }
+  REQUIRE(validations.size() == 3);
+  for (const nlohmann::json& v : validations) CHECK(v.contains("best_test_accuracy"));
+  CHECK(validations.back().at("best_test_accuracy") == final_test.at("accuracy"));
+  const auto alone = polyprobe("train --quiet --epochs 1 --metrics-test");
+  CHECK(alone.exit_code == 2);
+  CHECK_THAT(alone.err,
+             Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
+  const auto cpu = polyprobe("bench cheri");
+  CHECK(cpu.exit_code == 2);
+  CHECK_THAT(cpu.err, Catch::Contains("pass --bench-device cuda"));
+  const auto batches = polyprobe("bench cheri --bench-device cuda --cheri-batches 16,x");
+  CHECK(batches.exit_code == 2);
+  CHECK_THAT(batches.err, Catch::Contains("--cheri-batches"));
+  // Without a GPU the plugin is unavailable; with one, a batch of 0 is refused before any
+  // work: a one-line error and exit 1 either way.
+  const auto empty = polyprobe("bench cheri --bench-device cuda --cheri-batches 0");
+  CHECK(empty.exit_code == 1);
+  CHECK_THAT(empty.err, Catch::Contains("unavailable here") || Catch::Contains("no plugin named") ||
+                            Catch::Contains("batch sizes must be positive"));
+  CHECK(lines(empty.err) == 1);
 }
