@@ -182,17 +182,11 @@ double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
   return gflops;
 }
 
-namespace {
-
-// Complete optimizer steps on one workload: PolytopeOptimizer::step() as `train` calls it
-// (rotations, the candidates, their losses and the incumbent's, the cost matrix, the
-// transport solve, the move), each timed call one more step of the same run.
-BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
-                                const std::string& device, int threads) {
+OptimizerConfig complete_step_config(const Workload& w, const std::string& regime) {
   const StepRegime* mode = nullptr;
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
-  Workload w = build_workload(find_workload(name));
+  if (mode == nullptr) throw UsageError("unknown step regime '" + regime + "'");
   OptimizerConfig config;
   config.particle_dim = w.spec.d;
   config.subspace_particle_dim = w.spec.d;
@@ -203,7 +197,21 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   config.schedule = ScheduleKind::constant;
   config.radius.kind = mode->radius;
   config.seed = 1;
-  PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
+  return config;
+}
+
+namespace {
+
+// Complete optimizer steps on one workload: PolytopeOptimizer::step() as `train` calls it
+// (rotations, the candidates, their losses and the incumbent's, the cost matrix, the
+// transport solve, the move), each timed call one more step of the same run.
+BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
+                                const std::string& device, int threads) {
+  const StepRegime* mode = nullptr;
+  for (const StepRegime& r : kRegimes)
+    if (regime == r.name) mode = &r;
+  Workload w = build_workload(find_workload(name), 0, &ctx.registry);
+  PolytopeOptimizer optimizer(*w.model, complete_step_config(w, regime), w.subspace.get());
   auto evaluator =
       ctx.registry.make_evaluator(*w.model, *w.loss, step_request(ctx, w, device, threads));
   optimizer.register_evaluator(*evaluator, w.batch);
@@ -266,7 +274,7 @@ std::vector<BenchRecord> run_step(Context& ctx) {
   const auto paths = split(ctx.vm["paths"].as<std::string>());
   const int64_t sample_size = ctx.vm["parity-sample"].as<int64_t>();
   for (const std::string& name : bench_workload_names(ctx)) {
-    Workload w = build_workload(find_workload(name));
+    Workload w = build_workload(find_workload(name), 0, &ctx.registry);
     const int64_t count = w.candidates();
     // The float64 reference on a random sample of candidates (all of them when few).
     std::vector<int64_t> sample(static_cast<std::size_t>(count));
@@ -403,7 +411,8 @@ BenchSuite step_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
-                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8) "
+                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8, "
+                    "mnist128-factored-r2, mnist128-sub414, mnist128-full) "
                     "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
                               "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
@@ -419,7 +428,8 @@ BenchSuite step_suite() {
         "reference's radius and at train's default radius)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
         "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
-        "with cuda times the cuda plugin's accumulators on device-resident data)");
+        "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "
+        "only)");
   };
   s.run = run_step;
   return s;

@@ -23,6 +23,9 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"conv-digits", {}, 32, 0, 2},
       {"attn-tokens", {}, 32, 0, 2},
       {"mnist128-rank8", {784, 128, 10}, 512, kNoBudget, 8, PolytopeKind::orthoplex},
+      {"mnist128-factored-r2", {784, 128, 10}, 64, 0, 8, PolytopeKind::simplex, 2},
+      {"mnist128-sub414", {784, 128, 10}, 64, 414, 8},
+      {"mnist128-full", {784, 128, 10}, 64, 0, 2},
   };
   return specs;
 }
@@ -74,7 +77,7 @@ void build_structured(Workload& w, std::mt19937_64& rng) {
 
 }  // namespace
 
-Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
+Workload build_workload(const WorkloadSpec& spec, uint64_t seed, const PluginRegistry* registry) {
   Workload w;
   w.spec = spec;
   std::mt19937_64 rng(seed + 1);
@@ -107,7 +110,12 @@ Workload build_workload(const WorkloadSpec& spec, uint64_t seed) {
 
   const int32_t d = spec.d;
   int64_t dimension = w.model->num_parameters();
-  if (spec.subspace_dim != 0) {
+  if (spec.factored_rank > 0) {
+    if (registry == nullptr)
+      throw Error("workload '" + spec.name + "' needs the plugin factored_subspace");
+    w.subspace = registry->make_subspace(*w.model, {"factored", spec.factored_rank, 0, seed + 3});
+    dimension = w.subspace->dimension();
+  } else if (spec.subspace_dim != 0) {
     HybridSubspace::Options options;
     options.rank = 8;
     options.max_subspace_dim = spec.subspace_dim > 0 ? spec.subspace_dim : 0;

@@ -8,6 +8,8 @@
 #include <polyprobe/geometry.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/optimizer.hpp>
+#include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
 #include <memory>
@@ -23,6 +25,7 @@ struct WorkloadSpec {
   int64_t subspace_dim;  // 0 = full space; > 0 the hybrid budget; kNoBudget: rank alone
   int32_t d;
   PolytopeKind polytope = PolytopeKind::simplex;
+  int64_t factored_rank = 0;  // > 0: the factored subspace of this rank (its plugin) instead
 };
 inline constexpr int64_t kNoBudget = -1;
 
@@ -32,7 +35,10 @@ inline constexpr int64_t kNoBudget = -1;
 // pad 1, relu, flatten, linear -> 10) and attn-tokens (seeded random tokens [16, 32]:
 // self_attention with 4 heads, flatten, linear -> 10); batch 32, full space, d = 2; and
 // mnist128-rank8, polystep's own MNIST example: 784-128-10 on N(0,1) inputs, batch 512, the
-// hybrid subspace of rank 8 with no budget, orthoplex, d = 8.
+// hybrid subspace of rank 8 with no budget, orthoplex, d = 8. Then the factored subspace
+// against the others at equal dimension, 784-128-10, batch 64: mnist128-factored-r2 (the
+// plugin factored_subspace, rank 2: 414 coordinates, d = 8), mnist128-sub414 (hybrid, budget
+// 414, d = 8) and mnist128-full (full space, d = 2).
 const std::vector<WorkloadSpec>& reference_workloads();
 const WorkloadSpec& find_workload(const std::string& name);
 
@@ -42,7 +48,7 @@ struct Workload {
   std::unique_ptr<Model> model;
   std::unique_ptr<Loss> loss;
   Batch batch;
-  std::unique_ptr<HybridSubspace> subspace;  // null in full space
+  std::unique_ptr<Subspace> subspace;  // null in full space
   ParticleMap particles;
   int32_t vertices = 0;              // V = d + 1 (simplex) or 2 d (orthoplex)
   std::vector<double> simplex;       // [V * d]: the template (the simplex unless spec says)
@@ -61,6 +67,14 @@ struct Workload {
   double dense_flops() const;
 };
 
-Workload build_workload(const WorkloadSpec& spec, uint64_t seed = 0);
+// `registry` (may be null) provides the factored subspace of the factored workloads; without
+// it, or without its plugin, they are an Error that says so.
+Workload build_workload(const WorkloadSpec& spec, uint64_t seed = 0,
+                        const PluginRegistry* registry = nullptr);
+
+// The optimizer of `bench step`'s complete steps on `w` in `regime` (step@reference: the
+// reference's radius, the fixed radius model; step@train: train's default radii and the
+// quadratic model), with a constant schedule so every timed step is alike (bench_step.cpp).
+OptimizerConfig complete_step_config(const Workload& w, const std::string& regime);
 
 }  // namespace polyprobe::app

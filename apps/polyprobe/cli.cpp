@@ -182,4 +182,9 @@ EvaluatorRequest evaluator_request(const Context& context) {
   return request;
 }
 
+std::string shipped_plugin_of(const std::string& component, const std::string& name) {
+  if (component == "subspace" && name == "factored") return "factored_subspace";
+  return {};
+}
+
 }  // namespace polyprobe::app

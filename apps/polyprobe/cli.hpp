@@ -69,4 +69,9 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
 void add_backend_options(po::options_description& options);
 EvaluatorRequest evaluator_request(const Context& context);
 
+// The plugin polyprobe itself ships a named component in ("" when none): `component` is
+// "subspace" or "radius_model". Errors for a component that is not on the plugin path name
+// the plugin to put back; the core itself knows no plugin.
+std::string shipped_plugin_of(const std::string& component, const std::string& name);
+
 }  // namespace polyprobe::app

@@ -24,7 +24,7 @@ namespace {
 // A model from MODEL.json or a reference workload, with a batch and one step's candidates.
 Workload load(Context& ctx) {
   const std::string workload = ctx.vm["workload"].as<std::string>();
-  if (!workload.empty()) return build_workload(find_workload(workload));
+  if (!workload.empty()) return build_workload(find_workload(workload), 0, &ctx.registry);
   if (!ctx.vm.count("model")) throw UsageError("give MODEL.json or --workload NAME");
 #ifdef POLYPROBE_HAVE_MODEL_FILES
   ModelFile file = read_model_file(ctx.vm["model"].as<std::string>(), ctx.layers);
@@ -86,7 +86,8 @@ int run(Context& ctx) {
   out << "model: " << w.spec.name << ", " << w.model->num_parameters() << " parameters, "
       << w.candidates() << " candidates (" << w.particles.count() << " particles x " << w.vertices
       << " vertices, d = " << w.particles.d << ")"
-      << (w.subspace ? ", hybrid subspace" : ", full space") << "\n";
+      << (w.subspace ? ", " + w.subspace->kind() + " subspace" : std::string(", full space"))
+      << "\n";
   out << "evaluator: " << selection.chosen << "\n";
   for (const std::string& reason : selection.reasons) out << "  " << reason << "\n";
   if (!explain.contains("plugin")) {

@@ -44,10 +44,18 @@ int run(Context& ctx) {
     nlohmann::json layers = nlohmann::json::array();
     for (const auto& [kind, entry] : ctx.layers.kinds())
       layers.push_back({{"kind", kind}, {"provider", entry.provider}, {"summary", entry.summary}});
+    const auto named = [](const std::vector<NamedComponent>& components) {
+      nlohmann::json j = nlohmann::json::array();
+      for (const NamedComponent& c : components)
+        j.push_back({{"name", c.name}, {"provider", c.provider}, {"summary", c.summary}});
+      return j;
+    };
     *ctx.out << nlohmann::json{{"plugin_api", PP_PLUGIN_API_VERSION},
                                {"search_path", search},
                                {"plugins", list},
-                               {"layer_kinds", layers}}
+                               {"layer_kinds", layers},
+                               {"subspace_kinds", named(ctx.registry.subspace_kinds())},
+                               {"radius_models", named(ctx.registry.radius_models())}}
                     .dump(2)
              << "\n";
     return 0;
@@ -80,11 +88,23 @@ int run(Context& ctx) {
     for (const CapabilityInfo& c : info.capabilities) {
       std::string dtypes;
       for (const auto& t : c.dtypes) dtypes += (dtypes.empty() ? "" : ",") + t;
-      out << "    " << c.component << " " << c.name << " [" << c.device << "; " << dtypes << "]"
+      // Subspace kinds and radius models run on the host: no device, no dtype.
+      const bool host_side = c.component == "subspace" || c.component == "radius_model";
+      out << "    " << c.component << " " << c.name
+          << (host_side ? "" : " [" + c.device + "; " + dtypes + "]")
           << (c.summary.empty() ? "" : ": " + c.summary) << "\n";
     }
   }
-  out << "\nThe core's reference evaluator is always available (`--backend reference`).\n";
+  const auto names = [](const std::vector<NamedComponent>& components) {
+    std::string text;
+    for (const NamedComponent& c : components)
+      text += (text.empty() ? "" : ", ") + c.name +
+              (c.provider == "core" ? "" : " (" + c.provider + ")");
+    return text;
+  };
+  out << "\nsubspace kinds (--subspace): " << names(ctx.registry.subspace_kinds()) << "\n"
+      << "radius models (--radius-model): " << names(ctx.registry.radius_models()) << "\n"
+      << "\nThe core's reference evaluator is always available (`--backend reference`).\n";
   return 0;
 }
 

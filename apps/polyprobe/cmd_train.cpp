@@ -6,6 +6,7 @@
 // checkpoint to --resume from and, with --save, the best weights so far. Every output path is
 // checked before any work, and none may be one of the run's inputs.
 #include "cli.hpp"
+#include "train_ranks.hpp"
 
 #include <polyprobe/data.hpp>
 #include <polyprobe/loss.hpp>
@@ -13,6 +14,7 @@
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/safetensors.hpp>
+#include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
 
 #include <nlohmann/json.hpp>
@@ -24,9 +26,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 namespace polyprobe::app {
@@ -155,9 +159,27 @@ void add_optimizer_options(po::options_description& options) {
 // The optimizer from the training defaults and the options the user gave (command line or
 // --config); the schedule runs over the whole run. Every rule of the table is checked here,
 // before any work.
-OptimizerSettings optimizer_settings(const po::variables_map& vm, int64_t total_steps,
-                                     uint64_t seed) {
+OptimizerSettings optimizer_settings(const po::variables_map& vm, const PluginRegistry& registry,
+                                     int64_t total_steps, uint64_t seed) {
   OptimizerSettings settings = training_defaults();
+  // The loaded plugins' subspace kinds and radius models are names the table accepts too.
+  for (const NamedComponent& kind : registry.subspace_kinds())
+    if (kind.provider != "core") settings.plugin_subspace_kinds.push_back(kind.name);
+  for (const NamedComponent& model : registry.radius_models())
+    if (model.provider != "core") settings.plugin_radius_models.push_back(model.name);
+  // A kind polyprobe ships as a plugin that is not on the plugin path: say which plugin.
+  if (vm.count("subspace")) {
+    const std::string kind = vm["subspace"].as<std::string>();
+    const std::string shipped = shipped_plugin_of("subspace", kind);
+    const auto& offered = settings.plugin_subspace_kinds;
+    if (!shipped.empty() && std::find(offered.begin(), offered.end(), kind) == offered.end())
+      throw UsageError("--subspace: unknown subspace kind '" + kind +
+                       "' (kinds: " + subspace_kind_names() + "). polyprobe ships --subspace " +
+                       kind + " as the plugin '" + shipped + "' (libpolyprobe_" + shipped +
+                       ".so), which is not on the plugin path: put its folder there "
+                       "(--plugin-dir DIR or POLYPROBE_PLUGIN_PATH) or reinstall it into the "
+                       "install's plugin folder");
+  }
   try {
     for (const OptimizerOption& option : optimizer_options())
       if (option.scope != OptionScope::minimize && vm.count(option.name) &&
@@ -166,6 +188,16 @@ OptimizerSettings optimizer_settings(const po::variables_map& vm, int64_t total_
     settings.optimizer.total_steps = total_steps;
     settings.optimizer.seed = seed;
     if (!settings.given.contains("subspace-seed")) settings.subspace.seed = seed + 3;
+    // A plugin's radius model is created now, told the configuration as it stands, so a
+    // configuration it refuses is an error before any work.
+    const std::string radius_options = vm["radius-options"].as<std::string>();
+    if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+      registry.choose_radius_model(settings.optimizer.radius.plugin_name, settings.optimizer,
+                                   settings.subspace.kind != "full", radius_options);
+    else if (!vm["radius-options"].defaulted())
+      throw UsageError(
+          "--radius-options has no effect here: it applies to a plugin's radius "
+          "model (drop it or choose one with --radius-model)");
     validate_settings(settings, OptionScope::training);
   } catch (const UsageError&) {
     throw;
@@ -315,7 +347,59 @@ std::string save_weights(const std::filesystem::path& save, const Model& model,
   return save.string() + " and " + model_path_for(save).string();
 }
 
-int run(Context& ctx) {
+// What every rank states at start-up (TrainRanks::agree_to_start): the model, the data, every
+// option that shapes the run (not the ones that are each rank's own: plugin folders, threads,
+// output files, --explain, --quiet) and the backend.
+std::vector<std::pair<std::string, std::string>> startup_facts(
+    const po::variables_map& vm, const Model& model, const ModelFile& spec,
+    const DataSplits& splits, const Evaluator& evaluator, const TrainOptions& options) {
+  std::vector<std::pair<std::string, std::string>> facts;
+  facts.emplace_back("polyprobe version", POLYPROBE_VERSION);
+  for (const auto& [name, value] : vm) {
+    if (name == "plugin-dir" || name == "threads" || name == "quiet" || name == "explain" ||
+        name == "config" || name == "rank-timeout" || name == "metrics" || name == "save" ||
+        name == "checkpoint")
+      continue;
+    std::string text = "(a value of another type)";
+    const boost::any& any = value.value();
+    if (const auto* str = boost::any_cast<std::string>(&any)) text = *str;
+    if (const auto* i64 = boost::any_cast<int64_t>(&any)) text = std::to_string(*i64);
+    if (const auto* i32 = boost::any_cast<int>(&any)) text = std::to_string(*i32);
+    if (const auto* num = boost::any_cast<double>(&any)) text = format_number(*num);
+    if (const auto* flag = boost::any_cast<bool>(&any)) text = *flag ? "true" : "false";
+    facts.emplace_back("option --" + name, text);
+  }
+  std::string layers;
+  for (std::size_t i = 0; i < model.num_layers(); ++i)
+    layers += model.layer(i).kind() + " -> " + model.layer(i).output_shape().str() + "; ";
+  facts.emplace_back("model (layers)", TrainRanks::digest(layers.data(), layers.size()));
+  const auto params = model.parameters();
+  facts.emplace_back("model (initial parameters)",
+                     TrainRanks::digest(params.data(), params.size_bytes()));
+  facts.emplace_back("loss", spec.loss + ", l2 " + format_number(spec.l2));
+  for (const Dataset* split : {&splits.train, &splits.validation, &splits.test}) {
+    const std::string which = "data (" + split->name + ")";
+    facts.emplace_back(which + " samples", std::to_string(split->size()));
+    facts.emplace_back(which + " features",
+                       TrainRanks::digest(split->features.data(),
+                                          static_cast<std::size_t>(split->features.size()) *
+                                              sizeof(*split->features.data())));
+    facts.emplace_back(
+        which + " labels",
+        TrainRanks::digest(split->labels.data(), split->labels.size() * sizeof(split->labels[0])));
+  }
+  facts.emplace_back("backend", evaluator.name());
+  if (options.resume) {
+    std::ifstream file(options.checkpoint_path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+    facts.emplace_back("checkpoint read by --resume",
+                       TrainRanks::digest(bytes.data(), bytes.size()));
+  }
+  return facts;
+}
+
+int train_run(Context& ctx, TrainRanks& ranks) {
   const po::variables_map& vm = ctx.vm;
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
 
@@ -372,8 +456,10 @@ int run(Context& ctx) {
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
-  const OptimizerSettings settings = optimizer_settings(vm, options.epochs * steps_per_epoch, seed);
-  const std::unique_ptr<Subspace> subspace = make_subspace(model, settings.subspace);
+  const OptimizerSettings settings =
+      optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
+  // The subspace is recreated identically on --resume: its bases depend only on its settings.
+  const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
   PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
   EvaluatorRequest model_request = request;
   model_request.subspace = subspace.get();
@@ -388,6 +474,21 @@ int run(Context& ctx) {
   }
   if (vm["explain"].as<bool>()) {
     *ctx.err << selection.to_json().dump(2) << "\n";
+    // Who provides the search space and the radius model (the core or a plugin).
+    const auto provider = [](const std::vector<NamedComponent>& components,
+                             const std::string& name) {
+      for (const NamedComponent& c : components)
+        if (c.name == name)
+          return c.provider == "core" ? std::string("the core") : "plugin " + c.provider;
+      return std::string("?");
+    };
+    *ctx.err << "subspace " << settings.subspace.kind << ": "
+             << provider(ctx.registry.subspace_kinds(), settings.subspace.kind) << "\n";
+    const std::string radius = settings.optimizer.radius.kind == RadiusModelKind::plugin
+                                   ? settings.optimizer.radius.plugin_name
+                                   : std::string(to_string(settings.optimizer.radius.kind));
+    *ctx.err << "radius model " << radius << ": " << provider(ctx.registry.radius_models(), radius)
+             << "\n";
     // A layer whose declared contract failed the evaluator's probe runs on a slower path:
     // say which and why, since the model file promised more.
     const nlohmann::json explained = evaluator->explain();
@@ -399,14 +500,25 @@ int run(Context& ctx) {
                  << layer["contract_not_trusted"].get<std::string>() << "\n";
   }
 
+  if (ranks.size() > 1) {
+    ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
+    evaluator = ranks.shard(std::move(evaluator));
+    options.write_files = ranks.leader();
+    options.agree_on_stop = ranks.stop_agreement();
+  }
+
   std::ostream& out = *ctx.out;
   out << "data: " << splits.train.name.substr(0, splits.train.name.find('/')) << " ("
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
+  if (ranks.size() > 1)
+    out << " on each of " << ranks.size() << " ranks (losses over " << ranks.exchange() << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
+  if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
+    out << "; radius model " << settings.optimizer.radius.plugin_name << " (plugin)";
   out << "\n" << std::flush;
   options.on_resume = [&](const TrainProgress& p) {
     out << "resuming from step " << p.step << " (epoch " << p.epoch + 1 << ", " << p.candidates
@@ -457,7 +569,7 @@ int run(Context& ctx) {
     // train() wrote the checkpoint (the current state) and left the best validated state in
     // the model.
     out << "interrupted at step " << result.steps;
-    if (!save.empty()) {
+    if (!save.empty() && ranks.leader()) {
       const std::string saved = save_weights(save, model, spec, data, data_name);
       if (result.best_epoch >= 0)
         out << "; saved the best weights so far (validation accuracy "
@@ -476,7 +588,8 @@ int run(Context& ctx) {
                                          : "best training-split accuracy (no validation split): ")
         << percent(result.best_validation_accuracy) << " (step " << result.best_step << ", epoch "
         << result.best_epoch + 1 << ", restored)\n";
-  if (!save.empty()) out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
+  if (!save.empty() && ranks.leader())
+    out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
   if (splits.test.size() == 0) {
     out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
     return 0;
@@ -494,6 +607,31 @@ int run(Context& ctx) {
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;
+}
+
+// Alone, the run; with ranks, a rank that fails before the start-up agreement says why there
+// (so every rank hears it, once), and one that fails after it ends the job (TrainRanks::fail).
+int run(Context& ctx) {
+  const double timeout = ctx.vm["rank-timeout"].as<double>();
+  if (!(timeout >= 0) || !std::isfinite(timeout))
+    throw UsageError("--rank-timeout must be a number of seconds >= 0 (0: wait for ever)");
+  TrainRanks ranks(timeout);
+  try {
+    return train_run(ctx, ranks);
+  } catch (const std::exception& e) {
+    if (ranks.size() == 1) throw;
+    if (ranks.agreed()) ranks.fail(e.what());
+    if (ranks.asked()) throw;  // the agreement's own verdict, thrown on every rank
+    const std::exception_ptr original = std::current_exception();
+    try {
+      ranks.agree_to_start(e.what(), {});
+    } catch (const Error& together) {
+      // Every rank met this same error: report it as itself (a usage error exits 2).
+      if (std::string(together.what()) == e.what()) std::rethrow_exception(original);
+      throw;
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -522,7 +660,8 @@ Command train_command() {
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
       "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
-      "  polyprobe eval --weights run.safetensors";
+      "  polyprobe eval --weights run.safetensors\n"
+      "  mpirun -np 2 polyprobe train --save run.safetensors   # candidates shared by 2 ranks";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
         "data", po::value<std::string>()->default_value("digits"),
@@ -558,7 +697,12 @@ Command train_command() {
         "(FILE with .json); checkpoints go to FILE.ckpt")(
         "checkpoint", po::value<std::string>()->value_name("FILE"),
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
-        "resume", po::bool_switch(), "continue from the checkpoint");
+        "resume", po::bool_switch(), "continue from the checkpoint")(
+        "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
+        "options of a plugin's radius model (--radius-model), as a JSON object")(
+        "rank-timeout", number_value(300),
+        "under mpirun: seconds a rank waits for the others (a step, the start-up) before it "
+        "ends the job saying which wait timed out (0: wait for ever)");
     add_optimizer_options(o);
     add_backend_options(o);
   };

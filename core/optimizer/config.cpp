@@ -105,6 +105,9 @@ void OptimizerConfig::validate() const {
   }
 
   const RadiusModelSettings& r = radius;
+  require(r.kind != RadiusModelKind::plugin || static_cast<bool>(r.plugin_factory),
+          "radius model '" + r.plugin_name +
+              "' is a plugin's: choose it through PluginRegistry::choose_radius_model");
   if (r.kind == RadiusModelKind::adaptive) {
     require(r.stagnation_patience >= 1, "radius.stagnation_patience must be at least 1");
     require(std::isfinite(r.stagnation_threshold) && r.stagnation_threshold >= 0,

@@ -136,6 +136,18 @@ OptimizerOption& needs(OptimizerOption& o, std::string requirement,
 }
 
 bool in_subspace(const OptimizerSettings& s) { return s.subspace.kind != "full"; }
+
+bool offers(const std::vector<std::string>& names, std::string_view name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// The core's subspace kinds and the plugins', for messages.
+std::string kind_names(const OptimizerSettings& s) {
+  std::string names = subspace_kind_names();
+  for (const std::string& k : s.plugin_subspace_kinds)
+    if (find_subspace_kind(k) == nullptr) names += ", " + k;
+  return names;
+}
 bool schedule_is(const OptimizerSettings& s, std::initializer_list<ScheduleKind> kinds) {
   return std::find(kinds.begin(), kinds.end(), s.optimizer.schedule) != kinds.end();
 }
@@ -181,15 +193,16 @@ std::vector<OptimizerOption> make_table() {
     OptimizerOption o = base({"subspace",
                               subspace,
                               "search a subspace of the parameters instead of all of them: full "
-                              "(none), hybrid or factored (docs/training.md says when)",
+                              "(none), hybrid, or a plugin's kind such as factored (the plugin "
+                              "factored_subspace; docs/training.md says when)",
                               {},
                               OptionScope::training},
                              OptionType::choice);
     for (const SubspaceKind& kind : subspace_kinds()) o.choices.push_back(kind.name);
     o.set = [](S s, std::string_view v) {
-      if (find_subspace_kind(v) == nullptr)
+      if (find_subspace_kind(v) == nullptr && !offers(s.plugin_subspace_kinds, v))
         throw Error("--subspace: unknown subspace kind '" + std::string(v) +
-                    "' (kinds: " + subspace_kind_names() + ")");
+                    "' (kinds: " + kind_names(s) + ")");
       s.subspace.kind = std::string(v);
     };
     o.get = [](const OptimizerSettings& s) { return s.subspace.kind; };
@@ -205,13 +218,12 @@ std::vector<OptimizerOption> make_table() {
   t.push_back(integer<int64_t>(
       {"max-subspace-dim",
        subspace,
-       "bound on the hybrid subspace's coordinates in all (0: none); every matrix's share "
-       "shrinks proportionally",
+       "bound on the subspace's coordinates in all (0: none); hybrid shrinks every matrix's "
+       "share proportionally, factored takes the largest rank that fits",
        {},
        OptionScope::training},
       [](S s) -> int64_t& { return s.subspace.max_subspace_dim; }));
-  needs(t.back(), "--subspace hybrid",
-        [](const OptimizerSettings& s) { return s.subspace.kind == "hybrid"; });
+  needs(t.back(), "--subspace hybrid or factored", in_subspace);
   t.push_back(integer<uint64_t>(
       {"subspace-seed", subspace, "seed of the subspace's bases", {}, OptionScope::training},
       [](S s) -> uint64_t& { return s.subspace.seed; }));
@@ -291,16 +303,39 @@ std::vector<OptimizerOption> make_table() {
   needs(t.back(), "--schedule progressive",
         [](const OptimizerSettings& s) { return schedule_is(s, {ScheduleKind::progressive}); });
 
-  // Radius model.
+  // Radius model: the core's, or a plugin's by name (its factory is bound later, by the
+  // registry).
   t.push_back(choice<RadiusModelKind>(
       {"radius-model",
        model,
        "fixed (the schedule alone), adaptive (grows the radius on stagnation), quadratic "
-       "(finite-difference model picks the step length; one extra forward a step) or "
-       "trust_region (bench dfo and the manual step API only)",
+       "(finite-difference model picks the step length; one extra forward a step), "
+       "trust_region (bench dfo and the manual step API only), or a plugin's radius model "
+       "(`polyprobe plugins` lists them)",
        {"radius"}},
       [](S s) -> RadiusModelKind& { return s.optimizer.radius.kind; },
       {"fixed", "adaptive", "quadratic", "trust_region"}, parse_radius_model, print_radius));
+  {
+    OptimizerOption& o = t.back();
+    o.set = [name = o.name](S s, std::string_view v) {
+      RadiusModelSettings& r = s.optimizer.radius;
+      if (!is_builtin_radius_model(v) && offers(s.plugin_radius_models, v)) {
+        r.kind = RadiusModelKind::plugin;
+        r.plugin_name = std::string(v);
+        r.plugin_factory = nullptr;
+        return;
+      }
+      try {
+        r.kind = parse_radius_model(v);
+      } catch (const Error& e) {
+        throw Error("--" + name + ": " + e.what());
+      }
+    };
+    o.get = [](const OptimizerSettings& s) {
+      const RadiusModelSettings& r = s.optimizer.radius;
+      return r.kind == RadiusModelKind::plugin ? r.plugin_name : std::string(to_string(r.kind));
+    };
+  }
   const auto adaptive = [](const OptimizerSettings& s) {
     return radius_is(s, {RadiusModelKind::adaptive});
   };
@@ -524,9 +559,10 @@ void validate_settings(const OptimizerSettings& settings, OptionScope scope) {
   }
   if (scope == OptionScope::training) {
     const SubspaceSettings& sub = settings.subspace;
-    if (find_subspace_kind(sub.kind) == nullptr)
+    if (find_subspace_kind(sub.kind) == nullptr &&
+        !offers(settings.plugin_subspace_kinds, sub.kind))
       throw Error("--subspace: unknown subspace kind '" + sub.kind +
-                  "' (kinds: " + subspace_kind_names() + ")");
+                  "' (kinds: " + kind_names(settings) + ")");
     if (sub.kind != "full" && sub.rank < 1)
       throw Error("--subspace-rank must be at least 1, got " + std::to_string(sub.rank));
     if (sub.max_subspace_dim < 0)

@@ -17,7 +17,12 @@ RadiusModelKind parse_radius_model(std::string_view name) {
   if (name == "quadratic") return RadiusModelKind::quadratic;
   if (name == "trust_region") return RadiusModelKind::trust_region;
   throw Error("unknown radius model '" + std::string(name) +
-              "' (use fixed, adaptive, quadratic or trust_region)");
+              "' (use fixed, adaptive, quadratic or trust_region, or a plugin's model listed by "
+              "`polyprobe plugins`)");
+}
+
+bool is_builtin_radius_model(std::string_view name) {
+  return name == "fixed" || name == "adaptive" || name == "quadratic" || name == "trust_region";
 }
 
 std::string_view to_string(RadiusModelKind kind) {
@@ -30,6 +35,8 @@ std::string_view to_string(RadiusModelKind kind) {
       return "quadratic";
     case RadiusModelKind::trust_region:
       return "trust_region";
+    case RadiusModelKind::plugin:
+      return "plugin";
   }
   return "?";
 }
@@ -224,6 +231,12 @@ std::unique_ptr<RadiusModel> make_radius_model(const RadiusModelSettings& settin
       return std::make_unique<QuadraticRadius>(settings);
     case RadiusModelKind::trust_region:
       return std::make_unique<TrustRegion>(settings);
+    case RadiusModelKind::plugin:
+      if (!settings.plugin_factory)
+        throw Error("radius model '" + settings.plugin_name +
+                    "': a plugin radius model needs its factory (PluginRegistry::"
+                    "radius_model_factory)");
+      return settings.plugin_factory();
   }
   throw Error("make_radius_model: unknown kind");
 }

@@ -17,7 +17,9 @@
 
 namespace polyprobe {
 class Accumulator;
-}
+class RadiusModel;
+struct SubspaceSettings;
+}  // namespace polyprobe
 
 namespace polyprobe::detail {
 
@@ -100,6 +102,18 @@ std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
 std::unique_ptr<Accumulator> make_plugin_accumulator(const pp_plugin* plugin,
                                                      const std::string& strategy, int threads);
+
+// A Subspace created by a plugin's subspace kind for `model` (throws with the plugin's
+// reason when it refuses the model).
+std::unique_ptr<Subspace> make_plugin_subspace(const pp_subspace_kind* kind,
+                                               const std::string& plugin, const Model& model,
+                                               const SubspaceSettings& settings);
+
+// A RadiusModel whose controller is a plugin's (throws with the plugin's reason when it
+// refuses `config`).
+std::unique_ptr<RadiusModel> make_plugin_radius_model(const pp_radius_model_kind* kind,
+                                                      const std::string& plugin,
+                                                      const pp_radius_config& config);
 
 // The ABI options; `subspace` and `path` (may be null) must outlive their use.
 pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,

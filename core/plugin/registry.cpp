@@ -2,7 +2,10 @@
 #define BOOST_DLL_USE_STD_FS
 #include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
+#include <polyprobe/geometry.hpp>
+#include <polyprobe/optimizer.hpp>
 #include <polyprobe/plugin/plugin.hpp>
+#include <polyprobe/radius_model.hpp>
 #include <polyprobe/registry.hpp>
 
 #include "plugin/plugin_impl.hpp"
@@ -16,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <sstream>
 
 #ifndef POLYPROBE_PLUGIN_RELDIR
@@ -96,6 +100,39 @@ bool valid_name(const char* name) {
 }
 
 std::string safe(const char* text) { return text == nullptr ? std::string() : std::string(text); }
+
+// The subspace kinds of a descriptor (none when it predates them).
+std::span<const pp_subspace_kind> subspace_kinds_of(const pp_plugin* desc) {
+  if (desc == nullptr || !PP_HAS_FIELD(desc, pp_plugin, n_subspaces) || desc->n_subspaces <= 0 ||
+      desc->subspaces == nullptr)
+    return {};
+  return {desc->subspaces, static_cast<std::size_t>(desc->n_subspaces)};
+}
+
+// The radius models of a descriptor (none when it predates them).
+std::span<const pp_radius_model_kind> radius_models_of(const pp_plugin* desc) {
+  if (desc == nullptr || !PP_HAS_FIELD(desc, pp_plugin, n_radius_models) ||
+      desc->n_radius_models <= 0 || desc->radius_models == nullptr)
+    return {};
+  return {desc->radius_models, static_cast<std::size_t>(desc->n_radius_models)};
+}
+
+// Why a subspace kind or radius model entry cannot be used; empty when it can.
+std::string incomplete_component(const pp_subspace_kind& k) {
+  if (k.struct_size < sizeof(pp_subspace_kind)) return "its struct_size is too small";
+  if (!valid_name(k.kind)) return "it has no valid name";
+  if (k.create == nullptr || k.destroy == nullptr || k.describe == nullptr)
+    return "it lacks create, destroy or describe";
+  return {};
+}
+std::string incomplete_component(const pp_radius_model_kind& k) {
+  if (k.struct_size < sizeof(pp_radius_model_kind)) return "its struct_size is too small";
+  if (!valid_name(k.name)) return "it has no valid name";
+  if (k.create == nullptr || k.destroy == nullptr || k.multipliers == nullptr ||
+      k.save == nullptr || k.load == nullptr)
+    return "it lacks create, destroy, multipliers, save or load";
+  return {};
+}
 
 // Why `path` cannot be a shared library, judged from its first bytes before dlopen sees it
 // (dlopen's own words for these cases are poor: "file too short" for any short text file);
@@ -285,6 +322,43 @@ void PluginRegistry::load_library(const fs::path& requested) {
     info.capabilities.push_back(
         {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});
   }
+  // Subspace kinds and radius models: listed like layers, their declared capability (if
+  // any) completed rather than repeated.
+  const auto list = [&](const char* component, const char* name, const char* summary) {
+    auto declared = std::find_if(
+        info.capabilities.begin(), info.capabilities.end(),
+        [&](const CapabilityInfo& c) { return c.component == component && c.name == name; });
+    if (declared == info.capabilities.end())
+      info.capabilities.push_back({component, name, "cpu", {}, safe(summary)});
+    else if (declared->summary.empty())
+      declared->summary = safe(summary);
+  };
+  if (PP_HAS_FIELD(desc, pp_plugin, n_radius_models) &&
+      (desc->n_subspaces < 0 || (desc->n_subspaces > 0 && desc->subspaces == nullptr) ||
+       desc->n_radius_models < 0 ||
+       (desc->n_radius_models > 0 && desc->radius_models == nullptr))) {
+    info.loaded = false;
+    desc = nullptr;
+    return record("its descriptor lists subspace kinds or radius models without data");
+  }
+  for (std::size_t i = 0; i < subspace_kinds_of(desc).size(); ++i) {
+    const pp_subspace_kind& kind = subspace_kinds_of(desc)[i];
+    if (const std::string why = incomplete_component(kind); !why.empty()) {
+      info.loaded = false;
+      desc = nullptr;
+      return record("its subspace kind #" + std::to_string(i) + " is incomplete: " + why);
+    }
+    list("subspace", kind.kind, kind.summary);
+  }
+  for (std::size_t i = 0; i < radius_models_of(desc).size(); ++i) {
+    const pp_radius_model_kind& model = radius_models_of(desc)[i];
+    if (const std::string why = incomplete_component(model); !why.empty()) {
+      info.loaded = false;
+      desc = nullptr;
+      return record("its radius model #" + std::to_string(i) + " is incomplete: " + why);
+    }
+    list("radius_model", model.name, model.summary);
+  }
   if (desc->probe == nullptr) {
     info.score = 1;
   } else {
@@ -447,6 +521,154 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   sel.chosen = chosen->name;
   return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, device,
                                        request.subspace, request.path);
+}
+
+std::vector<NamedComponent> PluginRegistry::subspace_kinds() const {
+  std::vector<NamedComponent> kinds;
+  for (const SubspaceKind& k : polyprobe::subspace_kinds())
+    kinds.push_back({k.name, "core", k.summary});
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    if (!infos_[i].available) continue;
+    for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
+      if (std::none_of(kinds.begin(), kinds.end(),
+                       [&](const NamedComponent& c) { return c.name == k.kind; }))
+        kinds.push_back({k.kind, infos_[i].name, safe(k.summary)});
+  }
+  return kinds;
+}
+
+namespace {
+
+std::string names_of(const std::vector<NamedComponent>& components) {
+  std::string text;
+  for (const NamedComponent& c : components) text += (text.empty() ? "" : ", ") + c.name;
+  return text;
+}
+
+}  // namespace
+
+std::unique_ptr<Subspace> PluginRegistry::make_subspace(const Model& model,
+                                                        const SubspaceSettings& settings) const {
+  const std::string& kind = settings.kind;
+  if (find_subspace_kind(kind) != nullptr) return polyprobe::make_subspace(model, settings);
+  if (settings.rank <= 0)
+    throw Error("subspace '" + kind + "': the rank must be positive, got " +
+                std::to_string(settings.rank));
+  if (settings.max_subspace_dim < 0)
+    throw Error("subspace '" + kind + "': the dimension bound must be >= 0 (0 = none), got " +
+                std::to_string(settings.max_subspace_dim));
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    if (!infos_[i].available) continue;
+    for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
+      if (kind == k.kind) return detail::make_plugin_subspace(&k, infos_[i].name, model, settings);
+  }
+  // The plugin may be loaded but unusable (its descriptor is kept only when loaded).
+  std::string why;
+  for (std::size_t i = 0; i < infos_.size() && why.empty(); ++i)
+    for (const pp_subspace_kind& k : subspace_kinds_of(descriptors_[i]))
+      if (kind == k.kind)
+        why = "; plugin '" + infos_[i].name + "' (" + infos_[i].path.string() +
+              ") provides it but is unavailable: " + infos_[i].reason;
+  if (why.empty())
+    why =
+        "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
+        "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the subspace kinds found";
+  throw Error("unknown subspace kind '" + kind + "' (known: " + names_of(subspace_kinds()) + ")" +
+              why);
+}
+
+std::vector<NamedComponent> PluginRegistry::radius_models() const {
+  std::vector<NamedComponent> models = {
+      {"fixed", "core", "the schedule alone"},
+      {"adaptive", "core", "stagnation-based radius"},
+      {"quadratic", "core", "finite-difference model chooses the step length"},
+      {"trust_region", "core", "quadratic with a radius that follows actual / predicted decrease"}};
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    if (!infos_[i].available) continue;
+    for (const pp_radius_model_kind& k : radius_models_of(descriptors_[i]))
+      if (std::none_of(models.begin(), models.end(),
+                       [&](const NamedComponent& c) { return c.name == k.name; }))
+        models.push_back({k.name, infos_[i].name, safe(k.summary)});
+  }
+  return models;
+}
+
+void PluginRegistry::choose_radius_model(const std::string& name, OptimizerConfig& config,
+                                         bool subspace, const std::string& options_json) const {
+  RadiusModelSettings& settings = config.radius;
+  if (is_builtin_radius_model(name)) {
+    if (options_json != "{}" && !options_json.empty())
+      throw Error("radius model '" + name +
+                  "' is built in and takes its settings from the optimizer's options, not from "
+                  "radius options '" +
+                  options_json + "'");
+    settings.kind = parse_radius_model(name);
+    settings.plugin_name.clear();
+    settings.plugin_factory = nullptr;
+    return;
+  }
+  const pp_radius_model_kind* chosen = nullptr;
+  std::string plugin;
+  for (std::size_t i = 0; i < infos_.size() && chosen == nullptr; ++i) {
+    if (!infos_[i].available) continue;
+    for (const pp_radius_model_kind& k : radius_models_of(descriptors_[i]))
+      if (name == k.name && chosen == nullptr) chosen = &k, plugin = infos_[i].name;
+  }
+  if (chosen == nullptr) {
+    std::string why;
+    for (std::size_t i = 0; i < infos_.size() && why.empty(); ++i)
+      for (const pp_radius_model_kind& k : radius_models_of(descriptors_[i]))
+        if (name == k.name)
+          why = "; plugin '" + infos_[i].name + "' (" + infos_[i].path.string() +
+                ") provides it but is unavailable: " + infos_[i].reason;
+    if (why.empty())
+      why =
+          "; a plugin provides it only when it is on the plugin path (--plugin-dir, "
+          "POLYPROBE_PLUGIN_PATH); `polyprobe plugins` lists the radius models found";
+    throw Error("unknown radius model '" + name + "' (known: " + names_of(radius_models()) + ")" +
+                why);
+  }
+  const int32_t d = subspace ? config.subspace_particle_dim : config.particle_dim;
+  // The factory keeps its own copies: the config it is made from may not outlive it.
+  auto options = std::make_shared<const std::string>(options_json.empty() ? "{}" : options_json);
+  pp_radius_config c{};
+  c.struct_size = sizeof(c);
+  c.step_radius = config.step_radius;
+  c.probe_radius = config.probe_radius;
+  c.total_steps = config.total_steps;
+  c.particle_dim = d;
+  c.n_vertices = static_cast<int32_t>(polytope_vertex_count(config.polytope, d));
+  c.n_probes = config.num_probe;
+  c.subspace = subspace ? 1 : 0;
+  settings.kind = RadiusModelKind::plugin;
+  settings.plugin_name = name;
+  settings.plugin_factory = [chosen, plugin, options, c]() mutable {
+    c.options_json = options->c_str();
+    return detail::make_plugin_radius_model(chosen, plugin, c);
+  };
+  settings.plugin_factory();  // a refused configuration is an error now, with its reason
+nlohmann::json PluginRegistry::run_plugin_bench(const std::string& plugin, const std::string& suite,
+                                                const nlohmann::json& options) const {
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const PluginInfo& info = infos_[i];
+    const pp_plugin* desc = descriptors_[i];
+    if (!info.loaded || info.name != plugin || desc == nullptr) continue;
+    if (!info.available) throw Error("plugin '" + plugin + "' is unavailable here: " + info.reason);
+    if (!PP_HAS_FIELD(desc, pp_plugin, bench) || desc->bench == nullptr)
+      throw Error("plugin '" + plugin + "' offers no benchmarks of its own");
+    pp_error err{};
+    const char* result = nullptr;
+    const std::string text = options.dump();
+    if (desc->bench(suite.c_str(), text.c_str(), &result, &err) != PP_OK || result == nullptr)
+      throw Error("plugin '" + plugin + "', benchmark '" + suite + "': " + detail::error_text(err));
+    try {
+      return nlohmann::json::parse(result);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("plugin '" + plugin + "', benchmark '" + suite +
+                  "' returned malformed JSON: " + e.what());
+    }
+  }
+  throw Error("no plugin named '" + plugin + "' is loaded (see `polyprobe plugins`)");
 }
 
 std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string& backend,

@@ -4,4 +4,6 @@ target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/plugin_evaluator.cpp
   ${CMAKE_CURRENT_LIST_DIR}/model_view.cpp
   ${CMAKE_CURRENT_LIST_DIR}/op_view.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/plugin_accumulator.cpp)
+  ${CMAKE_CURRENT_LIST_DIR}/plugin_accumulator.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/plugin_subspace.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/plugin_radius_model.cpp)

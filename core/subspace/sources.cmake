@@ -1,5 +1,4 @@
 target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/rank_one_subspace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/hybrid_subspace.cpp
-  ${CMAKE_CURRENT_LIST_DIR}/factored_subspace.cpp
   ${CMAKE_CURRENT_LIST_DIR}/subspace_kinds.cpp)

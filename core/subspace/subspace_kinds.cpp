@@ -1,4 +1,4 @@
-// The core's subspace kinds: full (none), hybrid and factored.
+// The core's subspace kinds: full (none) and hybrid (plugins add more: PluginRegistry).
 #include <polyprobe/error.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/subspace_kinds.hpp>
@@ -20,12 +20,6 @@ const std::vector<SubspaceKind>& subspace_kinds() {
          options.seed = s.seed;
          return HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(),
                                             options);
-       }},
-      {"factored",
-       "dW = A B with B (subspace-rank x in) fixed: searches A, the input directions B spans",
-       [](const Model& model, const SubspaceSettings& s) -> std::unique_ptr<Subspace> {
-         return FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(),
-                                              s.rank, s.seed);
        }},
   };
   return kinds;

@@ -190,7 +190,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                                       options.epochs, 0, 0, 0, state.evaluations, state.seconds,
                                       std::nullopt});
   }
-  MetricsLog metrics(options.metrics_path, options.resume);
+  MetricsLog metrics(options.write_files ? options.metrics_path : std::filesystem::path(),
+                     options.resume);
 
   const auto started = std::chrono::steady_clock::now();
   const double seconds_before = state.seconds;
@@ -199,7 +200,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   const auto save_checkpoint = [&] {
-    if (options.checkpoint_path.empty()) return;
+    if (options.checkpoint_path.empty() || !options.write_files) return;
     state.parameters.assign(model.parameters().begin(), model.parameters().end());
     state.epoch = stream.epoch();
     state.position = stream.position();
@@ -308,7 +309,13 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     metrics.write(record);
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) ++state.epochs_completed;
-    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
+    // The clock and the signals are this process's; with agree_on_stop the leader's decide.
+    const auto agreed = [&](uint32_t reasons) {
+      return options.agree_on_stop ? options.agree_on_stop(reasons) : reasons;
+    };
+    if (agreed(options.time_limit_s > 0 && elapsed() >= options.time_limit_s
+                   ? uint32_t{stop_time_limit}
+                   : 0U) != 0)
       result.reached_time_limit = true;
     const bool periodic = options.validate_every > 0 && state.step % options.validate_every == 0;
     // Validate at every epoch end (unless validate_every replaces it), every validate_every
@@ -319,7 +326,10 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       save_checkpoint();
     }
     if (options.on_progress) options.on_progress(progress);
-    if (options.stop != nullptr && options.stop->load()) result.interrupted = true;
+    // After on_progress, which may ask to stop after this very step.
+    if (agreed(options.stop != nullptr && options.stop->load() ? uint32_t{stop_interrupted} : 0U) !=
+        0)
+      result.interrupted = true;
     stop = state.epochs_completed >= options.epochs || result.stopped_early ||
            result.reached_time_limit || result.interrupted;
   }

@@ -29,6 +29,12 @@ struct OptimizerSettings {
   OptimizerConfig optimizer;
   SubspaceSettings subspace;
   std::set<std::string, std::less<>> given;
+  // The subspace kinds and radius models the loaded plugins add (PluginRegistry lists them),
+  // which --subspace and --radius-model then accept beside the core's. A plugin radius model
+  // sets radius.kind = plugin and radius.plugin_name; its factory comes from
+  // PluginRegistry::choose_radius_model() before validate_settings().
+  std::vector<std::string> plugin_subspace_kinds;
+  std::vector<std::string> plugin_radius_models;
 };
 
 enum class OptionType { integer, number, flag, choice };

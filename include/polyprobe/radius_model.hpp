@@ -6,23 +6,33 @@
 // incumbent, the prediction it acted on and the step's costs. Implementations: fixed (the
 // schedule alone), adaptive (stagnation-based radius), quadratic (finite-difference model
 // chooses the step length) and trust_region (quadratic plus a radius that follows the ratio of
-// actual to predicted decrease). Their state is part of the optimizer's checkpoint.
+// actual to predicted decrease). A plugin may add more (RadiusModelKind::plugin: the
+// settings carry the factory that makes it, PluginRegistry::radius_model_factory). Their
+// state is part of the optimizer's checkpoint.
 #pragma once
 
 #include <polyprobe/tensor.hpp>
 
+#include <functional>
 #include <iosfwd>
 #include <limits>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace polyprobe {
 
-enum class RadiusModelKind { fixed, adaptive, quadratic, trust_region };
+enum class RadiusModelKind { fixed, adaptive, quadratic, trust_region, plugin };
 
+// The built-in models by name; throws for any other (plugins' names are resolved by the
+// registry, PluginRegistry::radius_model_factory).
 RadiusModelKind parse_radius_model(std::string_view name);
 std::string_view to_string(RadiusModelKind kind);
+// Whether `name` is one of the built-in models.
+bool is_builtin_radius_model(std::string_view name);
+
+class RadiusModel;
 
 struct RadiusModelSettings {
   RadiusModelKind kind = RadiusModelKind::fixed;
@@ -52,6 +62,10 @@ struct RadiusModelSettings {
   // ratio rule says, and the step probes around X_old again. Needs a stationary objective,
   // the manual step API or minimize(); the ask/tell interface refuses it.
   bool trust_reject = false;
+  // plugin: its name (for messages and checkpoints) and the factory that creates one model
+  // per optimizer; the factory holds what it needs (the plugin, the optimizer's settings).
+  std::string plugin_name;
+  std::function<std::unique_ptr<RadiusModel>()> plugin_factory;
 };
 
 // The quadratic model of one block along its transport move m: the predicted change of the
@@ -70,6 +84,8 @@ class RadiusModel {
  public:
   virtual ~RadiusModel() = default;
   virtual RadiusModelKind kind() const = 0;
+  // The name users choose it by ("fixed", ..., or a plugin's model name).
+  virtual std::string name() const { return std::string(to_string(kind())); }
   // Whether each scored step must evaluate the incumbent f(X) (one shared evaluation).
   virtual bool needs_incumbent() const { return false; }
   // Multipliers on the scheduled radii for the coming step.

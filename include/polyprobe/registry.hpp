@@ -16,6 +16,7 @@
 
 #include <polyprobe/plugin/abi.h>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/subspace_kinds.hpp>
 
 #include <filesystem>
 #include <memory>
@@ -28,6 +29,8 @@ class Accumulator;
 class LayerFactory;
 class Loss;
 class Model;
+struct OptimizerConfig;
+struct RadiusModelSettings;
 
 struct CapabilityInfo {
   std::string component;  // "evaluator", "accumulator", "layer", "subspace", "radius_model"
@@ -69,6 +72,13 @@ struct EvaluatorRequest {
   std::string path;  // "" or "auto": the plugin chooses; else force this path
 };
 
+// A component that can be chosen by name, and who provides it ("core" or a plugin's name).
+struct NamedComponent {
+  std::string name;
+  std::string provider;
+  std::string summary;
+};
+
 class PluginRegistry {
  public:
   PluginRegistry();
@@ -105,6 +115,33 @@ class PluginRegistry {
   // the plugin names them): `backend` "" or "auto" takes the highest-scoring plugin that
   // declares the strategy (else the core's reference), "reference" the reference, else the
   // named plugin (an error if it lacks the strategy). `threads` 0 = all the process may use.
+  // The subspace kinds --subspace accepts: the core's (subspace_kinds.hpp: full, hybrid) and
+  // every available plugin's, in load order; a plugin's kind that repeats an earlier one is
+  // skipped.
+  std::vector<NamedComponent> subspace_kinds() const;
+  // Creates the subspace `settings.kind` of `model` (null for "full"): the core's kinds
+  // through subspace_kinds.hpp, any other from the plugin that provides it. Throws Error
+  // when no available plugin provides it (naming the plugin that would, when one was found
+  // but is unusable) or when the kind refuses the model (with its reason). The result does
+  // not refer to the model.
+  std::unique_ptr<Subspace> make_subspace(const Model& model,
+                                          const SubspaceSettings& settings) const;
+
+  // The radius models --radius-model accepts: the core's and every available plugin's.
+  std::vector<NamedComponent> radius_models() const;
+  // Sets `config.radius` to the radius model `name`: a built-in one (its kind), or a
+  // plugin's (kind plugin, with the factory that makes one per optimizer from `config` as
+  // it stands and `options_json`). One plugin model is created at once, so a configuration
+  // it refuses is an Error here, with its reason, not at the first step. Throws for
+  // unknown names, listing the known ones. `subspace`: the search runs over one.
+  void choose_radius_model(const std::string& name, OptimizerConfig& config, bool subspace,
+                           const std::string& options_json = "{}") const;
+  // Runs available plugin `plugin`'s own benchmark `suite` (pp_plugin.bench) with `options`
+  // and returns its {"records": [...]}. Throws polyprobe::Error naming the plugin when it is
+  // missing, unavailable (with its reason), offers no benchmarks, or the run fails.
+  nlohmann::json run_plugin_bench(const std::string& plugin, const std::string& suite,
+                                  const nlohmann::json& options) const;
+
   std::unique_ptr<Accumulator> make_accumulator(const std::string& backend,
                                                 const std::string& strategy, int threads = 0,
                                                 Selection* selection = nullptr) const;

@@ -1,7 +1,8 @@
-// Concrete subspaces: hybrid (fixed bases on both sides of every weight) and factored
-// (dW = A B with B fixed).
+// Rank-one subspaces and the core's concrete one, hybrid (fixed bases on both sides of every
+// weight). Plugins add kinds through the registry (PluginRegistry::make_subspace); the
+// factored subspace (dW = A B with B fixed) is the plugin factored_subspace.
 //
-// Both are rank-one subspaces: every search coordinate moves one parameter tensor, viewed
+// They are rank-one subspaces: every search coordinate moves one parameter tensor, viewed
 // as a rows x cols matrix, by theta * u v^T with u or v (or both) a unit vector. That one
 // description is what evaluators need: a coordinate of weight W changes the layer's
 // pre-activation by theta * u (v^T x), so a candidate's change is a sum of d such terms.
@@ -85,21 +86,6 @@ class HybridSubspace final : public RankOneSubspace {
 
  private:
   HybridSubspace() = default;
-};
-
-// dW = A B for every weight, with B (r x in) fixed orthonormal rows: the coordinates are
-// A[o, j] (row-major; dW = theta e_o B[j, :]); biases pass through raw. A linear layer
-// computes x W^T + (x B^T) A^T without forming W. The search is limited to the input
-// directions spanned by B.
-class FactoredSubspace final : public RankOneSubspace {
- public:
-  static std::unique_ptr<FactoredSubspace> from_layout(const std::vector<ParameterEntry>& layout,
-                                                       int64_t n_params, int64_t rank,
-                                                       uint64_t seed = 3);
-  std::string kind() const override { return "factored"; }
-
- private:
-  FactoredSubspace() = default;
 };
 
 }  // namespace polyprobe

@@ -112,6 +112,31 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
   CHECK(not_library_reason);
 }
 
+TEST_CASE("plugins lists subspace kinds and radius models; train uses and explains them") {
+  const std::string path = "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_EXAMPLE_PLUGIN_DIR);
+  const auto r = polyprobe("plugins", path);
+  REQUIRE(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("    radius_model plateau: ") &&
+                        Catch::Contains("    subspace factored: ") &&
+                        Catch::Contains("subspace kinds (--subspace): full, hybrid, factored "
+                                        "(factored_subspace)") &&
+                        Catch::Contains("plateau (plateau)"));
+  const auto json = nlohmann::json::parse(polyprobe("plugins --json", path).out);
+  CHECK(json["subspace_kinds"].size() == 3);
+  CHECK(json["radius_models"].back()["name"] == "plateau");
+  CHECK(json["radius_models"].back()["provider"] == "plateau");
+  const auto t = polyprobe(
+      "train --epochs 1 --quiet --explain --subspace factored --subspace-rank 2 "
+      "--radius-model plateau --radius-options '{\"patience\": 2}'",
+      path);
+  CHECK(t.exit_code == 0);
+  CHECK_THAT(t.out, Catch::Contains("; subspace factored (") &&
+                        Catch::Contains("; radius model plateau (plugin)") &&
+                        Catch::Contains("test accuracy: "));
+  CHECK_THAT(t.err, Catch::Contains("subspace factored: plugin factored_subspace") &&
+                        Catch::Contains("radius model plateau: plugin plateau"));
+}
+
 TEST_CASE("POLYPROBE_PLUGIN_PATH is searched and the table shows reasons") {
   const auto r =
       polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
@@ -150,7 +175,8 @@ TEST_CASE("plugins: the search path in the order applied, one line per layer, al
   while (std::getline(lines, line)) {
     if (line.starts_with("NAME")) version_col = line.find("VERSION");
     if (version_col == std::string::npos || line.empty() || line[0] == ' ' ||
-        line.starts_with("NAME") || line.starts_with("The core"))
+        line.starts_with("NAME") || line.starts_with("The core") ||
+        line.starts_with("subspace kinds") || line.starts_with("radius models"))
       continue;
     ++rows;
     INFO(line);
@@ -418,6 +444,7 @@ TEST_CASE("an invalid optimizer combination in train is one line naming the rule
       {"--subspace spectral", "unknown subspace kind 'spectral' (kinds: full, hybrid, factored)"},
       {"--num-probe two", "--num-probe: expected an integer, got 'two'"},
       {"--momentum=maybe", "--momentum: expected on or off"},
+      {"--radius-options {}x", "--radius-options has no effect here"},
   };
   for (const auto& [args, says] : cases) {
     INFO(args);
@@ -498,4 +525,18 @@ TEST_CASE("the metrics file ends with the restored state's test result") {
   CHECK(alone.exit_code == 2);
   CHECK_THAT(alone.err,
              Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
+  const auto cpu = polyprobe("bench cheri");
+  CHECK(cpu.exit_code == 2);
+  CHECK_THAT(cpu.err, Catch::Contains("pass --bench-device cuda"));
+  const auto batches = polyprobe("bench cheri --bench-device cuda --cheri-batches 16,x");
+  CHECK(batches.exit_code == 2);
+  CHECK_THAT(batches.err, Catch::Contains("--cheri-batches"));
+  // Without a GPU the plugin is unavailable; with one, a batch of 0 is refused before any
+  // work: a one-line error and exit 1 either way.
+  const auto empty = polyprobe("bench cheri --bench-device cuda --cheri-batches 0");
+  CHECK(empty.exit_code == 1);
+  CHECK_THAT(empty.err, Catch::Contains("unavailable here") || Catch::Contains("no plugin named") ||
+                            Catch::Contains("batch sizes must be positive"));
+  CHECK(lines(empty.err) == 1);
 }

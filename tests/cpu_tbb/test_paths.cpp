@@ -132,10 +132,10 @@ TEST_CASE("cpu_tbb: subspace-delta agrees with the reference (hybrid and factore
   options.max_subspace_dim = 40;  // below the natural total: rule (b), fractional ranks
   const auto hybrid =
       HybridSubspace::from_layout(model.parameter_entries(), model.num_parameters(), options);
-  const auto factored =
-      FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
-  for (const RankOneSubspace* subspace : {static_cast<const RankOneSubspace*>(hybrid.get()),
-                                          static_cast<const RankOneSubspace*>(factored.get())}) {
+  // The factored subspace is the plugin factored_subspace's.
+  const auto factored = cpu_registry().make_subspace(model, {"factored", 2, 0, 3});
+  for (const Subspace* subspace :
+       {static_cast<const Subspace*>(hybrid.get()), static_cast<const Subspace*>(factored.get())}) {
     INFO(subspace->kind());
     for (const int32_t d : {3, 8})
       check_all_paths(model, *loss, batch, make_candidates(subspace->dimension(), d, 4, 0.3),

@@ -74,6 +74,39 @@ if cmake -S "$work/consumer" -B "$work/consumer/no_eigen" "${generator[@]}" \
 fi
 grep -F "polyprobe::core needs Eigen3 3.4" "$work/consumer.txt"
 
+echo "== a third-party radius model (examples/radius_model_plugin) built out of tree, used by train"
+cmake -S "$src/examples/radius_model_plugin" -B "$work/plateau" "${generator[@]}" \
+  -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/plateau" >/dev/null
+plateau_dir="$work/plateau/lib/polyprobe/plugins"
+POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" plugins | tee "$work/plateau_plugins.txt"
+grep -E '^plateau +1\.0\.0 +2 +available' "$work/plateau_plugins.txt"
+grep -E '^    radius_model plateau: ' "$work/plateau_plugins.txt"
+grep -E '^radius models \(--radius-model\): .*plateau \(plateau\)' "$work/plateau_plugins.txt"
+POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" train --quiet --seed 1 --epochs 2 \
+  --radius-model plateau --radius-options '{"patience": 3}' | tee "$work/plateau_train.txt"
+grep -E '^model: .*; radius model plateau \(plugin\)$' "$work/plateau_train.txt"
+tail -n 1 "$work/plateau_train.txt" | grep -E 'test accuracy: [0-9.]+%'
+# Options it refuses are an error with its reason.
+if POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" train --quiet --epochs 1 --radius-model plateau \
+  --radius-options '{"patience": 0}' 2>"$work/plateau_err.txt"; then
+  echo "plateau accepted patience 0"; exit 1
+fi
+grep -F "radius model 'plateau' (plugin plateau) refuses this configuration: plateau: patience must be at least 1" "$work/plateau_err.txt"
+
+echo "== the factored subspace is a plugin of the install; without it everything else works"
+"$host" plugins | grep -E '^factored_subspace +1\.0\.0 +2 +available'
+"$host" train --quiet --seed 1 --epochs 1 --subspace factored --subspace-rank 4 | tee "$work/factored.txt"
+grep -E '^model: .*; subspace factored \([0-9]+ coordinates\)' "$work/factored.txt"
+rm "$work/prefix/lib/polyprobe/plugins/libpolyprobe_factored_subspace.so"
+if "$host" train --quiet --epochs 1 --subspace factored 2>"$work/factored_err.txt"; then
+  echo "--subspace factored worked without its plugin"; exit 1
+fi
+grep -F "unknown subspace kind 'factored' (kinds: full, hybrid)" "$work/factored_err.txt"
+grep -F "polyprobe ships --subspace factored as the plugin 'factored_subspace' (libpolyprobe_factored_subspace.so)" "$work/factored_err.txt"
+"$host" train --quiet --seed 1 --epochs 1 --subspace hybrid --max-subspace-dim 300 | tail -n 1 | grep -E 'test accuracy: [0-9.]+%'
+"$host" train --quiet --seed 1 --epochs 1 | tail -n 1 | grep -E 'test accuracy: [0-9.]+%'
+
 echo "== without the plugin, the same model file is a clear error"
 unset POLYPROBE_PLUGIN_PATH
 if "$host" train --model "$src/examples/layer_plugin/model.json" --quiet 2>"$work/err.txt"; then

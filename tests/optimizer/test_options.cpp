@@ -134,8 +134,7 @@ TEST_CASE("a malformed value names the option and what it expects", "[optimizer]
   CHECK_THAT(set_error("polytope", "sphere"),
              Catch::Contains("--polytope: unknown polytope 'sphere'"));
   CHECK_THAT(set_error("subspace", "lowrank"),
-             Catch::Contains("--subspace: unknown subspace kind 'lowrank' (kinds: full, hybrid, "
-                             "factored)"));
+             Catch::Contains("--subspace: unknown subspace kind 'lowrank' (kinds: full, hybrid)"));
   CHECK_THAT(set_error("radius-model", "newton"), Catch::Contains("--radius-model"));
   CHECK_THAT(set_error("solver", "exact"), Catch::Contains("--solver"));
   CHECK_THAT(set_error("blocks", "layers"), Catch::Contains("--blocks"));
@@ -152,8 +151,8 @@ TEST_CASE("an option given where it has no effect is an error naming its rule",
     Pairs enable;             // settings under which the option applies
   };
   const std::vector<Case> cases = {
-      {"subspace-rank", "4", "--subspace hybrid or factored", {{"subspace", "factored"}}},
-      {"max-subspace-dim", "100", "--subspace hybrid", {{"subspace", "hybrid"}}},
+      {"subspace-rank", "4", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
+      {"max-subspace-dim", "100", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
       {"subspace-seed", "5", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
       {"subspace-particle-dim", "4", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
       {"epsilon-final",
@@ -257,7 +256,7 @@ TEST_CASE("the combination rules of training and of the optimizer are one-line e
 TEST_CASE("subspace kinds are looked up by name and build their subspace",
           "[optimizer][options][subspace]") {
   const Model model = testing::small_mlp(1, 8, 16, 4);
-  CHECK(subspace_kind_names() == "full, hybrid, factored");
+  CHECK(subspace_kind_names() == "full, hybrid");  // factored: the plugin factored_subspace
   SubspaceSettings s;
   CHECK(make_subspace(model, s) == nullptr);
   s.kind = "hybrid";
@@ -269,13 +268,9 @@ TEST_CASE("subspace kinds are looked up by name and build their subspace",
   CHECK(hybrid->dimension() == 48 + 16 + 40 + 4);
   s.max_subspace_dim = 50;
   CHECK(make_subspace(model, s)->dimension() <= 50);
-  s.kind = "factored";
-  const auto factored = make_subspace(model, s);
-  CHECK(factored->kind() == "factored");
-  CHECK(factored->dimension() == 16 * 2 + 16 + 4 * 2 + 4);
   s.kind = "spectral";
   CHECK_THROWS_WITH(make_subspace(model, s),
-                    "unknown subspace kind 'spectral' (kinds: full, hybrid, factored)");
+                    "unknown subspace kind 'spectral' (kinds: full, hybrid)");
 }
 
 TEST_CASE("docs/training.md lists exactly the option table", "[optimizer][options][docs]") {

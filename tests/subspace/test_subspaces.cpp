@@ -1,6 +1,9 @@
-// HybridSubspace's allocation rule (bench/README.md, "Subspace") and both subspaces' maps.
+// HybridSubspace's allocation rule (bench/README.md, "Subspace") and the maps of the hybrid
+// subspace and of the factored one (from the plugin factored_subspace, through the registry).
+#include <polyprobe/error.hpp>
 #include <polyprobe/layer.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
 #include <catch2/catch.hpp>
@@ -103,15 +106,101 @@ TEST_CASE("hybrid bases are orthonormal and the map is A V^T + U B", "[subspace]
   check_map(*s, model);
 }
 
-TEST_CASE("factored subspace: rows move along the fixed B", "[subspace]") {
+// The build tree's plugins (the factored_subspace target is a dependency of this test).
+const PluginRegistry& registry() {
+  static PluginRegistry* r = [] {
+    auto* loaded = new PluginRegistry();
+    loaded->load_directories({PluginRegistry::executable_plugin_dir()});
+    return loaded;
+  }();
+  return *r;
+}
+
+TEST_CASE("factored subspace (plugin): rows move along the fixed, orthonormal B", "[subspace]") {
   const Model model = mlp({6, 5, 3});
-  const auto s =
-      FactoredSubspace::from_layout(model.parameter_entries(), model.num_parameters(), 2);
+  const PluginInfo* info = registry().find("factored_subspace");
+  REQUIRE(info != nullptr);
+  REQUIRE(info->available);
+  const auto made = registry().make_subspace(model, {"factored", 2, 0, 3});
+  const auto* s = dynamic_cast<const RankOneSubspace*>(made.get());
+  REQUIRE(s != nullptr);
+  CHECK(s->kind() == "factored");
   CHECK(s->dimension() == 5 * 2 + 5 + 3 * 2 + 3);
   CHECK(s->coordinates()[0].row == 0);
   CHECK(s->coordinates()[1].row == 0);
   CHECK(s->coordinates()[2].row == 1);
+  // Coordinates 0 and 1 move row 0 along B's two rows: orthonormal.
+  const RankOneCoordinate& b0 = s->coordinates()[0];
+  const RankOneCoordinate& b1 = s->coordinates()[1];
+  double dot = 0, n0 = 0, n1 = 0;
+  for (int64_t i = 0; i < 6; ++i)
+    dot += b0.v[i] * b1.v[i], n0 += b0.v[i] * b0.v[i], n1 += b1.v[i] * b1.v[i];
+  CHECK(dot == Approx(0).margin(1e-14));
+  CHECK(n0 == Approx(1).epsilon(1e-14));
+  CHECK(n1 == Approx(1).epsilon(1e-14));
+  CHECK(b0.v == s->coordinates()[2].v);  // every row shares B
   check_map(*s, model);
+  // The same options give the same bases (what resuming relies on); another seed others.
+  const auto again = registry().make_subspace(model, {"factored", 2, 0, 3});
+  const auto other = registry().make_subspace(model, {"factored", 2, 0, 4});
+  const auto* a = dynamic_cast<const RankOneSubspace*>(again.get());
+  const auto* o = dynamic_cast<const RankOneSubspace*>(other.get());
+  for (int64_t i = 0; i < 6; ++i) CHECK(a->coordinates()[0].v[i] == b0.v[i]);
+  CHECK(o->coordinates()[0].v[0] != b0.v[0]);
+}
+
+TEST_CASE("factored subspace (plugin): a dimension bound lowers the rank or is refused",
+          "[subspace]") {
+  const Model model = mlp({6, 5, 3});
+  // rank 2 needs 24; a bound of 20 leaves rank 1: 5 + 5 + 3 + 3 = 16.
+  CHECK(registry().make_subspace(model, {"factored", 2, 20, 3})->dimension() == 16);
+  try {
+    (void)registry().make_subspace(model, {"factored", 2, 10, 3});
+    FAIL("a bound below rank 1's dimension was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("even rank 1 needs 16 coordinates") &&
+                             Catch::Contains("plugin factored_subspace"));
+  }
+}
+
+TEST_CASE("factored subspace (plugin): mixed-dtype models are refused with the reason",
+          "[subspace]") {
+  const LayerFactory factory = LayerFactory::with_builtins();
+  Model model(Shape{{6}});
+  model.add(factory.create("linear", {{"out_features", 5}, {"weight_transform", "sign"}},
+                           model.output_shape()));
+  model.add(factory.create("relu", nlohmann::json::object(), model.output_shape()));
+  model.add(factory.create("linear", {{"out_features", 3}}, model.output_shape()));
+  try {
+    (void)registry().make_subspace(model, {"factored", 2, 0, 3});
+    FAIL("a model with binary weights was accepted");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("parameter '0.weight' of layer 0 (linear)") &&
+                             Catch::Contains("mixed-dtype models need per-entry subspaces") &&
+                             Catch::Contains("--subspace hybrid"));
+  }
+  // The hybrid subspace has a basis per entry and takes the model.
+  CHECK(registry().make_subspace(model, {"hybrid", 2, 0, 3})->dimension() > 0);
+}
+
+TEST_CASE("subspace kinds: unknown kinds and a missing plugin are clear errors", "[subspace]") {
+  const Model model = mlp({6, 5, 3});
+  const PluginRegistry empty;  // no plugins at all
+  try {
+    (void)empty.make_subspace(model, {"factored", 2, 0, 3});
+    FAIL("the factored kind was made without its plugin");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("unknown subspace kind 'factored' (known: full, hybrid)") &&
+                             Catch::Contains("plugin path"));
+  }
+  const auto kinds = registry().subspace_kinds();
+  REQUIRE(kinds.size() == 3);
+  CHECK(kinds[0].name == "full");
+  CHECK(kinds[1].name == "hybrid");
+  CHECK(kinds[1].provider == "core");
+  CHECK(std::any_of(kinds.begin(), kinds.end(), [](const NamedComponent& c) {
+    return c.name == "factored" && c.provider == "factored_subspace";
+  }));
 }
 
 }  // namespace

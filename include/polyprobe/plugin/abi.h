@@ -333,6 +333,107 @@ typedef struct pp_accumulate_benchmark {
   uint64_t seed;
 } pp_accumulate_benchmark;
 
+/* --- Subspaces ------------------------------------------------------------------------ */
+
+/* One parameter tensor of a model as a subspace kind sees it. */
+typedef struct pp_param_entry {
+  const char* name; /* PyTorch's name, "0.weight" */
+  int32_t layer;    /* index into the model view's layers */
+  int32_t ndim;
+  const int64_t* shape;
+  int64_t offset; /* into the flat parameter vector */
+  int64_t size;
+} pp_param_entry;
+
+/* How the user asked for a subspace (--subspace-rank, --subspace-dim, the seed). */
+typedef struct pp_subspace_options {
+  uint32_t struct_size;
+  int64_t rank;          /* basis rank per weight, >= 1 */
+  int64_t max_dimension; /* bound on the number of coordinates; 0 = none */
+  uint64_t seed;         /* the bases' random stream */
+} pp_subspace_options;
+
+/* A subspace kind provided by a plugin: a linear map from search coordinates to parameter
+ * changes, described to evaluators as rank-one coordinates (pp_subspace_view), the form
+ * every backend's subspace path reads. The optimizer absorbs every move into the model's
+ * parameters, so the incumbent stays at coordinate 0. A subspace is fixed once created:
+ * the host recreates it from the same options and seed on resume, so it needs no state. */
+typedef struct pp_subspace_kind {
+  uint32_t struct_size;
+  const char* kind;    /* as in --subspace, e.g. "factored" */
+  const char* summary; /* one line for `polyprobe plugins` */
+  /* Creates the subspace of a model: `entries` are its parameter tensors in order, `model`
+   * says which layer each belongs to (op, transforms, contract). A model it cannot span is
+   * refused with PP_UNSUPPORTED and the reason (what, where, what to use instead). The views
+   * need not outlive the call. */
+  int (*create)(const pp_model_view* model, const pp_param_entry* entries, int32_t n_entries,
+                const pp_subspace_options* options, void** self, pp_error* err);
+  void (*destroy)(void* self);
+  /* Fills `view` (struct_size is set by the caller): kind, dimension, n_params and coords.
+   * What it points to belongs to the subspace and stays valid and unchanged until destroy. */
+  int (*describe)(const void* self, pp_subspace_view* view, pp_error* err);
+} pp_subspace_kind;
+
+/* --- Radius models --------------------------------------------------------------------- */
+
+/* What a radius model is told about the optimizer it serves: fixed for a run. */
+typedef struct pp_radius_config {
+  uint32_t struct_size;
+  const char* options_json; /* the user's --radius-options, "{}" when none */
+  double step_radius;       /* the configured base radii, before schedule and multipliers */
+  double probe_radius;
+  int64_t total_steps; /* the run's planned steps (schedules end there) */
+  int32_t particle_dim;
+  int32_t n_vertices;
+  int32_t n_probes;
+  int32_t subspace; /* 1 when the search runs over a subspace's coordinates */
+} pp_radius_config;
+
+/* pp_radius_model_kind.flags */
+enum {
+  /* every scored step evaluates the incumbent f(X) and reports it (observe_incumbent) */
+  PP_RADIUS_NEEDS_INCUMBENT = 1u << 0
+};
+
+/* A radius model provided by a plugin: the core's RadiusModel (radius_model.hpp) across the
+ * boundary. Each scored step the optimizer reads the multipliers on its scheduled radii,
+ * scores the candidates, reports the mean candidate cost (and the incumbent's loss when
+ * PP_RADIUS_NEEDS_INCUMBENT), asks how far to move along each block's transport move given
+ * that block's local quadratic model, and records the predicted change. Calls on one model
+ * come from one host thread at a time. Every call but destroy returns PP_OK or a reason. */
+typedef struct pp_radius_model_kind {
+  uint32_t struct_size;
+  const char* name;    /* as in --radius-model, e.g. "plateau" */
+  const char* summary; /* one line for `polyprobe plugins` */
+  uint32_t flags;      /* OR of PP_RADIUS_* */
+  /* Creates a model for one optimizer. A configuration it cannot serve (bad options, a
+   * search it was not made for) is refused with PP_UNSUPPORTED and the reason. */
+  int (*create)(const pp_radius_config* config, void** self, pp_error* err);
+  void (*destroy)(void* self);
+  /* The multipliers on the scheduled step and probe radii for the coming step (> 0). */
+  int (*multipliers)(const void* self, double* step, double* probe, pp_error* err);
+  /* (optional) The mean candidate cost of the step just scored. */
+  int (*observe_costs)(void* self, double mean_cost, pp_error* err);
+  /* (optional) f(X) of a scored step; comparable = 0 when the objective (minibatch) changed or
+   * a momentum-only step intervened since the last recorded prediction. */
+  int (*observe_incumbent)(void* self, double loss, int32_t comparable, pp_error* err);
+  /* (optional; NULL = 1) The step length along a block's transport move m, as a multiple of
+   * it, given the block's model q(a) = a slope + a^2 curvature / 2. */
+  int (*move_scale)(const void* self, double slope, double curvature, double* scale, pp_error* err);
+  /* (optional) The predicted change of the step just taken (sum over blocks); at_boundary =
+   * 1 when a step length hit its cap. */
+  int (*record_prediction)(void* self, double predicted_change, int32_t at_boundary, pp_error* err);
+  /* (optional) Forget any deferred comparison (objective changed, resync). */
+  void (*invalidate)(void* self);
+  /* Its state for checkpoints, as bytes: writes at most `capacity` bytes into `data` and the
+   * size of the whole state into *size (data == NULL asks for the size alone). Resuming from
+   * it must continue bit for bit. */
+  int (*save)(const void* self, uint8_t* data, int64_t capacity, int64_t* size, pp_error* err);
+  /* Restores a state written by save (of the same name); a state it cannot read is refused
+   * with the reason. */
+  int (*load)(void* self, const uint8_t* data, int64_t size, pp_error* err);
+} pp_radius_model_kind;
+
 /* --- The descriptor -------------------------------------------------------------------- */
 
 typedef struct pp_plugin {
@@ -361,6 +462,17 @@ typedef struct pp_plugin {
   /* (optional) creates an accumulator of `strategy`. */
   int (*accumulator_create)(const char* strategy, int32_t dtype, void** self,
                             const pp_accumulator_api** api, pp_error* err);
+  /* Appended after API 2's first descriptor (read when struct_size covers them): */
+  const pp_subspace_kind* subspaces; /* (optional) the subspace kinds it adds */
+  int32_t n_subspaces;
+  const pp_radius_model_kind* radius_models; /* (optional) the radius models it adds */
+  int32_t n_radius_models;
+  /* (optional, appended: check with PP_HAS_FIELD) runs the plugin's own kernel benchmark
+   * `suite` on its device, for `polyprobe bench`: options and the result are JSON text, the
+   * result {"records": [{...}, ...]} with the fields of the host's bench records. *result
+   * points into plugin memory, valid until the plugin's next bench call; host thread only. */
+  int (*bench)(const char* suite, const char* options_json, const char** result_json,
+               pp_error* err);
 } pp_plugin;
 
 /* The one exported symbol. Returns NULL when the plugin cannot serve host_api_version. */
