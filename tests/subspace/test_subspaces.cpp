@@ -190,8 +190,9 @@ TEST_CASE("subspace kinds: unknown kinds and a missing plugin are clear errors",
     (void)empty.make_subspace(model, {"factored", 2, 0, 3});
     FAIL("the factored kind was made without its plugin");
   } catch (const Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("unknown subspace kind 'factored' (known: full, hybrid)") &&
-                             Catch::Contains("plugin path"));
+    CHECK_THAT(e.what(),
+               Catch::Contains("unknown subspace kind 'factored' (known: full, hybrid)") &&
+                   Catch::Contains("plugin path"));
   }
   const auto kinds = registry().subspace_kinds();
   REQUIRE(kinds.size() == 3);
