@@ -52,3 +52,33 @@ if(NOT POLYPROBE_PYTHON STREQUAL "OFF")
                         "or configure with -DPOLYPROBE_PYTHON=OFF")
   endif()
 endif()
+
+# MPI (optional, computed once like CUDA's): only distributed/ and the host app's train command
+# use it; the core knows nothing of it.
+set(POLYPROBE_HAVE_MPI OFF)
+if(NOT POLYPROBE_MPI STREQUAL "OFF")
+  find_package(MPI 3.0 COMPONENTS C QUIET)
+  if(MPI_C_FOUND)
+    set(POLYPROBE_HAVE_MPI ON)
+  elseif(POLYPROBE_MPI STREQUAL "ON")
+    message(FATAL_ERROR "POLYPROBE_MPI=ON but no MPI was found; install libopenmpi-dev "
+                        "openmpi-bin (scripts/install-deps.sh) or configure with -DPOLYPROBE_MPI=OFF")
+  endif()
+endif()
+find_program(POLYPROBE_MPIEXEC NAMES mpirun mpiexec)
+
+# NCCL (optional): the losses of GPU ranks all-gathered between device buffers. Needs MPI (to
+# bootstrap) and the CUDA Toolkit with libnccl.
+set(POLYPROBE_HAVE_NCCL OFF)
+if(NOT POLYPROBE_NCCL STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  find_path(POLYPROBE_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(POLYPROBE_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(POLYPROBE_HAVE_MPI AND CUDAToolkit_FOUND AND POLYPROBE_NCCL_INCLUDE_DIR AND POLYPROBE_NCCL_LIBRARY)
+    set(POLYPROBE_HAVE_NCCL ON)
+  elseif(POLYPROBE_NCCL STREQUAL "ON")
+    message(FATAL_ERROR "POLYPROBE_NCCL=ON needs MPI, the CUDA Toolkit and libnccl "
+                        "(/usr/local/cuda/include/nccl.h, /usr/local/cuda/lib64/libnccl.so); "
+                        "or configure with -DPOLYPROBE_NCCL=OFF")
+  endif()
+endif()

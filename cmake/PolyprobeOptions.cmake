@@ -8,6 +8,12 @@ set_property(CACHE POLYPROBE_CUDA PROPERTY STRINGS AUTO ON OFF)
 set(POLYPROBE_PYTHON "AUTO" CACHE STRING
     "Build the Python package (python/): AUTO (when pybind11 and Debian's python3 are found), ON or OFF")
 set_property(CACHE POLYPROBE_PYTHON PROPERTY STRINGS AUTO ON OFF)
+set(POLYPROBE_MPI "AUTO" CACHE STRING
+    "Build polyprobe_distributed (candidates sharded over MPI ranks): AUTO (when CMake finds MPI), ON or OFF")
+set_property(CACHE POLYPROBE_MPI PROPERTY STRINGS AUTO ON OFF)
+set(POLYPROBE_NCCL "AUTO" CACHE STRING
+    "Carry the losses of GPU ranks over NCCL (needs MPI and the CUDA Toolkit's libnccl): AUTO, ON or OFF")
+set_property(CACHE POLYPROBE_NCCL PROPERTY STRINGS AUTO ON OFF)
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE Release CACHE STRING "Build type" FORCE)

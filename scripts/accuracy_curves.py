@@ -1,49 +1,36 @@
 #!/usr/bin/env python3
 """Curves of test accuracy of the restored state against wall time, from metrics files.
 
-`polyprobe train --metrics FILE` ends FILE with a record {"split": "test", "seconds": ...,
-"accuracy": ...}: the test result of the state the run restored (its best validated one) after
-`seconds` of training. One run with --time-limit T is therefore one point of the curve "what
-does training for T seconds give"; runs of the same configuration with several limits make the
-curve. (A run's own validation records are not test results, so they are not used.)
+`polyprobe train --metrics FILE --metrics-test` writes into every validation record
+"best_test_accuracy": the test accuracy of the best validated state so far, the one a run
+stopped at that moment restores. Runs are deterministic, so a --time-limit run is a prefix of
+the longer one. Every metrics file also ends with {"split": "test", ...}: the test result of
+the state the run restored (so a file without --metrics-test gives one point).
 
-  accuracy_curves.py run DIR LABEL LIMITS POLYPROBE [TRAIN ARGS...]
-      runs `POLYPROBE train TRAIN ARGS --time-limit T --metrics DIR/LABEL-T.jsonl` for each T
-      in LIMITS (comma-separated seconds), one after the other.
-  accuracy_curves.py plot OUT.svg LABEL=GLOB [LABEL=GLOB ...]
-      reads the final test record of every metrics file GLOB matches, prints a Markdown table
-      (label, seconds, steps, test accuracy) and writes the curves, one line per label, as a
-      self-contained SVG.
+  accuracy_curves.py OUT.svg LABEL=FILE [LABEL=FILE ...]
+      prints a Markdown table (label, seconds, step, test accuracy of the restored state) and
+      writes the curves, one line per label, as a self-contained SVG.
 """
-import glob
 import json
-import subprocess
 import sys
 
 
-def run(out_dir, label, limits, polyprobe, args):
-    for limit in limits.split(","):
-        path = f"{out_dir}/{label}-{limit}.jsonl"
-        open(path, "w").close()  # a fresh file, not appended to an old one
-        cmd = [polyprobe, "train", "--quiet", *args, "--time-limit", limit, "--metrics", path]
-        print("+", " ".join(cmd), flush=True)
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            sys.exit(f"FAIL: {' '.join(cmd)}\n{done.stderr}")
-        print(done.stdout.strip().splitlines()[-1], flush=True)
-
-
-def test_point(path):
-    """(seconds, accuracy, step) of the file's final test record."""
-    last = None
+def test_points(path):
+    """(seconds, accuracy, step) of every validation that knows the restored state's test
+    accuracy, then the final test record."""
+    points = []
     with open(path) as f:
         for line in f:
             record = json.loads(line)
-            if record.get("split") == "test":
-                last = record
-    if last is None:
-        sys.exit(f"FAIL: {path} has no test record (a run without a test split, or interrupted)")
-    return last["seconds"], last["accuracy"], last["step"]
+            if record.get("split") == "validation" and "best_test_accuracy" in record:
+                points.append((record["seconds"], record["best_test_accuracy"], record["step"]))
+            elif record.get("split") == "test":
+                # The run's end; with --metrics-test its last validation already says it.
+                if not points or points[-1][2] != record["step"]:
+                    points.append((record["seconds"], record["accuracy"], record["step"]))
+    if not points:
+        sys.exit(f"FAIL: {path} has no test results (train with --metrics-test and a test split)")
+    return points
 
 
 def svg(curves, width=640, height=360):
@@ -82,30 +69,21 @@ def svg(curves, width=640, height=360):
     return "\n".join(out) + "\n"
 
 
-def plot(out_svg, specs):
-    curves = {}
-    print("| configuration | seconds | steps | test accuracy (restored state) |")
-    print("| --- | --- | --- | --- |")
-    for spec in specs:
-        label, _, pattern = spec.partition("=")
-        files = sorted(glob.glob(pattern))
-        if not files:
-            sys.exit(f"FAIL: {pattern} matches no file")
-        points = sorted(test_point(f) for f in files)
-        curves[label] = points
-        for s, a, step in points:
-            print(f"| {label} | {s:.1f} | {step} | {100 * a:.1f}% |")
-    with open(out_svg, "w") as f:
-        f.write(svg(curves))
-
-
 def main():
-    if len(sys.argv) >= 6 and sys.argv[1] == "run":
-        run(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:])
-    elif len(sys.argv) >= 4 and sys.argv[1] == "plot":
-        plot(sys.argv[2], sys.argv[3:])
-    else:
+    if len(sys.argv) < 3:
         sys.exit(__doc__)
+    curves = {}
+    print("| configuration | seconds | step | test accuracy (restored state) |")
+    print("| --- | --- | --- | --- |")
+    for spec in sys.argv[2:]:
+        label, _, path = spec.partition("=")
+        if not path:
+            sys.exit(f"FAIL: '{spec}' is not LABEL=FILE")
+        curves[label] = test_points(path)
+        for s, a, step in curves[label]:
+            print(f"| {label} | {s:.1f} | {step} | {100 * a:.1f}% |")
+    with open(sys.argv[1], "w") as f:
+        f.write(svg(curves))
 
 
 if __name__ == "__main__":

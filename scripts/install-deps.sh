@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build git pkg-config
   libboost-dev libboost-program-options-dev libboost-filesystem-dev
   libeigen3-dev libtbb-dev nlohmann-json3-dev zlib1g-dev libnlopt-cxx-dev catch2
+  libopenmpi-dev openmpi-bin
   clang clang-format clang-tidy libclang-rt-14-dev
   dataset-fashion-mnist
   python3-dev pybind11-dev python3-numpy python3-tqdm python3-setuptools python3-pip python3-venv

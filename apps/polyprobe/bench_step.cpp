@@ -182,6 +182,24 @@ double measure_peak_gflops(Context& ctx, std::vector<BenchRecord>& records) {
   return gflops;
 }
 
+OptimizerConfig complete_step_config(const Workload& w, const std::string& regime) {
+  const StepRegime* mode = nullptr;
+  for (const StepRegime& r : kRegimes)
+    if (regime == r.name) mode = &r;
+  if (mode == nullptr) throw UsageError("unknown step regime '" + regime + "'");
+  OptimizerConfig config;
+  config.particle_dim = w.spec.d;
+  config.subspace_particle_dim = w.spec.d;
+  config.polytope = w.spec.polytope;
+  config.step_radius = mode->step_radius;
+  config.probe_radius = mode->probe_radius;
+  config.epsilon = mode->epsilon;
+  config.schedule = ScheduleKind::constant;
+  config.radius.kind = mode->radius;
+  config.seed = 1;
+  return config;
+}
+
 namespace {
 
 // Complete optimizer steps on one workload: PolytopeOptimizer::step() as `train` calls it
@@ -193,17 +211,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
   Workload w = build_workload(find_workload(name), 0, &ctx.registry);
-  OptimizerConfig config;
-  config.particle_dim = w.spec.d;
-  config.subspace_particle_dim = w.spec.d;
-  config.polytope = w.spec.polytope;
-  config.step_radius = mode->step_radius;
-  config.probe_radius = mode->probe_radius;
-  config.epsilon = mode->epsilon;
-  config.schedule = ScheduleKind::constant;
-  config.radius.kind = mode->radius;
-  config.seed = 1;
-  PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
+  PolytopeOptimizer optimizer(*w.model, complete_step_config(w, regime), w.subspace.get());
   auto evaluator =
       ctx.registry.make_evaluator(*w.model, *w.loss, step_request(ctx, w, device, threads));
   optimizer.register_evaluator(*evaluator, w.batch);
@@ -420,7 +428,8 @@ BenchSuite step_suite() {
         "reference's radius and at train's default radius)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
         "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
-        "with cuda times the cuda plugin's accumulators on device-resident data)");
+        "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "
+        "only)");
   };
   s.run = run_step;
   return s;

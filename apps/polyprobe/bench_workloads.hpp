@@ -8,6 +8,7 @@
 #include <polyprobe/geometry.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
@@ -70,5 +71,10 @@ struct Workload {
 // it, or without its plugin, they are an Error that says so.
 Workload build_workload(const WorkloadSpec& spec, uint64_t seed = 0,
                         const PluginRegistry* registry = nullptr);
+
+// The optimizer of `bench step`'s complete steps on `w` in `regime` (step@reference: the
+// reference's radius, the fixed radius model; step@train: train's default radii and the
+// quadratic model), with a constant schedule so every timed step is alike (bench_step.cpp).
+OptimizerConfig complete_step_config(const Workload& w, const std::string& regime);
 
 }  // namespace polyprobe::app

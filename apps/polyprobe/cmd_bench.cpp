@@ -1,5 +1,6 @@
 // `polyprobe bench SUITE`: run a benchmark suite and report every record.
 #include "bench.hpp"
+#include "train_ranks.hpp"
 
 #include <polyprobe/error.hpp>
 
@@ -19,10 +20,14 @@ BenchSuite forward_suite();        // bench_forward.cpp
 BenchSuite accumulate_suite();     // bench_accumulate.cpp
 BenchSuite dfo_bench_suite();      // bench_dfo.cpp
 BenchSuite asktell_bench_suite();  // bench_asktell.cpp
+BenchSuite cheri_suite();          // bench_cheri.cpp
+BenchSuite scale_suite();          // bench_scale.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
-  static const std::vector<BenchSuite> suites = {step_suite(), forward_suite(), accumulate_suite(),
-                                                 dfo_bench_suite(), asktell_bench_suite()};
+  static const std::vector<BenchSuite> suites = {step_suite(),          forward_suite(),
+                                                 accumulate_suite(),    dfo_bench_suite(),
+                                                 asktell_bench_suite(), cheri_suite(),
+                                                 scale_suite()};
   return suites;
 }
 
@@ -168,7 +173,8 @@ int run(Context& ctx) {
     it->table(*ctx.out, records);
   else
     print_records(*ctx.out, records);
-  if (ctx.vm.count("json")) {
+  // Under mpirun (bench scale) rank 0 alone writes the file.
+  if (ctx.vm.count("json") && leader_process()) {
     const std::string path = ctx.vm["json"].as<std::string>();
     nlohmann::json list = nlohmann::json::array();
     for (const auto& r : records) list.push_back(r.to_json());

@@ -6,6 +6,7 @@
 // checkpoint to --resume from and, with --save, the best weights so far. Every output path is
 // checked before any work, and none may be one of the run's inputs.
 #include "cli.hpp"
+#include "train_ranks.hpp"
 
 #include <polyprobe/data.hpp>
 #include <polyprobe/loss.hpp>
@@ -25,9 +26,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <iterator>
 #include <sstream>
 
 namespace polyprobe::app {
@@ -344,7 +347,59 @@ std::string save_weights(const std::filesystem::path& save, const Model& model,
   return save.string() + " and " + model_path_for(save).string();
 }
 
-int run(Context& ctx) {
+// What every rank states at start-up (TrainRanks::agree_to_start): the model, the data, every
+// option that shapes the run (not the ones that are each rank's own: plugin folders, threads,
+// output files, --explain, --quiet) and the backend.
+std::vector<std::pair<std::string, std::string>> startup_facts(
+    const po::variables_map& vm, const Model& model, const ModelFile& spec,
+    const DataSplits& splits, const Evaluator& evaluator, const TrainOptions& options) {
+  std::vector<std::pair<std::string, std::string>> facts;
+  facts.emplace_back("polyprobe version", POLYPROBE_VERSION);
+  for (const auto& [name, value] : vm) {
+    if (name == "plugin-dir" || name == "threads" || name == "quiet" || name == "explain" ||
+        name == "config" || name == "rank-timeout" || name == "metrics" || name == "save" ||
+        name == "checkpoint")
+      continue;
+    std::string text = "(a value of another type)";
+    const boost::any& any = value.value();
+    if (const auto* str = boost::any_cast<std::string>(&any)) text = *str;
+    if (const auto* i64 = boost::any_cast<int64_t>(&any)) text = std::to_string(*i64);
+    if (const auto* i32 = boost::any_cast<int>(&any)) text = std::to_string(*i32);
+    if (const auto* num = boost::any_cast<double>(&any)) text = format_number(*num);
+    if (const auto* flag = boost::any_cast<bool>(&any)) text = *flag ? "true" : "false";
+    facts.emplace_back("option --" + name, text);
+  }
+  std::string layers;
+  for (std::size_t i = 0; i < model.num_layers(); ++i)
+    layers += model.layer(i).kind() + " -> " + model.layer(i).output_shape().str() + "; ";
+  facts.emplace_back("model (layers)", TrainRanks::digest(layers.data(), layers.size()));
+  const auto params = model.parameters();
+  facts.emplace_back("model (initial parameters)",
+                     TrainRanks::digest(params.data(), params.size_bytes()));
+  facts.emplace_back("loss", spec.loss + ", l2 " + format_number(spec.l2));
+  for (const Dataset* split : {&splits.train, &splits.validation, &splits.test}) {
+    const std::string which = "data (" + split->name + ")";
+    facts.emplace_back(which + " samples", std::to_string(split->size()));
+    facts.emplace_back(which + " features",
+                       TrainRanks::digest(split->features.data(),
+                                          static_cast<std::size_t>(split->features.size()) *
+                                              sizeof(*split->features.data())));
+    facts.emplace_back(
+        which + " labels",
+        TrainRanks::digest(split->labels.data(), split->labels.size() * sizeof(split->labels[0])));
+  }
+  facts.emplace_back("backend", evaluator.name());
+  if (options.resume) {
+    std::ifstream file(options.checkpoint_path, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(file)),
+                            std::istreambuf_iterator<char>());
+    facts.emplace_back("checkpoint read by --resume",
+                       TrainRanks::digest(bytes.data(), bytes.size()));
+  }
+  return facts;
+}
+
+int train_run(Context& ctx, TrainRanks& ranks) {
   const po::variables_map& vm = ctx.vm;
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
 
@@ -364,6 +419,9 @@ int run(Context& ctx) {
   if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
     throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
+  options.record_test = vm["metrics-test"].as<bool>();
+  if (options.record_test && options.metrics_path.empty())
+    throw UsageError("--metrics-test writes into the metrics file: add --metrics FILE");
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
   if (vm.count("checkpoint"))
@@ -442,12 +500,21 @@ int run(Context& ctx) {
                  << layer["contract_not_trusted"].get<std::string>() << "\n";
   }
 
+  if (ranks.size() > 1) {
+    ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
+    evaluator = ranks.shard(std::move(evaluator));
+    options.write_files = ranks.leader();
+    options.agree_on_stop = ranks.stop_agreement();
+  }
+
   std::ostream& out = *ctx.out;
   out << "data: " << splits.train.name.substr(0, splits.train.name.find('/')) << " ("
       << splits.train.size() << " train, " << splits.validation.size() << " validation, "
       << splits.test.size() << " test, " << splits.train.num_classes << " classes)\n"
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
+  if (ranks.size() > 1)
+    out << " on each of " << ranks.size() << " ranks (losses over " << ranks.exchange() << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
   if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
@@ -502,7 +569,7 @@ int run(Context& ctx) {
     // train() wrote the checkpoint (the current state) and left the best validated state in
     // the model.
     out << "interrupted at step " << result.steps;
-    if (!save.empty()) {
+    if (!save.empty() && ranks.leader()) {
       const std::string saved = save_weights(save, model, spec, data, data_name);
       if (result.best_epoch >= 0)
         out << "; saved the best weights so far (validation accuracy "
@@ -521,7 +588,8 @@ int run(Context& ctx) {
                                          : "best training-split accuracy (no validation split): ")
         << percent(result.best_validation_accuracy) << " (step " << result.best_step << ", epoch "
         << result.best_epoch + 1 << ", restored)\n";
-  if (!save.empty()) out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
+  if (!save.empty() && ranks.leader())
+    out << "saved " << save_weights(save, model, spec, data, data_name) << "\n";
   if (splits.test.size() == 0) {
     out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
     return 0;
@@ -539,6 +607,31 @@ int run(Context& ctx) {
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;
+}
+
+// Alone, the run; with ranks, a rank that fails before the start-up agreement says why there
+// (so every rank hears it, once), and one that fails after it ends the job (TrainRanks::fail).
+int run(Context& ctx) {
+  const double timeout = ctx.vm["rank-timeout"].as<double>();
+  if (!(timeout >= 0) || !std::isfinite(timeout))
+    throw UsageError("--rank-timeout must be a number of seconds >= 0 (0: wait for ever)");
+  TrainRanks ranks(timeout);
+  try {
+    return train_run(ctx, ranks);
+  } catch (const std::exception& e) {
+    if (ranks.size() == 1) throw;
+    if (ranks.agreed()) ranks.fail(e.what());
+    if (ranks.asked()) throw;  // the agreement's own verdict, thrown on every rank
+    const std::exception_ptr original = std::current_exception();
+    try {
+      ranks.agree_to_start(e.what(), {});
+    } catch (const Error& together) {
+      // Every rank met this same error: report it as itself (a usage error exits 2).
+      if (std::string(together.what()) == e.what()) std::rethrow_exception(original);
+      throw;
+    }
+    throw;
+  }
 }
 
 }  // namespace
@@ -567,7 +660,8 @@ Command train_command() {
       "  polyprobe train --config examples/configs/fashion-mnist.ini --metrics fm.jsonl\n"
       "  polyprobe train --save run.safetensors --epochs 40   # Ctrl-C at any time, then:\n"
       "  polyprobe train --save run.safetensors --epochs 40 --resume\n"
-      "  polyprobe eval --weights run.safetensors";
+      "  polyprobe eval --weights run.safetensors\n"
+      "  mpirun -np 2 polyprobe train --save run.safetensors   # candidates shared by 2 ranks";
   c.options = [](po::options_description& o, po::positional_options_description&) {
     o.add_options()(
         "data", po::value<std::string>()->default_value("digits"),
@@ -594,6 +688,10 @@ Command train_command() {
         "metrics", po::value<std::string>()->value_name("FILE"),
         "write JSON lines (step, epoch, loss, accuracy, candidates, seconds, paths) to FILE; "
         "`polyprobe report FILE -o report.html` draws them")(
+        "metrics-test", po::bool_switch(),
+        "with --metrics: measure the test split whenever the best validated state changes and "
+        "write its accuracy into every validation record (for curves of test accuracy against "
+        "time: scripts/accuracy_curves.py)")(
         "save", po::value<std::string>()->value_name("FILE"),
         "write the trained weights to FILE (safetensors) and the model file beside it "
         "(FILE with .json); checkpoints go to FILE.ckpt")(
@@ -601,7 +699,10 @@ Command train_command() {
         "checkpoint file (default: the --save file + .ckpt), written after every epoch")(
         "resume", po::bool_switch(), "continue from the checkpoint")(
         "radius-options", po::value<std::string>()->default_value("{}")->value_name("JSON"),
-        "options of a plugin's radius model (--radius-model), as a JSON object");
+        "options of a plugin's radius model (--radius-model), as a JSON object")(
+        "rank-timeout", number_value(300),
+        "under mpirun: seconds a rank waits for the others (a step, the start-up) before it "
+        "ends the job saying which wait timed out (0: wait for ever)");
     add_optimizer_options(o);
     add_backend_options(o);
   };

@@ -496,15 +496,16 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     bool finite = true;
     for (int64_t c = b; c < e; ++c) {
       if (config_.momentum)
-        moves[idx(c)] = velocity_[idx(c)] = mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
+        moves[idx(c)] = velocity_[idx(c)] =
+            mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
       finite = finite && std::isfinite(moves[idx(c)]);
       norm2 += moves[idx(c)] * moves[idx(c)];
     }
     norm_partial[idx(chunk)] = norm2;
     finite_partial[idx(chunk)] = finite ? 1 : 0;
   });
-  const bool finite = std::all_of(finite_partial.begin(), finite_partial.end(),
-                                  [](char f) { return f != 0; });
+  const bool finite =
+      std::all_of(finite_partial.begin(), finite_partial.end(), [](char f) { return f != 0; });
   if (!finite) {
     // A NaN step is reverted: nothing moves and the history that produced it is dropped.
     std::fill(moves.begin(), moves.end(), 0.0);
@@ -540,42 +541,42 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
 
 void StepEngine::apply_metric(std::span<double> moves) {
   threads_.for_chunks(particles_, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
-  Vector<double> move(d_), gradient(d_), change(d_);
-  for (int64_t i = begin; i < end; ++i) {
-    Eigen::Map<Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
-    Eigen::Map<Matrix<double>> inverse(metric_inverse_.data() + i * d_ * d_, d_, d_);
-    Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
-    move = out;
-    out.noalias() = factor.triangularView<Eigen::Lower>() * move;
-    // The fit measured g_u = L^T g along the sheared probes: g = L^-T g_u.
-    gradient = Eigen::Map<const Vector<double>>(gradients_.data() + i * d_, d_);
-    factor.transpose().triangularView<Eigen::Upper>().solveInPlace(gradient);
-    auto& valid = metric_gradient_valid_[idx(i)];
-    Eigen::Map<Vector<double>> previous(metric_gradient_.data() + i * d_, d_);
-    if (!gradient.allFinite()) {
-      valid = 0;
-      continue;
-    }
-    // A finite-difference gradient is off by about (probe radius) x (curvature), and the
-    // gradient changes by about |s| x (curvature): a move much shorter than the probe radius
-    // yields a pair that is mostly noise, so it teaches the metric nothing.
-    const std::span<const double> s(last_move_.data() + i * d_, idx(d_));
-    double s2 = 0;
-    for (double x : s) s2 += x * x;
-    if (valid && std::sqrt(s2) >= kMetricMinMove * probe_r_) {
-      change = gradient - previous;
-      auto& started = metric_started_[idx(i)];
-      if (bfgs_update(inverse, s, {change.data(), idx(d_)}, started == 0)) {
-        started = 1;
-        if (!unit_determinant_factor(inverse, factor)) {
-          inverse.setIdentity();  // lost: start again from the template's own shape
-          started = 0;
+    Vector<double> move(d_), gradient(d_), change(d_);
+    for (int64_t i = begin; i < end; ++i) {
+      Eigen::Map<Matrix<double>> factor(metric_factor_.data() + i * d_ * d_, d_, d_);
+      Eigen::Map<Matrix<double>> inverse(metric_inverse_.data() + i * d_ * d_, d_, d_);
+      Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
+      move = out;
+      out.noalias() = factor.triangularView<Eigen::Lower>() * move;
+      // The fit measured g_u = L^T g along the sheared probes: g = L^-T g_u.
+      gradient = Eigen::Map<const Vector<double>>(gradients_.data() + i * d_, d_);
+      factor.transpose().triangularView<Eigen::Upper>().solveInPlace(gradient);
+      auto& valid = metric_gradient_valid_[idx(i)];
+      Eigen::Map<Vector<double>> previous(metric_gradient_.data() + i * d_, d_);
+      if (!gradient.allFinite()) {
+        valid = 0;
+        continue;
+      }
+      // A finite-difference gradient is off by about (probe radius) x (curvature), and the
+      // gradient changes by about |s| x (curvature): a move much shorter than the probe radius
+      // yields a pair that is mostly noise, so it teaches the metric nothing.
+      const std::span<const double> s(last_move_.data() + i * d_, idx(d_));
+      double s2 = 0;
+      for (double x : s) s2 += x * x;
+      if (valid && std::sqrt(s2) >= kMetricMinMove * probe_r_) {
+        change = gradient - previous;
+        auto& started = metric_started_[idx(i)];
+        if (bfgs_update(inverse, s, {change.data(), idx(d_)}, started == 0)) {
+          started = 1;
+          if (!unit_determinant_factor(inverse, factor)) {
+            inverse.setIdentity();  // lost: start again from the template's own shape
+            started = 0;
+          }
         }
       }
+      previous = gradient;
+      valid = 1;
     }
-    previous = gradient;
-    valid = 1;
-  }
   });
 }
 

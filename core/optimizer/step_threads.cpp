@@ -11,8 +11,7 @@ namespace polyprobe::detail {
 
 struct StepThreads::Arena {
   tbb::task_arena arena;
-  explicit Arena(int threads)
-      : arena(threads > 0 ? threads : tbb::task_arena::automatic) {}
+  explicit Arena(int threads) : arena(threads > 0 ? threads : tbb::task_arena::automatic) {}
 };
 
 StepThreads::StepThreads(int threads) { set_threads(threads); }

@@ -101,14 +101,16 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
   const auto cols = static_cast<std::size_t>(cost.cols());
   const int64_t chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
   partial.resize(2 * cols * static_cast<std::size_t>(chunks));
-  const auto at = [&](int64_t chunk) { return partial.data() + 2 * cols * static_cast<std::size_t>(chunk); };
+  const auto at = [&](int64_t chunk) {
+    return partial.data() + 2 * cols * static_cast<std::size_t>(chunk);
+  };
   threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
     double* column_max = at(chunk);
     std::fill(column_max, column_max + cols, -std::numeric_limits<double>::infinity());
     for (Eigen::Index i = begin; i < end; ++i)
       for (std::size_t v = 0; v < cols; ++v)
-        column_max[v] = std::max(column_max[v], f[static_cast<std::size_t>(i)] -
-                                                    cost(i, static_cast<Eigen::Index>(v)));
+        column_max[v] = std::max(
+            column_max[v], f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)));
   });
   std::vector<double> column_max(cols, -std::numeric_limits<double>::infinity());
   for (int64_t c = 0; c < chunks; ++c)
@@ -118,9 +120,9 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
     std::fill(sums, sums + cols, 0.0);
     for (Eigen::Index i = begin; i < end; ++i)
       for (std::size_t v = 0; v < cols; ++v)
-        sums[v] += std::exp(
-            (f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)) - column_max[v]) /
-            eps);
+        sums[v] += std::exp((f[static_cast<std::size_t>(i)] -
+                             cost(i, static_cast<Eigen::Index>(v)) - column_max[v]) /
+                            eps);
   });
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
@@ -252,9 +254,10 @@ void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double
 
 }  // namespace detail
 
-TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
-                               const SinkhornSettings& settings, SinkhornDuals& duals,
-                               MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
+TransportResult solve_sinkhorn(
+    const ConstMatrixRef<double>& cost, double epsilon, const SinkhornSettings& settings,
+    SinkhornDuals& duals,
+    MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
   return detail::solve_sinkhorn(cost, epsilon, settings, duals, weights, serial());
 }
 

@@ -647,6 +647,28 @@ void PluginRegistry::choose_radius_model(const std::string& name, OptimizerConfi
     return detail::make_plugin_radius_model(chosen, plugin, c);
   };
   settings.plugin_factory();  // a refused configuration is an error now, with its reason
+nlohmann::json PluginRegistry::run_plugin_bench(const std::string& plugin, const std::string& suite,
+                                                const nlohmann::json& options) const {
+  for (std::size_t i = 0; i < infos_.size(); ++i) {
+    const PluginInfo& info = infos_[i];
+    const pp_plugin* desc = descriptors_[i];
+    if (!info.loaded || info.name != plugin || desc == nullptr) continue;
+    if (!info.available) throw Error("plugin '" + plugin + "' is unavailable here: " + info.reason);
+    if (!PP_HAS_FIELD(desc, pp_plugin, bench) || desc->bench == nullptr)
+      throw Error("plugin '" + plugin + "' offers no benchmarks of its own");
+    pp_error err{};
+    const char* result = nullptr;
+    const std::string text = options.dump();
+    if (desc->bench(suite.c_str(), text.c_str(), &result, &err) != PP_OK || result == nullptr)
+      throw Error("plugin '" + plugin + "', benchmark '" + suite + "': " + detail::error_text(err));
+    try {
+      return nlohmann::json::parse(result);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("plugin '" + plugin + "', benchmark '" + suite +
+                  "' returned malformed JSON: " + e.what());
+    }
+  }
+  throw Error("no plugin named '" + plugin + "' is loaded (see `polyprobe plugins`)");
 }
 
 std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string& backend,

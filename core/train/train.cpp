@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace polyprobe {
@@ -189,7 +190,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                                       options.epochs, 0, 0, 0, state.evaluations, state.seconds,
                                       std::nullopt});
   }
-  MetricsLog metrics(options.metrics_path, options.resume);
+  MetricsLog metrics(options.write_files ? options.metrics_path : std::filesystem::path(),
+                     options.resume);
 
   const auto started = std::chrono::steady_clock::now();
   const double seconds_before = state.seconds;
@@ -198,7 +200,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   const auto save_checkpoint = [&] {
-    if (options.checkpoint_path.empty()) return;
+    if (options.checkpoint_path.empty() || !options.write_files) return;
     state.parameters.assign(model.parameters().begin(), model.parameters().end());
     state.epoch = stream.epoch();
     state.position = stream.position();
@@ -210,6 +212,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   };
 
   const int64_t steps_per_epoch = stream.batches_per_epoch();
+  std::optional<double> best_test_accuracy;  // record_test: of the best state so far
   // Measures the validation split and keeps the parameters if they are the best so far.
   const auto validate = [&](int64_t epoch) {
     const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
@@ -222,10 +225,15 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                              {"seconds", elapsed()}};
     // JSON has no NaN: the loss is written as null, and this says why.
     if (!finite) record["nonfinite"] = "loss (never kept as the best state)";
-    metrics.write(record);
     // A non-finite validation never becomes the best state.
     const bool better = finite && (state.best_epoch < 0 || v.accuracy > state.best_accuracy ||
                                    (v.accuracy == state.best_accuracy && v.loss < state.best_loss));
+    if (options.record_test && data.test.size() > 0) {
+      if (better)
+        best_test_accuracy = evaluate_model(model, loss, data.test, options.dtype).accuracy;
+      if (best_test_accuracy) record["best_test_accuracy"] = *best_test_accuracy;
+    }
+    metrics.write(record);
     if (better) {
       state.best_epoch = epoch;
       state.best_step = state.step;
@@ -301,7 +309,13 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     metrics.write(record);
     const bool epoch_done = stream.position() == data.train.size();
     if (epoch_done) ++state.epochs_completed;
-    if (options.time_limit_s > 0 && elapsed() >= options.time_limit_s)
+    // The clock and the signals are this process's; with agree_on_stop the leader's decide.
+    const auto agreed = [&](uint32_t reasons) {
+      return options.agree_on_stop ? options.agree_on_stop(reasons) : reasons;
+    };
+    if (agreed(options.time_limit_s > 0 && elapsed() >= options.time_limit_s
+                   ? uint32_t{stop_time_limit}
+                   : 0U) != 0)
       result.reached_time_limit = true;
     const bool periodic = options.validate_every > 0 && state.step % options.validate_every == 0;
     // Validate at every epoch end (unless validate_every replaces it), every validate_every
@@ -312,7 +326,10 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
       save_checkpoint();
     }
     if (options.on_progress) options.on_progress(progress);
-    if (options.stop != nullptr && options.stop->load()) result.interrupted = true;
+    // After on_progress, which may ask to stop after this very step.
+    if (agreed(options.stop != nullptr && options.stop->load() ? uint32_t{stop_interrupted} : 0U) !=
+        0)
+      result.interrupted = true;
     stop = state.epochs_completed >= options.epochs || result.stopped_early ||
            result.reached_time_limit || result.interrupted;
   }

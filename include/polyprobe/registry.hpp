@@ -136,6 +136,11 @@ class PluginRegistry {
   // unknown names, listing the known ones. `subspace`: the search runs over one.
   void choose_radius_model(const std::string& name, OptimizerConfig& config, bool subspace,
                            const std::string& options_json = "{}") const;
+  // Runs available plugin `plugin`'s own benchmark `suite` (pp_plugin.bench) with `options`
+  // and returns its {"records": [...]}. Throws polyprobe::Error naming the plugin when it is
+  // missing, unavailable (with its reason), offers no benchmarks, or the run fails.
+  nlohmann::json run_plugin_bench(const std::string& plugin, const std::string& suite,
+                                  const nlohmann::json& options) const;
 
   std::unique_ptr<Accumulator> make_accumulator(const std::string& backend,
                                                 const std::string& strategy, int threads = 0,

@@ -70,12 +70,29 @@ struct TrainOptions {
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
   bool resume = false;                    // continue from checkpoint_path
   int64_t max_reverted_steps = 20;        // consecutive non-finite steps before giving up
+  // Metrics only: whenever a validation finds a new best state, also measure the test split,
+  // and write the test accuracy of the best state so far into every validation record
+  // ("best_test_accuracy"), so one run gives the curve of the restored state's test accuracy
+  // against time. Its time counts in "seconds". A resumed run knows it from its next best.
+  bool record_test = false;
   const std::atomic<bool>* stop = nullptr;
   std::function<void(const TrainProgress&)> on_progress;
   // Called once, before the first step, when a checkpoint was read (resume): the step, epoch
   // and seconds it continues from.
   std::function<void(const TrainProgress&)> on_resume;
+  // --- Several processes training one run together (polyprobe_distributed, docs/scale.md):
+  // each calls train() on the same inputs and stays bit-identical with the others.
+  // false: write no metrics and no checkpoints (another process does); resume still reads.
+  bool write_files = true;
+  // (optional) Called twice after every step, in the same order on every process, with this
+  // process's reason to stop (a StopReason bit, or 0): first the time limit, then `stop`
+  // (checked after on_progress), which depend on its clock and its signals; returns the reason
+  // every process acts on (the leader's), so that all stop after the same step.
+  std::function<uint32_t(uint32_t)> agree_on_stop;
 };
+
+// The reasons agree_on_stop carries.
+enum StopReason : uint32_t { stop_time_limit = 1, stop_interrupted = 2 };
 
 struct TrainResult {
   int64_t steps = 0;

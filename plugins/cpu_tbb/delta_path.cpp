@@ -18,7 +18,7 @@
 // exactly. This turns a dense (out_{l+1} x out_{l+2}) suffix per sample into out_{l+2}
 // multiply-adds. The tables cost B out_{l+2} out_{l+1} in_l per call, so they are built
 // only when more than in_l candidates would use them.
-#include "evaluator_impl.hpp"
+#include "delta_path.hpp"
 
 #include <polyprobe/plugin/plugin.hpp>
 
@@ -34,8 +34,16 @@
 namespace polyprobe::cpu_tbb {
 
 template <class S>
-void EvaluatorImpl<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count,
-                                         Scratch& s) const {
+double DeltaPath<S>::table_bytes() const {
+  double values = 0;
+  for (const KinkTable& k : kink_)
+    if (k.built) values += static_cast<double>(k.response.size() + k.inv_room.size());
+  return sizeof(S) * values;
+}
+
+template <class S>
+void DeltaPath<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out, int64_t count,
+                                     Scratch& s) const {
   if (layer.is_relu) {
     for (int64_t i = 0; i < count; ++i) out[i] = in[i] > S(0) ? in[i] : S(0);
     return;
@@ -58,42 +66,44 @@ void EvaluatorImpl<S>::apply_elementwise(const LayerPlan& layer, const S* in, S*
 }
 
 template <class S>
-void EvaluatorImpl<S>::build_kink_tables() {
-  const std::size_t n_layers = plan_.layers.size();
+void DeltaPath<S>::build_kink_tables() {
+  const std::size_t n_layers = ctx_.plan.layers.size();
   // Cumulants of the last layer's columns, when enough candidates will change one unit
   // feeding it (rank-one logit changes; float32 cross-entropy only).
   last_layer_cumulants_.built = false;
-  if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && n_layers > 0 &&
-      plan_.layers.back().op == LayerOp::affine) {
-    const LayerPlan& last = plan_.layers.back();
+  if (std::is_same_v<S, float> && ctx_.loss == kernels::LossKind::cross_entropy && n_layers > 0 &&
+      ctx_.plan.layers.back().op == LayerOp::affine) {
+    const LayerPlan& last = ctx_.plan.layers.back();
     int64_t users = 0;
     for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k < n_layers; ++k)
-      users += first_layer_candidates_[k];
+      users += ctx_.planner->first_layer_candidates()[k];
     if (users > last.in)
-      build_cumulants(last_layer_cumulants_, last.in, eff_.data() + last.offset, 1, last.in, 0);
+      build_cumulants(last_layer_cumulants_, last.in, ctx_.inc.eff.data() + last.offset, 1, last.in,
+                      0);
   }
   for (std::size_t l = 0; l + 2 < n_layers; ++l) {
     KinkTable& table = kink_[l];
     table.built = false;
-    const LayerPlan &first = plan_.layers[l], &relu = plan_.layers[l + 1],
-                    &second = plan_.layers[l + 2];
+    const LayerPlan &first = ctx_.plan.layers[l], &relu = ctx_.plan.layers[l + 1],
+                    &second = ctx_.plan.layers[l + 2];
     if (first.op != LayerOp::affine || relu.op != LayerOp::elementwise || !relu.is_relu ||
         second.op != LayerOp::affine)
       continue;
     int64_t users = 0;  // delta candidates whose sparse change can reach layer l
-    for (std::size_t k = l >= 2 ? l - 2 : 0; k < l; ++k) users += first_layer_candidates_[k];
+    for (std::size_t k = l >= 2 ? l - 2 : 0; k < l; ++k)
+      users += ctx_.planner->first_layer_candidates()[k];
     if (users <= first.in) continue;
-    const int64_t in = first.in, mid = first.out, out = second.out, batch = batch_;
+    const int64_t in = first.in, mid = first.out, out = second.out, batch = ctx_.inc.batch;
     table.response.resize(in * out, batch);
     table.inv_room.resize(in, batch);
     table.room_up.resize(in, batch);
     table.room_down.resize(in, batch);
-    const Mat<S>& z = acts_t_[l + 1];  // [mid, batch], the ReLU's input
-    const Eigen::Map<const Mat<S>> w_first(eff_.data() + first.offset, mid, in);
-    const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
+    const Mat<S>& z = ctx_.inc.acts_t[l + 1];  // [mid, batch], the ReLU's input
+    const Eigen::Map<const Mat<S>> w_first(ctx_.inc.eff.data() + first.offset, mid, in);
+    const Eigen::Map<const Mat<S>> w_second(ctx_.inc.eff.data() + second.offset, out, mid);
     Mat<S>& abs_first_t = table.abs_weights;  // [in, mid], kept between calls
-    abs_first_t = weights_t_[l].cwiseAbs();
-    arena_->execute([&] {
+    abs_first_t = ctx_.inc.weights_t[l].cwiseAbs();
+    ctx_.arena->execute([&] {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
             Mat<S> masked(out, mid), response(out, in);
@@ -114,7 +124,7 @@ void EvaluatorImpl<S>::build_kink_tables() {
               for (int64_t u = 0; u < in; ++u) {
                 table.response.col(b).segment(u * out, out) = response.col(u);
                 table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
-                ratio = weights_t_[l].row(u).array() * signed_inv_z;
+                ratio = ctx_.inc.weights_t[l].row(u).array() * signed_inv_z;
                 table.room_up(u, b) = at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
                 table.room_down(u, b) = at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
               }
@@ -123,35 +133,37 @@ void EvaluatorImpl<S>::build_kink_tables() {
     });
     table.built = true;
     table.cumulants.built = false;
-    if (std::is_same_v<S, float> && loss_ == kernels::LossKind::cross_entropy && l + 3 == n_layers)
+    if (std::is_same_v<S, float> && ctx_.loss == kernels::LossKind::cross_entropy &&
+        l + 3 == n_layers)
       build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1);
   }
 }
 
 template <class S>
-void EvaluatorImpl<S>::build_direction_tables() {
-  direction_.resize(dense_u_.size());
-  const std::size_t n_layers = plan_.layers.size();
+void DeltaPath<S>::build_direction_tables() {
+  direction_.resize(ctx_.dense_u.size());
+  const std::size_t n_layers = ctx_.plan.layers.size();
   // Every direction's table is independent: split over threads (each table is written by
   // one thread, so the tables are the same for any thread count).
-  arena_->execute([&] {
+  ctx_.arena->execute([&] {
     tbb::parallel_for(
-        tbb::blocked_range<std::size_t>(0, dense_u_.size(), 4),
+        tbb::blocked_range<std::size_t>(0, ctx_.dense_u.size(), 4),
         [&](const tbb::blocked_range<std::size_t>& range) {
           Mat<S> masked;
           for (std::size_t k = range.begin(); k != range.end(); ++k) {
             DirectionTable& table = direction_[k];
             table.built = false;
-            const auto l = static_cast<std::size_t>(dense_u_layer_[k]);
-            if (l + 2 >= n_layers || plan_.layers[l].op != LayerOp::affine ||
-                plan_.layers[l + 1].op != LayerOp::elementwise || !plan_.layers[l + 1].is_relu ||
-                plan_.layers[l + 2].op != LayerOp::affine ||
-                static_cast<int64_t>(dense_u_[k].size()) != plan_.layers[l].out)
+            const auto l = static_cast<std::size_t>(ctx_.dense_u_layer[k]);
+            if (l + 2 >= n_layers || ctx_.plan.layers[l].op != LayerOp::affine ||
+                ctx_.plan.layers[l + 1].op != LayerOp::elementwise ||
+                !ctx_.plan.layers[l + 1].is_relu || ctx_.plan.layers[l + 2].op != LayerOp::affine ||
+                static_cast<int64_t>(ctx_.dense_u[k].size()) != ctx_.plan.layers[l].out)
               continue;
-            const LayerPlan& second = plan_.layers[l + 2];
-            const int64_t mid = plan_.layers[l].out, batch = batch_;
-            const Mat<S>& z = acts_t_[l + 1];  // [mid, batch]
-            const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(dense_u_[k].data(), mid);
+            const LayerPlan& second = ctx_.plan.layers[l + 2];
+            const int64_t mid = ctx_.plan.layers[l].out, batch = ctx_.inc.batch;
+            const Mat<S>& z = ctx_.inc.acts_t[l + 1];  // [mid, batch]
+            const Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>> u(ctx_.dense_u[k].data(),
+                                                                          mid);
             masked.resize(mid, batch);
             table.room_up.resize(batch);
             table.room_down.resize(batch);
@@ -171,7 +183,8 @@ void EvaluatorImpl<S>::build_direction_tables() {
               table.room_up(b) = up;
               table.room_down(b) = down;
             }
-            const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, second.out, mid);
+            const Eigen::Map<const Mat<S>> w_second(ctx_.inc.eff.data() + second.offset, second.out,
+                                                    mid);
             table.response.noalias() = w_second * masked;
             table.layer = static_cast<int32_t>(l);
             table.built = true;
@@ -181,13 +194,12 @@ void EvaluatorImpl<S>::build_direction_tables() {
 }
 
 template <class S>
-void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n,
-                                       Scratch& s) const {
+void DeltaPath<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Scratch& s) const {
   const DirectionTable& table = direction_[static_cast<std::size_t>(u_index)];
-  const LayerPlan& second = plan_.layers[l + 2];
-  const int64_t batch = batch_, out = second.out, mid = plan_.layers[l].out;
-  const auto& u = dense_u_[static_cast<std::size_t>(u_index)];
-  const Eigen::Map<const Mat<S>> w_second(eff_.data() + second.offset, out, mid);
+  const LayerPlan& second = ctx_.plan.layers[l + 2];
+  const int64_t batch = ctx_.inc.batch, out = second.out, mid = ctx_.plan.layers[l].out;
+  const auto& u = ctx_.dense_u[static_cast<std::size_t>(u_index)];
+  const Eigen::Map<const Mat<S>> w_second(ctx_.inc.eff.data() + second.offset, out, mid);
   s.next.resize(out, n * batch);
   Eigen::Matrix<S, Eigen::Dynamic, 1>& acc = s.column;
   acc.resize(out);
@@ -207,8 +219,8 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
       // cross, its exact change minus its linear one through the next layer (a column of W
       // each, not the whole out x mid product). A packet of units at a time keeps those whose
       // change reaches (nearly) their distance to the kink; each is then tested exactly.
-      const S* pre = acts_[l + 1].row(b).data();
-      const S* post = acts_[l + 2].row(b).data();
+      const S* pre = ctx_.inc.acts[l + 1].row(b).data();
+      const S* post = ctx_.inc.acts[l + 2].row(b).data();
       const S* uu = u.data();
       if (out <= lanes) {  // a narrow next layer: its whole product is as cheap
         for (int64_t j = 0; j < mid; ++j) {
@@ -225,7 +237,7 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
         const S correction = (x > S(0) ? x : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
         if (!any) acc.setZero();
         any = true;
-        acc += weights_t_[l + 2].row(j).transpose() * correction;
+        acc += ctx_.inc.weights_t[l + 2].row(j).transpose() * correction;
       };
       int64_t j0 = 0;
       for (; j0 + lanes <= mid; j0 += lanes) {
@@ -242,13 +254,13 @@ void EvaluatorImpl<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n
 }
 
 template <class S>
-void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
+void DeltaPath<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
   const KinkTable& table = kink_[l];
-  const LayerPlan &first = plan_.layers[l], &second = plan_.layers[l + 2];
-  const int64_t batch = batch_, out = second.out, mid = first.out;
+  const LayerPlan &first = ctx_.plan.layers[l], &second = ctx_.plan.layers[l + 2];
+  const int64_t batch = ctx_.inc.batch, out = second.out, mid = first.out;
   const auto n_units = static_cast<int64_t>(s.units.size());
-  const Mat<S>& z = acts_t_[l + 1];
-  const Mat<S>& relu_z = acts_t_[l + 2];
+  const Mat<S>& z = ctx_.inc.acts_t[l + 1];
+  const Mat<S>& relu_z = ctx_.inc.acts_t[l + 2];
   s.next.resize(out, n * batch);
   s.tmp_b.resize(batch);
   Eigen::Matrix<S, Eigen::Dynamic, 1>& dz = s.column;
@@ -300,14 +312,14 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
       // A ReLU unit may cross its kink for this sample: correct exactly the units that do.
       dz.setZero();
       for (int64_t k = 0; k < n_units; ++k)
-        dz += weights_t_[l].row(s.units[static_cast<std::size_t>(k)]).transpose() *
+        dz += ctx_.inc.weights_t[l].row(s.units[static_cast<std::size_t>(k)]).transpose() *
               s.sparse(k, i * batch + b);
       for (int64_t j = 0; j < mid; ++j) {
         const S v = z(j, b) + dz(j);
         if ((v > S(0)) == (z(j, b) > S(0))) continue;
         const S exact = (v > S(0) ? v : S(0)) - relu_z(j, b);
         const S linear = z(j, b) > S(0) ? dz(j) : S(0);
-        block.col(b) += weights_t_[l + 2].row(j).transpose() * (exact - linear);
+        block.col(b) += ctx_.inc.weights_t[l + 2].row(j).transpose() * (exact - linear);
       }
     }
   }
@@ -315,11 +327,10 @@ void EvaluatorImpl<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scratch& s,
-                                      double* losses) const {
-  const int64_t n = g.end - g.begin, batch = batch_, nb = n * batch;
+void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, double* losses) const {
+  const int64_t n = g.end - g.begin, batch = ctx_.inc.batch, nb = n * batch;
   const int32_t d = c.d;
-  const Term* terms = terms_.data() + g.terms_begin;
+  const Term* terms = ctx_.planner->terms().data() + g.terms_begin;
   const int64_t n_terms = g.terms_end - g.terms_begin;
   // theta per candidate and term: full space uses the effective change Q(w + d) - Q(w).
   s.theta.resize(static_cast<std::size_t>(n * n_terms));
@@ -328,24 +339,26 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
       const double delta = c.displacement[(g.begin + i) * d + terms[t].slot];
       const int64_t p = terms[t].param;
       s.theta[static_cast<std::size_t>(i * n_terms + t)] =
-          subspace_mode_ ? static_cast<S>(delta)
-                         : effective(p, base_[static_cast<std::size_t>(p)] + delta) -
-                               eff_[static_cast<std::size_t>(p)];
+          ctx_.subspace_mode
+              ? static_cast<S>(delta)
+              : ctx_.effective(p, ctx_.inc.base[static_cast<std::size_t>(p)] + delta) -
+                    ctx_.inc.eff[static_cast<std::size_t>(p)];
     }
-  if (l2_ != 0.0 && subspace_mode_) collect_touched(c, g.particle, s);
+  if (ctx_.l2 != 0.0 && ctx_.subspace_mode) ctx_.collect_touched(c, g.particle, s);
 
   // The losses from per-candidate means, with the regularisation.
   auto finish = [&](const double* means) {
-    for (int64_t i = 0; i < n; ++i) losses[g.begin + i] = means[i] + l2_term(c, g, g.begin + i, s);
+    for (int64_t i = 0; i < n; ++i)
+      losses[g.begin + i] = means[i] + ctx_.l2_term(c, g, g.begin + i, s);
   };
   s.row_losses.resize(static_cast<std::size_t>(n));
 
   enum class State { none, sparse, dense } state = State::none;
   Mat<S>& delta = s.delta;
   int64_t ti = 0;
-  const std::size_t n_layers = plan_.layers.size();
+  const std::size_t n_layers = ctx_.plan.layers.size();
   for (std::size_t l = static_cast<std::size_t>(g.first_layer); l < n_layers; ++l) {
-    const LayerPlan& layer = plan_.layers[l];
+    const LayerPlan& layer = ctx_.plan.layers[l];
     if (layer.op == LayerOp::affine) {
       const auto layer_id = static_cast<int32_t>(l);
       const bool has_terms = ti < n_terms && terms[ti].layer == layer_id;
@@ -373,14 +386,14 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
       if (state == State::sparse) {
         // A few columns of W times the sparse rows: outer products, no temporaries.
         for (std::size_t k = 0; k < s.units.size(); ++k) {
-          const auto column = weights_t_[l].row(s.units[k]).transpose();
+          const auto column = ctx_.inc.weights_t[l].row(s.units[k]).transpose();
           if (k == 0)
             s.next.noalias() = column * s.sparse.row(0);
           else
             s.next.noalias() += column * s.sparse.row(static_cast<int64_t>(k));
         }
       } else if (state == State::dense) {
-        const Eigen::Map<const Mat<S>> w(eff_.data() + layer.offset, layer.out, layer.in);
+        const Eigen::Map<const Mat<S>> w(ctx_.inc.eff.data() + layer.offset, layer.out, layer.in);
         s.next.noalias() = w * delta;
       }
       if (!has_terms) {
@@ -410,7 +423,7 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
             if (terms[t].col == kBias)
               s.step.row(i).array() += theta;
             else
-              s.step.row(i) += theta * acts_t_[l].row(terms[t].col);
+              s.step.row(i) += theta * ctx_.inc.acts_t[l].row(terms[t].col);
           }
         apply_direction(l, terms[ti].u_index, n, s);
         state = State::dense;
@@ -448,15 +461,15 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
           if (term.col == kBias) {
             s.src.setOnes();
           } else if (term.col >= 0) {
-            s.src = acts_t_[l].row(term.col).array();
+            s.src = ctx_.inc.acts_t[l].row(term.col).array();
             if (state == State::dense) s.src += delta.row(term.col).segment(col0, batch).array();
             if (state == State::sparse)
               for (std::size_t k = 0; k < s.units.size(); ++k)
                 if (s.units[k] == term.col)
                   s.src += s.sparse.row(static_cast<int64_t>(k)).segment(col0, batch).array();
           } else {
-            s.src = v_src_.row(term.v_index).array();
-            const auto& v = dense_v_s_[static_cast<std::size_t>(term.v_index)];
+            s.src = ctx_.inc.v_src.row(term.v_index).array();
+            const auto& v = ctx_.dense_v_s[static_cast<std::size_t>(term.v_index)];
             if (state == State::dense) s.src += (v * delta.middleCols(col0, batch)).array();
             if (state == State::sparse)
               for (std::size_t k = 0; k < s.units.size(); ++k)
@@ -475,7 +488,7 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
         }
       }
       for (std::size_t k = 0; k < s.directions.size(); ++k) {
-        const auto& u = dense_u_[static_cast<std::size_t>(s.directions[k])];
+        const auto& u = ctx_.dense_u[static_cast<std::size_t>(s.directions[k])];
         target.noalias() +=
             Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(u.data(), layer.out) *
             s.by_direction.row(static_cast<int64_t>(k));
@@ -490,8 +503,8 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
       }
     } else if (layer.op == LayerOp::elementwise) {
       if (state == State::none) continue;
-      const Mat<S>& a = acts_t_[l];
-      const Mat<S>& fa = acts_t_[l + 1];
+      const Mat<S>& a = ctx_.inc.acts_t[l];
+      const Mat<S>& fa = ctx_.inc.acts_t[l + 1];
       if (state == State::sparse) {
         const auto n_units = static_cast<int64_t>(s.units.size());
         for (int64_t k = 0; k < n_units; ++k) {
@@ -523,7 +536,7 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
       s.stack.resize(nb, layer.in);
       for (int64_t i = 0; i < n; ++i) {
         auto rows = s.stack.middleRows(i * batch, batch);
-        rows = acts_[l];
+        rows = ctx_.inc.acts[l];
         if (state == State::dense) rows += delta.middleCols(i * batch, batch).transpose();
         if (state == State::sparse)
           for (std::size_t k = 0; k < s.units.size(); ++k)
@@ -531,21 +544,23 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
                 s.sparse.row(static_cast<int64_t>(k)).segment(i * batch, batch).transpose();
       }
       for (std::size_t m = l; m < n_layers; ++m) {
-        forward_layer(plan_.layers[m], s.stack, eff_.data(), s.stack_next);
+        forward_layer(ctx_.plan.layers[m], s.stack, ctx_.inc.eff.data(), s.stack_next);
         s.stack.swap(s.stack_next);
       }
       for (int64_t i = 0; i < n; ++i)
-        losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+        losses[g.begin + i] =
+            ctx_.rows_loss(s.stack, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
       return;
     }
   }
   if (state == State::none) {
     for (int64_t i = 0; i < n; ++i)
-      losses[g.begin + i] = base_loss_ - l2_ * base_sq_ + l2_term(c, g, g.begin + i, s);
+      losses[g.begin + i] =
+          ctx_.inc.base_loss - ctx_.l2 * ctx_.inc.base_sq + ctx_.l2_term(c, g, g.begin + i, s);
     return;
   }
   if (state == State::sparse) {
-    s.next.setZero(plan_.out_features, nb);
+    s.next.setZero(ctx_.plan.out_features, nb);
     for (std::size_t k = 0; k < s.units.size(); ++k)
       s.next.row(s.units[k]) = s.sparse.row(static_cast<int64_t>(k));
     delta.swap(s.next);
@@ -556,15 +571,15 @@ void EvaluatorImpl<S>::evaluate_delta(const Candidates& c, const Group& g, Scrat
 
 // S is a type here, which parentheses would break.
 // NOLINTBEGIN(bugprone-macro-parentheses)
-#define POLYPROBE_INSTANTIATE(S)                                                                  \
-  template void EvaluatorImpl<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t,      \
-                                                    Scratch&) const;                              \
-  template void EvaluatorImpl<S>::build_kink_tables();                                            \
-  template void EvaluatorImpl<S>::apply_kink(std::size_t, int64_t, Scratch&) const;               \
-  template void EvaluatorImpl<S>::build_direction_tables();                                       \
-  template void EvaluatorImpl<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const; \
-  template void EvaluatorImpl<S>::evaluate_delta(const Candidates&, const Group&, Scratch&,       \
-                                                 double*) const;
+#define POLYPROBE_INSTANTIATE(S)                                                                   \
+  template double DeltaPath<S>::table_bytes() const;                                               \
+  template void DeltaPath<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t, Scratch&) \
+      const;                                                                                       \
+  template void DeltaPath<S>::build_kink_tables();                                                 \
+  template void DeltaPath<S>::apply_kink(std::size_t, int64_t, Scratch&) const;                    \
+  template void DeltaPath<S>::build_direction_tables();                                            \
+  template void DeltaPath<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const;      \
+  template void DeltaPath<S>::evaluate(const Candidates&, const Group&, Scratch&, double*) const;
 // NOLINTEND(bugprone-macro-parentheses)
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)

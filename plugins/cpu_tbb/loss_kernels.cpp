@@ -1,7 +1,7 @@
 // Losses of many candidates from the incumbent's outputs plus a delta, vectorised over
 // the samples of the batch (feature-major rows are contiguous per candidate), and of
 // whole sample-major outputs. Sums are in double, in sample order.
-#include "evaluator_impl.hpp"
+#include "delta_path.hpp"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -14,17 +14,17 @@
 namespace polyprobe::cpu_tbb {
 
 template <class S>
-void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses,
-                                    Scratch& s) const {
-  const int64_t batch = batch_, classes = plan_.out_features;
-  const Mat<S>& z = acts_t_.back();  // [classes, batch]
+void DeltaPath<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses,
+                                Scratch& s) const {
+  const int64_t batch = ctx_.inc.batch, classes = ctx_.plan.out_features;
+  const Mat<S>& z = ctx_.inc.acts_t.back();  // [classes, batch]
   s.max_b.resize(batch);
   s.sum_b.resize(batch);
   s.tmp_b.resize(batch);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t col0 = i * batch;
     double sum = 0.0;
-    if (loss_ == kernels::LossKind::cross_entropy) {
+    if (ctx_.loss == kernels::LossKind::cross_entropy) {
       // From the incumbent's softmax p and loss L0, one lane per sample:
       // L = L0 + log(sum_k p_k exp(dl_k)) - dl_y. One exp per logit, no max pass.
       constexpr int lanes = kLanes<S>;
@@ -38,22 +38,23 @@ void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean
         if (b + lanes <= batch) {
           for (int64_t k = 0; k < classes; ++k) {
             const Packet<S> dl = ConstPacketMap<S>(dl0 + k * stride + b);
-            total += ConstPacketMap<S>(probs_t_.data() + k * batch + b) * dl.exp();
-            picked += ConstPacketMap<S>(one_hot_t_.data() + k * batch + b) * dl;
+            total += ConstPacketMap<S>(ctx_.inc.probs_t.data() + k * batch + b) * dl.exp();
+            picked += ConstPacketMap<S>(ctx_.inc.one_hot_t.data() + k * batch + b) * dl;
           }
           finite = (total <= std::numeric_limits<S>::max()).all();
-          const Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) + total.log() - picked;
+          const Packet<S> loss =
+              ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + total.log() - picked;
           partial += loss.template cast<double>();
         } else {
           for (int64_t r = b; r < batch; ++r) {
             S t = 0, y = 0;
             for (int64_t k = 0; k < classes; ++k) {
               const S dl = dl0[k * stride + r];
-              t += probs_t_(k, r) * std::exp(dl);
-              y += one_hot_t_(k, r) * dl;
+              t += ctx_.inc.probs_t(k, r) * std::exp(dl);
+              y += ctx_.inc.one_hot_t(k, r) * dl;
             }
             finite = finite && t <= std::numeric_limits<S>::max();
-            sum += static_cast<double>(sample_loss_(r) + std::log(t) - y);
+            sum += static_cast<double>(ctx_.inc.sample_loss(r) + std::log(t) - y);
           }
         }
       }
@@ -71,7 +72,7 @@ void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean
         s.sum_b += (z.row(k).array() + delta.row(k).segment(col0, batch).array() - s.max_b).exp();
       s.tmp_b = s.max_b + s.sum_b.log();
       for (int64_t b = 0; b < batch; ++b) {
-        const int64_t y = labels_[static_cast<std::size_t>(b)];
+        const int64_t y = ctx_.inc.labels[static_cast<std::size_t>(b)];
         sum += static_cast<double>(s.tmp_b(b) - (z(y, b) + delta(y, col0 + b)));
       }
     } else {
@@ -80,26 +81,16 @@ void EvaluatorImpl<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean
       for (int64_t b = 0; b < batch; ++b) {
         for (int64_t k = 0; k < classes; ++k)
           outputs[static_cast<std::size_t>(k)] = z(k, b) + delta(k, col0 + b);
-        const int64_t label = labels_.empty() ? 0 : labels_[static_cast<std::size_t>(b)];
-        const double* target = targets_.empty() ? nullptr : targets_.data() + b * classes;
+        const int64_t label =
+            ctx_.inc.labels.empty() ? 0 : ctx_.inc.labels[static_cast<std::size_t>(b)];
+        const double* target =
+            ctx_.inc.targets.empty() ? nullptr : ctx_.inc.targets.data() + b * classes;
         sum += static_cast<double>(
-            kernels::loss_row<S>(loss_, outputs.data(), classes, label, target));
+            kernels::loss_row<S>(ctx_.loss, outputs.data(), classes, label, target));
       }
     }
     mean_losses[i] = sum / static_cast<double>(batch);
   }
-}
-
-template <class S>
-double EvaluatorImpl<S>::rows_loss(const Mat<S>& out, int64_t first_row) const {
-  double sum = 0.0;
-  for (int64_t r = 0; r < batch_; ++r) {
-    const int64_t label = labels_.empty() ? 0 : labels_[static_cast<std::size_t>(r)];
-    const double* target = targets_.empty() ? nullptr : targets_.data() + r * out.cols();
-    sum += static_cast<double>(
-        kernels::loss_row<S>(loss_, out.row(first_row + r).data(), out.cols(), label, target));
-  }
-  return sum / static_cast<double>(batch_);
 }
 
 // Rank-one logit changes. With dl_k = s g_k and p the incumbent's softmax of one sample,
@@ -115,18 +106,18 @@ constexpr double kMaxSpread = 1.0 / 80.0;
 }
 
 template <class S>
-void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
-                                       int64_t sk, int64_t sb) const {
-  const int64_t classes = plan_.out_features, batch = batch_;
+void DeltaPath<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
+                                   int64_t sk, int64_t sb) const {
+  const int64_t classes = ctx_.plan.out_features, batch = ctx_.inc.batch;
   for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread})
     m->resize(directions, batch);
   // Class-major rows over the batch, so every loop below runs over samples in vector
   // registers (this table is rebuilt on every call: hundreds of directions x the batch).
   using Rows = Eigen::Array<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const Rows p = probs_t_.template cast<double>().array();  // [classes, batch]
+  const Rows p = ctx_.inc.probs_t.template cast<double>().array();  // [classes, batch]
   // Directions are independent: split over threads (each row is written by one thread, so
   // the table is the same for any thread count).
-  arena_->execute([&] {
+  ctx_.arena->execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, directions, 16),
                       [&](const tbb::blocked_range<int64_t>& range) {
                         Rows values(classes, batch);
@@ -151,7 +142,8 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
                             spread = spread.max(c.abs());
                           }
                           for (int64_t b = 0; b < batch; ++b)
-                            label_value(b) = values(labels_[static_cast<std::size_t>(b)], b);
+                            label_value(b) =
+                                values(ctx_.inc.labels[static_cast<std::size_t>(b)], b);
                           // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
                           table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
                           table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
@@ -165,8 +157,8 @@ void EvaluatorImpl<S>::build_cumulants(Cumulants& table, int64_t directions, con
 }
 
 template <class S>
-S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const {
-  const int64_t classes = plan_.out_features;
+S DeltaPath<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const {
+  const int64_t classes = ctx_.plan.out_features;
   S logits[64];
   S* x = classes <= 64 ? logits : nullptr;
   std::vector<S> heap;
@@ -174,36 +166,36 @@ S EvaluatorImpl<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer
     heap.resize(static_cast<std::size_t>(classes));
     x = heap.data();
   }
-  const Mat<S>& z = acts_t_.back();
+  const Mat<S>& z = ctx_.inc.acts_t.back();
   if (kink_layer < 0) {
-    const LayerPlan& last = plan_.layers.back();
+    const LayerPlan& last = ctx_.plan.layers.back();
     for (int64_t k = 0; k < classes; ++k)
-      x[k] = z(k, b) + s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+      x[k] = z(k, b) + s * ctx_.inc.eff[static_cast<std::size_t>(last.offset + k * last.in + u)];
   } else {
     const auto l = static_cast<std::size_t>(kink_layer);
     const KinkTable& table = kink_[l];
     for (int64_t k = 0; k < classes; ++k) x[k] = z(k, b) + s * table.response(u * classes + k, b);
     // ReLU units that cross their kink: exact minus linear response (as in apply_kink).
     // Sample-major rows: contiguous over the hidden units.
-    const S* pre = acts_[l + 1].row(b).data();
-    const S* post = acts_[l + 2].row(b).data();
-    const S* w_col = weights_t_[l].row(u).data();
-    const int64_t mid = acts_[l + 1].cols();
+    const S* pre = ctx_.inc.acts[l + 1].row(b).data();
+    const S* post = ctx_.inc.acts[l + 2].row(b).data();
+    const S* w_col = ctx_.inc.weights_t[l].row(u).data();
+    const int64_t mid = ctx_.inc.acts[l + 1].cols();
     for (int64_t j = 0; j < mid; ++j) {
       const S dz = w_col[j] * s, v = pre[j] + dz;
       if ((v > S(0)) == (pre[j] > S(0))) continue;
       const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
-      for (int64_t k = 0; k < classes; ++k) x[k] += weights_t_[l + 2](j, k) * correction;
+      for (int64_t k = 0; k < classes; ++k) x[k] += ctx_.inc.weights_t[l + 2](j, k) * correction;
     }
   }
-  return kernels::cross_entropy_row<S>(x, classes, labels_[static_cast<std::size_t>(b)]);
+  return kernels::cross_entropy_row<S>(x, classes, ctx_.inc.labels[static_cast<std::size_t>(b)]);
 }
 
 template <class S>
-Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b,
-                                                  int64_t kink_layer, uint32_t crossing) const {
+Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b,
+                                              int64_t kink_layer, uint32_t crossing) const {
   constexpr int lanes = kLanes<S>;
-  const int64_t classes = plan_.out_features, batch = batch_;
+  const int64_t classes = ctx_.plan.out_features, batch = ctx_.inc.batch;
   if (classes > 64) {
     Packet<S> out;
     for (int lane = 0; lane < lanes; ++lane)
@@ -212,12 +204,12 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
   }
   // x[k] holds the packet's logits of class k: per lane the sums of rank_one_exact.
   Packet<S> x[64];
-  const Mat<S>& z = acts_t_.back();
+  const Mat<S>& z = ctx_.inc.acts_t.back();
   if (kink_layer < 0) {
-    const LayerPlan& last = plan_.layers.back();
+    const LayerPlan& last = ctx_.plan.layers.back();
     for (int64_t k = 0; k < classes; ++k)
       x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
-             s * eff_[static_cast<std::size_t>(last.offset + k * last.in + u)];
+             s * ctx_.inc.eff[static_cast<std::size_t>(last.offset + k * last.in + u)];
   } else {
     const auto l = static_cast<std::size_t>(kink_layer);
     const KinkTable& table = kink_[l];
@@ -228,15 +220,15 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
       // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
       // adds them (in unit order). A packet of units at a time keeps only those whose change
       // reaches (nearly) their distance to the kink; each is then tested exactly.
-      const S* w_col = weights_t_[l].row(u).data();
-      const int64_t mid = acts_[l + 1].cols();
+      const S* w_col = ctx_.inc.weights_t[l].row(u).data();
+      const int64_t mid = ctx_.inc.acts[l + 1].cols();
       const S near = S(0.999);
       for (int lane = 0; lane < lanes; ++lane) {
         if ((crossing >> lane & 1U) == 0) continue;
         const S sv = s(lane);
         const int64_t sample = b + lane;
-        const S* pre = acts_[l + 1].row(sample).data();
-        const S* post = acts_[l + 2].row(sample).data();
+        const S* pre = ctx_.inc.acts[l + 1].row(sample).data();
+        const S* post = ctx_.inc.acts[l + 2].row(sample).data();
         // The lane's corrections add up in a contiguous row (vector code), then join its logits.
         S acc[64];
         bool any = false;
@@ -244,7 +236,7 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
           const S dz = w_col[j] * sv, v = pre[j] + dz;
           if ((v > S(0)) == (pre[j] > S(0))) return;
           const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
-          const S* w = weights_t_[l + 2].row(j).data();
+          const S* w = ctx_.inc.weights_t[l + 2].row(j).data();
           if (!any) std::fill(acc, acc + classes, S(0));
           any = true;
           for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
@@ -269,15 +261,15 @@ Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s,
   // The label's logit: one-hot rows pick it exactly (1 x_y plus zeros).
   Packet<S> picked = Packet<S>::Zero();
   for (int64_t k = 0; k < classes; ++k)
-    picked += ConstPacketMap<S>(one_hot_t_.data() + k * batch + b) * x[k];
+    picked += ConstPacketMap<S>(ctx_.inc.one_hot_t.data() + k * batch + b) * x[k];
   return m + sum.log() - picked;
 }
 
 template <class S>
-void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
-                                       int64_t n, int64_t kink_layer, double* mean_losses) const {
+void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
+                                   int64_t n, int64_t kink_layer, double* mean_losses) const {
   constexpr int lanes = kLanes<S>;
-  const int64_t batch = batch_;
+  const int64_t batch = ctx_.inc.batch;
   const S limit = static_cast<S>(kMaxSpread);
   const S above = std::nextafter(limit, std::numeric_limits<S>::infinity());  // q > limit
   const S* c1 = table.c1.data() + u * batch;
@@ -305,7 +297,7 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
       const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
       // K(s) - s g_y = s (kappa_1 - g_y) + kappa_2 s^2/2 + kappa_3 s^3/6 + kappa_4 s^4/24
       // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
-      Packet<S> loss = ConstPacketMap<S>(sample_loss_.data() + b) +
+      Packet<S> loss = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) +
                        s * (ConstPacketMap<S>(c1 + b) +
                             s * (ConstPacketMap<S>(c2 + b) +
                                  s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
@@ -328,16 +320,15 @@ void EvaluatorImpl<S>::rank_one_losses(const Cumulants& table, int64_t u, const 
   }
 }
 
-#define POLYPROBE_INSTANTIATE(S)                                                                   \
-  template void EvaluatorImpl<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const;   \
-  template double EvaluatorImpl<S>::rows_loss(const Mat<S>&, int64_t) const;                       \
-  template void EvaluatorImpl<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t, \
-                                                  int64_t) const;                                  \
-  template void EvaluatorImpl<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&,        \
-                                                  int64_t, int64_t, double*) const;                \
-  template S EvaluatorImpl<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                 \
-  template Packet<S> EvaluatorImpl<S>::rank_one_exact_packet(int64_t, const Packet<S>&, int64_t,   \
-                                                             int64_t, uint32_t) const;
+#define POLYPROBE_INSTANTIATE(S)                                                                 \
+  template void DeltaPath<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const;     \
+  template void DeltaPath<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t,   \
+                                              int64_t) const;                                    \
+  template void DeltaPath<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&, int64_t, \
+                                              int64_t, double*) const;                           \
+  template S DeltaPath<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                   \
+  template Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t, const Packet<S>&, int64_t,     \
+                                                         int64_t, uint32_t) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

@@ -20,8 +20,7 @@
 // probed once when the evaluator is built: on a random input and random parameters, for
 // several random perturbations, it must agree with the layer's own forward. A layer that
 // fails (or whose kind or attributes the plugin does not know) is declined with the reason.
-#include "evaluator_impl.hpp"
-#include "site_local.hpp"
+#include "site_local_path.hpp"
 
 #include <polyprobe/plugin/plugin.hpp>
 
@@ -405,24 +404,24 @@ SiteLayer plan_site_layer(const LayerPlan& layer) {
 // --- the evaluator's side
 
 template <class S>
-void EvaluatorImpl<S>::build_site_plans() {
-  site_.resize(plan_.layers.size());
-  for (std::size_t l = 0; l < plan_.layers.size(); ++l)
-    if ((plan_.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0)
-      site_[l] = plan_site_layer(plan_.layers[l]);
+SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
+  site_.resize(ctx_.plan.layers.size());
+  for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l)
+    if ((ctx_.plan.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0)
+      site_[l] = plan_site_layer(ctx_.plan.layers[l]);
 }
 
 template <class S>
-Decline EvaluatorImpl<S>::site_local_decline(const Group& g, bool other_forced) const {
+Decline SiteLocalPath<S>::decline(const Group& g, bool other_forced) const {
   bool declared = false, one_layer = true;
-  const int32_t layer = terms_[static_cast<std::size_t>(g.terms_begin)].layer;
+  const int32_t layer = ctx_.planner->terms()[static_cast<std::size_t>(g.terms_begin)].layer;
   for (int64_t t = g.terms_begin; t < g.terms_end; ++t) {
-    const int32_t l = terms_[static_cast<std::size_t>(t)].layer;
+    const int32_t l = ctx_.planner->terms()[static_cast<std::size_t>(t)].layer;
     declared = declared || site_[static_cast<std::size_t>(l)].declared;
     one_layer = one_layer && l == layer;
   }
   if (!declared) return Decline::site_not_declared;
-  if (subspace_mode_) return Decline::site_subspace;
+  if (ctx_.subspace_mode) return Decline::site_subspace;
   if (!one_layer) return Decline::site_spans_layers;
   const SiteLayer& site = site_[static_cast<std::size_t>(layer)];
   if (site.kind == SiteLayer::Kind::none) return Decline::site_unknown_kind;
@@ -432,36 +431,38 @@ Decline EvaluatorImpl<S>::site_local_decline(const Group& g, bool other_forced) 
 }
 
 template <class S>
-void EvaluatorImpl<S>::prepare_site_local() {
-  site_qkv_.resize(plan_.layers.size());
-  site_mixed_.resize(plan_.layers.size());
+void SiteLocalPath<S>::prepare() {
+  site_qkv_.resize(ctx_.plan.layers.size());
+  site_mixed_.resize(ctx_.plan.layers.size());
   SiteWork<S> w;
-  for (std::size_t l = 0; l < plan_.layers.size(); ++l) {
+  for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l) {
     const SiteLayer& site = site_[l];
     if (site.kind != SiteLayer::Kind::attention ||
-        layer_path_candidates_[l][static_cast<int>(Path::site_local)] == 0)
+        ctx_.planner->layer_path_candidates()[l][static_cast<int>(Path::site_local)] == 0)
       continue;
-    attention_base(site, acts_[l].data(), batch_, eff_.data() + plan_.layers[l].offset,
-                   site_qkv_[l], site_mixed_[l], w);
+    attention_base(site, ctx_.inc.acts[l].data(), ctx_.inc.batch,
+                   ctx_.inc.eff.data() + ctx_.plan.layers[l].offset, site_qkv_[l], site_mixed_[l],
+                   w);
   }
 }
 
 template <class S>
-void EvaluatorImpl<S>::evaluate_site_local(const Candidates& c, const Group& g, Scratch& s,
-                                           double* losses) const {
-  collect_touched(c, g.particle, s);
-  const auto l = static_cast<std::size_t>(plan_.layer_of(s.touched.front()));
-  const LayerPlan& layer = plan_.layers[l];
+void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
+                                double* losses) const {
+  ctx_.collect_touched(c, g.particle, s);
+  const auto l = static_cast<std::size_t>(ctx_.plan.layer_of(s.touched.front()));
+  const LayerPlan& layer = ctx_.plan.layers[l];
   const SiteLayer& site = site_[l];
   SiteWork<S>& w = s.site;
   const int32_t d = c.d;
-  const int64_t n = g.end - g.begin, batch = batch_, moves = static_cast<int64_t>(s.touched.size());
+  const int64_t n = g.end - g.begin, batch = ctx_.inc.batch,
+                moves = static_cast<int64_t>(s.touched.size());
   w.param.resize(s.touched.size());
   w.delta.resize(s.touched.size());
   for (std::size_t t = 0; t < s.touched.size(); ++t) w.param[t] = s.touched[t] - layer.offset;
-  const S* params = eff_.data() + layer.offset;
+  const S* params = ctx_.inc.eff.data() + layer.offset;
   if (site.kind == SiteLayer::Kind::conv)
-    conv_gather(site, acts_[l].data(), batch, w);
+    conv_gather(site, ctx_.inc.acts[l].data(), batch, w);
   else
     attention_setup(site, w);
   s.stack.resize(n * batch, layer.out);
@@ -469,34 +470,35 @@ void EvaluatorImpl<S>::evaluate_site_local(const Candidates& c, const Group& g, 
     const double* delta = c.displacement + (g.begin + i) * d;
     for (int64_t t = 0; t < moves; ++t) {
       const auto ut = static_cast<std::size_t>(t);
-      double raw = base_[static_cast<std::size_t>(s.touched[ut])];
+      double raw = ctx_.inc.base[static_cast<std::size_t>(s.touched[ut])];
       for (int32_t k = 0; k < d; ++k)
         raw += s.coef[ut * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
       // Host layers see the raw parameter in S (no transform): the change as they see it.
-      w.delta[ut] = static_cast<S>(raw) - eff_[static_cast<std::size_t>(s.touched[ut])];
+      w.delta[ut] = static_cast<S>(raw) - ctx_.inc.eff[static_cast<std::size_t>(s.touched[ut])];
     }
     S* out = s.stack.data() + i * batch * layer.out;
-    s.stack.middleRows(i * batch, batch) = acts_[l + 1];
+    s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
     if (site.kind == SiteLayer::Kind::conv)
       conv_apply(site, batch, w, out);
     else
-      attention_apply(site, acts_[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w, out);
+      attention_apply(site, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l], site_mixed_[l], w,
+                      out);
   }
   // The suffix shares the incumbent's weights: once over the whole group.
-  for (std::size_t m = l + 1; m < plan_.layers.size(); ++m) {
-    forward_layer(plan_.layers[m], s.stack, eff_.data(), s.stack_next);
+  for (std::size_t m = l + 1; m < ctx_.plan.layers.size(); ++m) {
+    forward_layer(ctx_.plan.layers[m], s.stack, ctx_.inc.eff.data(), s.stack_next);
     s.stack.swap(s.stack_next);
   }
   for (int64_t i = 0; i < n; ++i)
-    losses[g.begin + i] = rows_loss(s.stack, i * batch) + l2_term(c, g, g.begin + i, s);
+    losses[g.begin + i] = ctx_.rows_loss(s.stack, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
 }
 
-#define POLYPROBE_INSTANTIATE(S)                                                                 \
-  template void EvaluatorImpl<S>::build_site_plans();                                            \
-  template Decline EvaluatorImpl<S>::site_local_decline(const Group&, bool) const;               \
-  template void EvaluatorImpl<S>::prepare_site_local();                                          \
-  template void EvaluatorImpl<S>::evaluate_site_local(const Candidates&, const Group&, Scratch&, \
-                                                      double*) const;
+#define POLYPROBE_INSTANTIATE(S)                                                               \
+  template SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>&);                       \
+  template Decline SiteLocalPath<S>::decline(const Group&, bool) const;                        \
+  template void SiteLocalPath<S>::prepare();                                                   \
+  template void SiteLocalPath<S>::evaluate(const Candidates&, const Group&, Scratch&, double*) \
+      const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

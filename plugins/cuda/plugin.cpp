@@ -4,6 +4,7 @@
 // asks the runtime for a device, and on a machine without a driver or a GPU it returns 0
 // with the runtime's reason, so the registry records the plugin as unavailable.
 #include "accumulator.hpp"
+#include "cheri_bench.hpp"
 #include "model_plan.hpp"
 #include "session.hpp"
 
@@ -96,6 +97,15 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
     if (!reason.empty()) throw std::invalid_argument(reason);
     *self = polyprobe::cuda::make_session(*model, *loss, *options).release();
     *api = &kSessionApi;
+  });
+}
+
+int bench(const char* suite, const char* options, const char** result, pp_error* err) {
+  return pp::guard(err, [&] {
+    static std::string text;  // valid until the next call (abi.h)
+    text = polyprobe::cuda::run_bench(suite != nullptr ? suite : "",
+                                      options != nullptr ? options : "");
+    *result = text.c_str();
   });
 }
 
@@ -195,6 +205,7 @@ const pp_plugin kPlugin = [] {
   p.session_supports = &supports;
   p.session_create = &create;
   p.accumulator_create = &create_accumulator;
+  p.bench = &bench;
   return p;
 }();
 

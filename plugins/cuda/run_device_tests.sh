@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the cuda plugin's tests on a machine with a GPU, from the repository root of an
-# already-built tree (default build/, or $1): the conformance suite, then a short
+# already-built tree (default build/, or $1): the conformance suite, the Cheri block kernels'
+# parity test, then a short
 # `polyprobe train --device cuda` smoke run. Prints one summary line; exits non-zero when
 # anything failed or was skipped (a skip here means the GPU was not usable).
 set -uo pipefail
@@ -12,6 +13,10 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | h
 test_rc=$?
 tail -n 30 "$log/test.txt"
 
+"$build/bin/test_cuda_cheri" --durations yes >"$log/cheri.txt" 2>&1
+cheri_rc=$?
+tail -n 12 "$log/cheri.txt"
+
 "$build/bin/polyprobe" plugins >"$log/plugins.txt" 2>&1
 grep -A3 -i "cuda" "$log/plugins.txt" | head -8
 
@@ -22,6 +27,8 @@ tail -n 8 "$log/train.txt"
 
 verdict() { case $1 in 0) echo ok ;; 77) echo skipped ;; *) echo "FAILED($1)" ;; esac; }
 summary=$(grep -E "^(All tests passed|test cases:)" "$log/test.txt" | tail -1)
+cheri=$(grep -E "^(All tests passed|test cases:)" "$log/cheri.txt" | tail -1)
 echo "cuda device tests: conformance $(verdict $test_rc) [${summary:-no summary}];" \
+     "cheri kernels $(verdict $cheri_rc) [${cheri:-no summary}];" \
      "train --device cuda $(verdict $train_rc); logs in $log"
-[[ $test_rc -eq 0 && $train_rc -eq 0 ]]
+[[ $test_rc -eq 0 && $cheri_rc -eq 0 && $train_rc -eq 0 ]]

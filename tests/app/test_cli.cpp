@@ -504,4 +504,39 @@ TEST_CASE("the metrics file ends with the restored state's test result") {
   // `polyprobe report` draws the file (the test record is not a step).
   const auto report = polyprobe("report " + path + " -o " + path + ".html");
   CHECK(report.exit_code == 0);
+
+  // --metrics-test: every validation record carries the best state's test accuracy, and the
+  // last one is the restored state's, the one the run ends with.
+  std::filesystem::remove(path);
+  const auto tracked = polyprobe("train --quiet --epochs 3 --metrics " + path + " --metrics-test");
+  REQUIRE(tracked.exit_code == 0);
+  std::ifstream again(path);
+  std::vector<nlohmann::json> validations;
+  nlohmann::json final_test;
+  while (std::getline(again, line)) {
+    const nlohmann::json rec = nlohmann::json::parse(line);
+    if (rec.value("split", "") == "validation") validations.push_back(rec);
+    if (rec.value("split", "") == "test") final_test = rec;
+  }
+  REQUIRE(validations.size() == 3);
+  for (const nlohmann::json& v : validations) CHECK(v.contains("best_test_accuracy"));
+  CHECK(validations.back().at("best_test_accuracy") == final_test.at("accuracy"));
+  const auto alone = polyprobe("train --quiet --epochs 1 --metrics-test");
+  CHECK(alone.exit_code == 2);
+  CHECK_THAT(alone.err,
+             Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
+  const auto cpu = polyprobe("bench cheri");
+  CHECK(cpu.exit_code == 2);
+  CHECK_THAT(cpu.err, Catch::Contains("pass --bench-device cuda"));
+  const auto batches = polyprobe("bench cheri --bench-device cuda --cheri-batches 16,x");
+  CHECK(batches.exit_code == 2);
+  CHECK_THAT(batches.err, Catch::Contains("--cheri-batches"));
+  // Without a GPU the plugin is unavailable; with one, a batch of 0 is refused before any
+  // work: a one-line error and exit 1 either way.
+  const auto empty = polyprobe("bench cheri --bench-device cuda --cheri-batches 0");
+  CHECK(empty.exit_code == 1);
+  CHECK_THAT(empty.err, Catch::Contains("unavailable here") || Catch::Contains("no plugin named") ||
+                            Catch::Contains("batch sizes must be positive"));
+  CHECK(lines(empty.err) == 1);
 }

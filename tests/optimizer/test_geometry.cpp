@@ -147,7 +147,7 @@ TEST_CASE("a particle's rotation depends on (seed, step, particle) alone",
       for (auto [first, n] : {std::pair<int64_t, int64_t>{250, 50}, {0, 1}, {1, 249}})
         draw_rotations(stream, first, n, d, method,
                        std::span<double>(pieces).subspan(static_cast<std::size_t>(first) * dd,
-                                                          static_cast<std::size_t>(n) * dd));
+                                                         static_cast<std::size_t>(n) * dd));
       REQUIRE(whole == pieces);
       // Another step or seed draws other rotations, for every particle.
       for (const RotationStream s : {RotationStream{42, 8}, RotationStream{43, 7}}) {

@@ -168,15 +168,15 @@ TEST_CASE("trajectories do not depend on the evaluator's thread count", "[optimi
 }
 
 // The step's own work runs on the evaluator's thread count in chunks of 1024 particles: a
-// model of 1,281 to 2,562 particles (two or three chunks, of particles and of Sinkhorn rows) must step to the
-// same bits on 1 and 2 threads, in every configuration that has a parallel reduction.
+// model of 1,281 to 2,562 particles (two or three chunks, of particles and of Sinkhorn rows) must
+// step to the same bits on 1 and 2 threads, in every configuration that has a parallel reduction.
 TEST_CASE("whole steps are bit-identical on 1 and 2 threads", "[optimizer][step]") {
   PluginRegistry registry;
   registry.load_directories({POLYPROBE_TEST_PLUGIN_DIR});
   const PluginInfo* tbb = registry.find("cpu_tbb");
   std::vector<OptimizerConfig> configs(5);
   configs[0].radius.kind = RadiusModelKind::quadratic;  // Sinkhorn, quadratic fit
-  configs[0].ent_epsilon = 1e-3;  // cold: many Sinkhorn iterations
+  configs[0].ent_epsilon = 1e-3;                        // cold: many Sinkhorn iterations
   configs[0].momentum = true;
   configs[1].blocks = BlockStrategy::per_layer;  // blocks solved side by side
   configs[1].radius.kind = RadiusModelKind::trust_region;
@@ -207,7 +207,8 @@ TEST_CASE("whole steps are bit-identical on 1 and 2 threads", "[optimizer][step]
         request.options = options;
         evaluator = registry.make_evaluator(model, *loss, request);
       } else {
-        WARN("cpu_tbb plugin not found in " POLYPROBE_TEST_PLUGIN_DIR "; stepping on the reference");
+        WARN("cpu_tbb plugin not found in " POLYPROBE_TEST_PLUGIN_DIR
+             "; stepping on the reference");
         evaluator = make_reference_evaluator(model, *loss, nullptr, options);
       }
       REQUIRE(evaluator->threads() == threads);

@@ -229,3 +229,21 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
                       Catch::Contains("unknown device"));
   }
 }
+
+TEST_CASE("a plugin's own benchmark: missing, unavailable and absent ones are clear errors") {
+  const PluginRegistry& registry = fixtures();
+  const auto error_of = [&](const std::string& plugin) -> std::string {
+    try {
+      registry.run_plugin_bench(plugin, "cheri", nlohmann::json::object());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK_THAT(error_of("no_such_plugin"), Catch::Contains("no plugin named 'no_such_plugin'"));
+  CHECK_THAT(error_of("fixture_ok"), Catch::Contains("offers no benchmarks of its own"));
+  const PluginInfo* no_device = by_file(registry, "no_device");
+  REQUIRE(no_device != nullptr);
+  CHECK_THAT(error_of(no_device->name),
+             Catch::Contains("is unavailable here: unusable on this machine"));
+}

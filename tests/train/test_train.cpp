@@ -209,6 +209,34 @@ TEST_CASE("metrics are JSON lines and a stop request leaves a checkpoint that re
   CHECK(dir.files().size() == 2);
 }
 
+TEST_CASE("a process that leaves the files to another writes none, and the agreed stop rules",
+          "[train][distributed]") {
+  // What polyprobe_distributed asks of train(): ranks other than 0 write nothing, and every
+  // rank stops where the leader's clock and signals say (agree_on_stop's answer).
+  const DataSplits data = small_digits();
+  testing::TempDir dir;
+  TrainOptions options;
+  options.epochs = 2;
+  options.batch_size = 100;
+  options.seed = 7;
+  options.checkpoint_path = dir / "run.ckpt";
+  options.metrics_path = dir / "metrics.jsonl";
+  options.write_files = false;
+  std::vector<uint32_t> asked;
+  options.agree_on_stop = [&](uint32_t reasons) {
+    asked.push_back(reasons);
+    // The leader was interrupted after step 2, though this process was not.
+    return asked.size() == 4 ? uint32_t{stop_interrupted} : uint32_t{0};
+  };
+  Run run;
+  const TrainResult result =
+      train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options);
+  CHECK(result.interrupted);
+  CHECK(result.steps == 2);
+  CHECK(asked == std::vector<uint32_t>{0, 0, 0, 0});  // twice a step: time limit, then stop
+  CHECK(dir.files().empty());
+}
+
 TEST_CASE("a stopped run leaves the best validated state in the model, resuming names its step",
           "[train][checkpoint]") {
   const DataSplits data = small_digits();

@@ -467,6 +467,12 @@ typedef struct pp_plugin {
   int32_t n_subspaces;
   const pp_radius_model_kind* radius_models; /* (optional) the radius models it adds */
   int32_t n_radius_models;
+  /* (optional, appended: check with PP_HAS_FIELD) runs the plugin's own kernel benchmark
+   * `suite` on its device, for `polyprobe bench`: options and the result are JSON text, the
+   * result {"records": [{...}, ...]} with the fields of the host's bench records. *result
+   * points into plugin memory, valid until the plugin's next bench call; host thread only. */
+  int (*bench)(const char* suite, const char* options_json, const char** result_json,
+               pp_error* err);
 } pp_plugin;
 
 /* The one exported symbol. Returns NULL when the plugin cannot serve host_api_version. */

@@ -36,10 +36,9 @@ PP_PHILOX_FN PhiloxWords philox4x32_10(PhiloxWords c, uint32_t k0, uint32_t k1) 
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = kM0 * c.w[0];
     const uint64_t p1 = kM1 * c.w[2];
-    const PhiloxWords next{{static_cast<uint32_t>(p1 >> 32) ^ c.w[1] ^ k0,
-                            static_cast<uint32_t>(p1),
-                            static_cast<uint32_t>(p0 >> 32) ^ c.w[3] ^ k1,
-                            static_cast<uint32_t>(p0)}};
+    const PhiloxWords next{
+        {static_cast<uint32_t>(p1 >> 32) ^ c.w[1] ^ k0, static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c.w[3] ^ k1, static_cast<uint32_t>(p0)}};
     c = next;
     k0 += kW0;
     k1 += kW1;

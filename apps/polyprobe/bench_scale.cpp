@@ -1,0 +1,164 @@
+// `polyprobe bench scale`: complete optimizer steps at train's radii with the candidates
+// sharded over the MPI ranks this process belongs to (`mpirun -np N polyprobe bench scale`),
+// T threads a rank; where the step's time goes: the slowest rank's scoring, the imbalance
+// between ranks, the all-gather, and the replicated rest of the step (rotations, cost matrix,
+// transport solve, move). scripts/bench-scale.sh runs it at several N x T side by side and
+// prints the parallel efficiency against 1 rank x 1 thread (docs/scale.md).
+#include "bench.hpp"
+#include "bench_workloads.hpp"
+#include "train_ranks.hpp"
+
+#include <polyprobe/evaluator.hpp>
+#include <polyprobe/optimizer.hpp>
+
+#include <algorithm>
+#include <iostream>
+#include <sstream>
+
+namespace polyprobe::app {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<BenchRecord> run_scale(Context& ctx) {
+  TrainRanks ranks(300);
+  const int threads = ctx.vm["scale-threads"].as<int>();
+  if (threads < 1) throw UsageError("--scale-threads must be >= 1");
+  TimingOptions timing;
+  timing.repeats = ctx.vm["repeats"].as<int>();
+  timing.min_warmup = 2;
+  timing.min_warmup_seconds = 0;  // the same number of calls on every rank (each is collective)
+  std::vector<BenchRecord> records;
+  std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
+  for (std::string name; std::getline(list, name, ',');) {
+    Workload w = build_workload(find_workload(name));
+    PolytopeOptimizer optimizer(*w.model, complete_step_config(w, "step@train"), w.subspace.get());
+    EvaluatorRequest request;
+    request.backend = ctx.vm["bench-backend"].as<std::string>();
+    request.options.dtype = DType::f32;
+    request.options.threads = threads;
+    request.subspace = w.subspace.get();
+    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request));
+    optimizer.register_evaluator(*evaluator, w.batch);
+    std::vector<double> score_ms, exchange_ms, score_cpu_ms;
+    nlohmann::json slice = nlohmann::json::array();
+    StepInfo last;
+    const Timing t = time_calls(
+        [&] {
+          ranks.sync();  // every rank starts the step together
+          last = optimizer.step();
+          const nlohmann::json d = evaluator->explain().value("distributed", nlohmann::json());
+          if (d.is_object()) {
+            score_ms.push_back(d.value("last_score_ms", 0.0));
+            exchange_ms.push_back(d.value("last_exchange_ms", 0.0));
+            score_cpu_ms.push_back(d.value("last_score_cpu_ms", 0.0));
+            slice = d.value("last_slice", nlohmann::json::array());
+          }
+        },
+        timing);
+    // Each rank's medians over the timed calls, on rank 0.
+    const auto timed = [&](const std::vector<double>& v) {
+      return v.size() >= static_cast<std::size_t>(t.reps) ? median({v.end() - t.reps, v.end()})
+                                                          : 0.0;
+    };
+    std::ostringstream mine;
+    mine << timed(score_ms) << " " << timed(exchange_ms) << " " << timed(score_cpu_ms) << " "
+         << (slice.size() == 2 ? slice[1].get<int64_t>() - slice[0].get<int64_t>() : 0);
+    double score_max = 0, score_sum = 0, exchange_min = 1e300;
+    nlohmann::json particles = nlohmann::json::array();  // each rank's in the last step
+    double cpu_max = 0, cpu_sum = 0;
+    for (const std::string& text : ranks.gather(mine.str())) {
+      std::istringstream in(text);
+      double s = 0, e = 0, c = 0;
+      int64_t p = 0;
+      in >> s >> e >> c >> p;
+      particles.push_back(p);
+      cpu_max = std::max(cpu_max, c);
+      cpu_sum += c;
+      score_max = std::max(score_max, s);
+      score_sum += s;
+      exchange_min = std::min(exchange_min, e);
+    }
+    BenchRecord r;
+    r.suite = "scale";
+    r.workload = name;
+    r.path = "step@train";
+    r.threads = threads;
+    r.candidates = last.candidates;
+    r.batch = w.spec.batch;
+    r.timing = t;
+    r.max_rel_diff = 0;  // the losses are the unsharded ones bit for bit (tests/distributed)
+    r.extra["ranks"] = ranks.size();
+    r.extra["cores"] = ranks.size() * threads;
+    r.extra["evaluator"] = evaluator->name();
+    r.extra["what"] =
+        "complete optimizer steps at train's radii (step@train of bench step), candidates "
+        "sharded over the ranks, losses all-gathered";
+    if (ranks.size() > 1) {
+      const double score_mean = score_sum / ranks.size();
+      r.extra["score_max_ms"] = score_max;
+      r.extra["score_mean_ms"] = score_mean;
+      r.extra["imbalance"] = score_mean > 0 ? score_max / score_mean : 1.0;
+      // The rank that scored last waits for no one: its exchange is the all-gather itself.
+      r.extra["allgather_ms"] = exchange_min;
+      r.extra["particles_per_rank"] = particles;
+      // The same, in the CPU time of each rank's scoring (what the slices are balanced by).
+      r.extra["cpu_imbalance"] = cpu_sum > 0 ? cpu_max / (cpu_sum / ranks.size()) : 1.0;
+      r.extra["rest_ms"] = std::max(0.0, t.median_ms - score_max - exchange_min);
+      r.extra["loss_bytes_per_rank"] = 8.0 * static_cast<double>(last.candidates);
+    }
+    if (!ctx.quiet)
+      *ctx.err << name << " " << ranks.size() << " ranks x " << threads
+               << " threads: " << t.median_ms << " ms\n";
+    records.push_back(r);
+  }
+  return records;
+}
+
+void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
+  std::vector<std::vector<std::string>> rows;
+  const auto ms = [](const nlohmann::json& j, const char* key) {
+    if (!j.contains(key)) return std::string("-");
+    std::ostringstream s;
+    s.setf(std::ios::fixed);
+    s.precision(2);
+    s << j[key].get<double>();
+    return s.str();
+  };
+  for (const BenchRecord& r : records) {
+    nlohmann::json timing = {
+        {"cold", r.timing.cold_ms}, {"median", r.timing.median_ms}, {"iqr", r.timing.iqr_ms}};
+    rows.push_back({r.workload, std::to_string(r.extra.value("ranks", 1)),
+                    std::to_string(r.threads), std::to_string(r.candidates), ms(timing, "cold"),
+                    ms(timing, "median"), ms(timing, "iqr"), ms(r.extra, "score_max_ms"),
+                    ms(r.extra, "imbalance"), ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
+  }
+  print_columns(out,
+                {"workload", "ranks", "threads", "candidates", "cold ms", "median ms", "iqr ms",
+                 "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
+                {false, true, true, true, true, true, true, true, true, true, true}, rows);
+}
+
+}  // namespace
+
+BenchSuite scale_suite() {
+  BenchSuite s;
+  s.name = "scale";
+  s.summary =
+      "complete steps at train's radii with candidates sharded over MPI ranks (run under mpirun)";
+  s.options = [](po::options_description& o) {
+    o.add_options()("scale-workloads",
+                    po::value<std::string>()->default_value("mlp256-full,mnist64-full"),
+                    "scale: comma-separated workloads")(
+        "scale-threads", po::value<int>()->default_value(1), "scale: threads per rank");
+  };
+  s.run = run_scale;
+  s.table = print_scale;
+  return s;
+}
+
+}  // namespace polyprobe::app

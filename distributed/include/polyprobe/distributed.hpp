@@ -1,0 +1,148 @@
+// Scale-out over MPI ranks (optional library polyprobe_distributed; DESIGN.md section 8,
+// docs/scale.md).
+//
+// Every rank holds the whole, replicated optimizer (its state is deterministic: the same
+// seed, data and options give the same rotations on every rank) and scores a disjoint slice
+// of each step's candidates; the losses are all-gathered, so every rank runs the same
+// StepEngine::finish on the same numbers and the trajectory is bit-identical for any rank
+// count, including one and the build without MPI. Only losses cross (8 bytes a candidate).
+//
+// The core knows nothing of this: sharding is an Evaluator decorator (shard_evaluator), and
+// train() takes the two hooks it needs from TrainOptions (write_files, agree_on_stop).
+//
+// Threading: MPI is initialised with MPI_THREAD_FUNNELED; call everything here from the
+// thread that joined the job. Every collective below must be called by every rank in the same
+// order; each is watched by the job's timeout, past which the rank that waits says so and ends
+// the job on every rank (MPI_Abort), so a rank that died or hangs never leaves the others
+// waiting forever.
+#pragma once
+
+#include <polyprobe/evaluator.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace polyprobe::distributed {
+
+// True when an MPI launcher (mpirun, mpiexec, srun with PMI/PMIx) started this process, read
+// from the launcher's environment variables; without one no MPI call is ever made.
+bool launched_by_mpi();
+
+// This process's place in the job (MPI_COMM_WORLD). One per process, owned by the caller of
+// join(); MPI is finalised when the last Job ends.
+class Job {
+ public:
+  // Initialises MPI when launched_by_mpi(), else makes a job of one that never calls MPI.
+  // `timeout_s` bounds every wait on other ranks (0: no bound).
+  explicit Job(double timeout_s = 300);
+  ~Job();
+  Job(const Job&) = delete;
+  Job& operator=(const Job&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool leader() const { return rank_ == 0; }
+  double timeout_s() const { return timeout_s_; }
+
+  // --- Collectives (every rank, same order, host memory)
+  // In place: `values` is the same length on every rank; rank r owns
+  // values[offsets[r], offsets[r + 1]) (offsets: size() + 1 ascending entries from 0 to
+  // values.size()); afterwards every rank holds every rank's slice.
+  void allgather(std::span<double> values, std::span<const int64_t> offsets, const char* what);
+  // values on every rank become rank `root`'s.
+  void broadcast(std::span<double> values, int root, const char* what);
+  void broadcast(std::span<uint32_t> values, int root, const char* what);
+  // Every rank's `text`, in rank order, on every rank.
+  std::vector<std::string> allgather_text(const std::string& text, const char* what);
+
+  // Ends the job from this rank: writes "polyprobe: rank R of N: MESSAGE" to stderr (C stdio,
+  // so a silenced std::cerr does not hide it) and aborts every rank. A rank other than the
+  // leader waits `grace_s` first, so that an error every rank meets at once (bad data, a
+  // non-finite loss) is printed once, by the leader, whose abort ends the others.
+  [[noreturn]] void abort(const std::string& message, double grace_s = 0.5) const;
+
+ private:
+  int rank_ = 0;
+  int size_ = 1;
+  double timeout_s_;
+  bool owns_mpi_ = false;
+};
+
+// Contiguous particle slices, one a rank: rank r scores particles [bounds[r], bounds[r + 1])
+// of the P particles; `active` ([P], or empty for all) marks the ones scored this step.
+// Without `weights` the slices balance the candidate count: each rank gets floor or ceil of
+// (active / ranks) active particles. With `weights` ([P], positive: the expected cost of
+// scoring each particle) rank r starts at the first particle where the active weight before it
+// reaches r / ranks of the total. Returns ranks + 1 bounds from 0 to P; a pure function of its
+// arguments, so every rank computes the same slices.
+std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
+                                     std::span<const double> weights = {});
+
+// Moves the losses of each step between ranks. The MPI job carries host buffers; a GPU job can
+// carry them between device buffers (make_nccl_exchange). Same collective rules as Job's.
+class LossExchange {
+ public:
+  virtual ~LossExchange() = default;
+  // As Job::allgather: every rank's slice of `values` on every rank.
+  virtual void allgather(std::span<double> values, std::span<const int64_t> offsets) = 0;
+  // `value` on every rank becomes rank 0's.
+  virtual void broadcast_from_leader(double& value) = 0;
+  virtual std::string name() const = 0;  // "mpi" or "nccl"
+};
+
+// The MPI exchange of `job` (which must outlive it).
+std::unique_ptr<LossExchange> make_mpi_exchange(Job& job);
+
+// NCCL between GPU ranks, one process per GPU, bootstrapped over `job` (rank 0's
+// ncclUniqueId broadcast over MPI): the host losses are copied to a device buffer, all-gathered
+// by NCCL and copied back. `device` is the CUDA device of this rank (-1: the rank's index
+// among the ranks of its node, modulo the visible devices). Throws polyprobe::Error naming
+// the reason (no GPU, NCCL failure) on the rank that meets it; call it on every rank at
+// start-up, before agree_to_start, so that a failure is reported there. Only in builds with
+// POLYPROBE_NCCL; elsewhere it throws saying so.
+std::unique_ptr<LossExchange> make_nccl_exchange(Job& job, int device = -1);
+bool nccl_built();
+
+// An evaluator whose session calls score only this rank's slice of each step's candidates
+// (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
+// over `exchange`. The slices start balanced by candidate count and are then balanced by cost:
+// after each call the ranks all-gather their scoring's CPU times (N doubles over `job`) and every
+// rank updates the same per-particle cost estimates from them (damped: halfway to what the
+// times say), so a slice whose candidates cost more (those of a model's first layers run
+// through more of it) shrinks; the losses do not depend on the cut. the incumbent's loss, when
+// asked for, is rank 0's, broadcast (one incumbent forward in the job, and every rank gets the same
+// number even if its backend or thread count differs). Explicit candidate sets (multifidelity
+// screens) are sliced by candidate count the same way. The stateless calls (evaluate,
+// evaluate_base) run on `inner` unsharded. `subspace` must be the one `inner` was made for (null:
+// raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`, which is
+// owned by the result. Every rank must make the same calls in the same order (the optimizer does).
+std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
+                                           LossExchange& exchange,
+                                           const Subspace* subspace = nullptr);
+
+// One fact each rank states about its run at start-up, compared across ranks: a name ("model",
+// "data", "option --seed", "backend") and its value (a digest or the value itself).
+struct StartupFact {
+  std::string name;
+  std::string value;
+};
+
+// The start-up agreement, on every rank: each rank gives `failure` ("" when it is ready to
+// train, else why it cannot: a backend that failed to load, a missing file) and its facts
+// (the same names in the same order on every rank). Returns when every rank is ready and
+// agrees; else throws polyprobe::Error on every rank with one message naming the ranks that
+// failed and why, or the first facts on which a rank differs from rank 0 and both values.
+void agree_to_start(Job& job, const std::string& failure, const std::vector<StartupFact>& facts);
+
+// A 64-bit FNV-1a digest of bytes, as 16 hex digits (for the model and data facts).
+std::string digest(std::span<const unsigned char> bytes);
+template <class T>
+std::string digest_of(std::span<const T> values) {
+  return digest({reinterpret_cast<const unsigned char*>(values.data()), values.size_bytes()});
+}
+
+}  // namespace polyprobe::distributed

@@ -1,0 +1,210 @@
+// The MPI job: joining, the watched collectives, ending the job from one rank.
+#include <polyprobe/distributed.hpp>
+#include <polyprobe/error.hpp>
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+namespace polyprobe::distributed {
+namespace {
+
+// Says which MPI call failed and why, on this rank, and ends the job: MPI errors return
+// (MPI_ERRORS_RETURN) instead of aborting silently inside the library.
+void check(const Job& job, int code, const char* call, const char* what) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  job.abort(std::string(call) + " failed during " + what + ": " + std::string(text, length), 0);
+}
+
+int as_count(const Job& job, int64_t n, const char* what) {
+  if (n < 0 || n > INT_MAX)
+    job.abort(std::string(what) + ": " + std::to_string(n) +
+                  " values in one rank's slice exceed MPI's int counts; use more ranks",
+              0);
+  return static_cast<int>(n);
+}
+
+// Waits for `request`, testing it with a growing pause (1 us to 200 us) rather than spinning,
+// so a rank that finished its slice early leaves the cores to the ranks still computing (the
+// machine may be oversubscribed). Past the job's timeout it ends the job, naming `what`.
+void wait(const Job& job, MPI_Request& request, const char* what) {
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(1);
+  for (;;) {
+    int done = 0;
+    check(job, MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+    if (done != 0) return;
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (job.timeout_s() > 0 && waited > job.timeout_s())
+      job.abort("no answer from every rank within " + std::to_string(job.timeout_s()) +
+                    " s during " + what +
+                    ": a rank died or hangs (or its work takes longer: raise --rank-timeout)",
+                0);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+Job::Job(double timeout_s) : timeout_s_(timeout_s) {
+  if (!launched_by_mpi()) return;
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized == 0) {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+      throw Error(
+          "MPI_Init_thread failed: this process was started by an MPI launcher but "
+          "cannot join its job");
+    owns_mpi_ = true;
+  }
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &size_);
+}
+
+Job::~Job() {
+  if (!owns_mpi_) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized == 0) MPI_Finalize();
+}
+
+void Job::allgather(std::span<double> values, std::span<const int64_t> offsets, const char* what) {
+  if (static_cast<int>(offsets.size()) != size_ + 1 || offsets.front() != 0 ||
+      offsets.back() != static_cast<int64_t>(values.size()))
+    throw Error(std::string("allgather (") + what + "): " + std::to_string(offsets.size()) +
+                " offsets for " + std::to_string(size_) + " ranks and " +
+                std::to_string(values.size()) + " values");
+  if (size_ == 1) return;
+  std::vector<int> counts(static_cast<std::size_t>(size_)), displs(counts.size());
+  for (int r = 0; r < size_; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    counts[i] = as_count(*this, offsets[i + 1] - offsets[i], what);
+    displs[i] = as_count(*this, offsets[i], what);
+  }
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(*this,
+        MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values.data(), counts.data(),
+                        displs.data(), MPI_DOUBLE, MPI_COMM_WORLD, &request),
+        "MPI_Iallgatherv", what);
+  wait(*this, request, what);
+}
+
+void Job::broadcast(std::span<double> values, int root, const char* what) {
+  if (size_ == 1) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(*this,
+        MPI_Ibcast(values.data(), as_count(*this, static_cast<int64_t>(values.size()), what),
+                   MPI_DOUBLE, root, MPI_COMM_WORLD, &request),
+        "MPI_Ibcast", what);
+  wait(*this, request, what);
+}
+
+void Job::broadcast(std::span<uint32_t> values, int root, const char* what) {
+  if (size_ == 1) return;
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(*this,
+        MPI_Ibcast(values.data(), as_count(*this, static_cast<int64_t>(values.size()), what),
+                   MPI_UINT32_T, root, MPI_COMM_WORLD, &request),
+        "MPI_Ibcast", what);
+  wait(*this, request, what);
+}
+
+std::vector<std::string> Job::allgather_text(const std::string& text, const char* what) {
+  if (size_ == 1) return {text};
+  std::vector<int> lengths(static_cast<std::size_t>(size_));
+  int mine = as_count(*this, static_cast<int64_t>(text.size()), what);
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(*this,
+        MPI_Iallgather(&mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD, &request),
+        "MPI_Iallgather", what);
+  wait(*this, request, what);
+  std::vector<int> displs(lengths.size());
+  int64_t total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    displs[r] = as_count(*this, total, what);
+    total += lengths[r];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  check(*this,
+        MPI_Iallgatherv(text.data(), mine, MPI_CHAR, all.data(), lengths.data(), displs.data(),
+                        MPI_CHAR, MPI_COMM_WORLD, &request),
+        "MPI_Iallgatherv", what);
+  wait(*this, request, what);
+  std::vector<std::string> texts;
+  for (std::size_t r = 0; r < lengths.size(); ++r)
+    texts.push_back(
+        all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lengths[r])));
+  return texts;
+}
+
+void Job::abort(const std::string& message, double grace_s) const {
+  if (size_ > 1 && rank_ != 0 && grace_s > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
+  std::fprintf(stderr, "polyprobe: rank %d of %d: error: %s; ending the job on every rank\n", rank_,
+               size_, message.c_str());
+  std::fflush(stderr);
+  if (size_ > 1 || owns_mpi_) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
+                                     std::span<const double> weights) {
+  if (ranks < 1) throw Error("particle_slices: ranks must be >= 1");
+  if (!active.empty() && static_cast<int64_t>(active.size()) != particles)
+    throw Error("particle_slices: " + std::to_string(active.size()) + " active flags for " +
+                std::to_string(particles) + " particles");
+  if (!weights.empty() && static_cast<int64_t>(weights.size()) != particles)
+    throw Error("particle_slices: " + std::to_string(weights.size()) + " weights for " +
+                std::to_string(particles) + " particles");
+  std::vector<int64_t> bounds(static_cast<std::size_t>(ranks) + 1, particles);
+  bounds[0] = 0;
+  if (!weights.empty()) {
+    const auto counts = [&](int64_t i) {
+      return active.empty() || active[static_cast<std::size_t>(i)] != 0;
+    };
+    double total = 0;
+    for (int64_t i = 0; i < particles; ++i)
+      if (counts(i)) total += weights[static_cast<std::size_t>(i)];
+    double before = 0;
+    int r = 1;
+    for (int64_t i = 0; i < particles && r < ranks; ++i) {
+      while (r < ranks && before >= total * r / ranks) bounds[static_cast<std::size_t>(r++)] = i;
+      if (counts(i)) before += weights[static_cast<std::size_t>(i)];
+    }
+    return bounds;
+  }
+  if (active.empty()) {
+    for (int r = 1; r < ranks; ++r) bounds[static_cast<std::size_t>(r)] = particles * r / ranks;
+    return bounds;
+  }
+  const int64_t total = std::count_if(active.begin(), active.end(), [](char a) { return a != 0; });
+  // Rank r starts at the (total * r / ranks)-th active particle.
+  int64_t seen = 0;
+  int r = 1;
+  for (int64_t i = 0; i < particles && r < ranks; ++i) {
+    while (r < ranks && seen == total * r / ranks) bounds[static_cast<std::size_t>(r++)] = i;
+    if (active[static_cast<std::size_t>(i)] != 0) ++seen;
+  }
+  return bounds;
+}
+
+}  // namespace polyprobe::distributed

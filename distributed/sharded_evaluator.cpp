@@ -1,0 +1,188 @@
+// The sharding decorator: each rank scores its slice of the step's candidates on its own
+// backend, then the losses are all-gathered, so every rank finishes the step on all of them.
+#include <polyprobe/distributed.hpp>
+#include <polyprobe/error.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <string>
+#include <vector>
+
+namespace polyprobe::distributed {
+namespace {
+
+std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
+
+class MpiExchange final : public LossExchange {
+ public:
+  explicit MpiExchange(Job& job) : job_(job) {}
+  void allgather(std::span<double> values, std::span<const int64_t> offsets) override {
+    job_.allgather(values, offsets, "the step's loss exchange");
+  }
+  void broadcast_from_leader(double& value) override {
+    job_.broadcast(std::span<double>(&value, 1), 0, "the incumbent loss broadcast");
+  }
+  std::string name() const override { return "mpi"; }
+
+ private:
+  Job& job_;
+};
+
+class ShardedEvaluator final : public Evaluator {
+ public:
+  ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
+                   const Subspace* subspace)
+      : Evaluator(subspace), inner_(std::move(inner)), job_(job), exchange_(exchange) {
+    if (!inner_) throw Error("shard_evaluator: no evaluator to shard");
+  }
+
+  std::string name() const override { return inner_->name(); }
+  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
+  double evaluate_base(std::span<const double> base) override {
+    return inner_->evaluate_base(base);
+  }
+  void evaluate(std::span<const double> base, const CandidateSet& set,
+                std::span<double> losses) override {
+    inner_->evaluate(base, set, losses);
+  }
+  // The inner evaluator's account (of this rank's slice) and the slicing.
+  nlohmann::json explain() const override {
+    nlohmann::json e = inner_->explain();
+    e["distributed"] = {{"ranks", job_.size()},
+                        {"rank", job_.rank()},
+                        {"exchange", exchange_.name()},
+                        {"last_slice", last_slice_},
+                        {"last_score_ms", last_score_ms_},
+                        {"last_exchange_ms", last_exchange_ms_},
+                        {"last_score_cpu_ms", last_score_cpu_ms_},
+                        {"note", "paths and counts are this rank's slice of the candidates"}};
+    return e;
+  }
+
+ protected:
+  void session_particles() override {
+    inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
+  }
+  void session_incumbent() override { inner_->sync_incumbent(incumbent()); }
+  void session_move(std::span<const double> moves) override { inner_->move_incumbent(moves); }
+  std::vector<double> session_read() override { return inner_->read_incumbent(); }
+
+  void session_score(const PolytopeProbe& probe, std::span<double> losses,
+                     double* incumbent_loss) override {
+    const int64_t P = bound_particles().count();
+    const int64_t per_particle = bound_polytope().rows() * bound_probes();
+    if (static_cast<int64_t>(cost_.size()) != P) cost_.assign(idx(P), 1.0);
+    const std::vector<int64_t> slices = particle_slices(P, probe.active, job_.size(), cost_);
+    const auto rank = static_cast<std::size_t>(job_.rank());
+    const int64_t first = slices[rank], last = slices[rank + 1];
+    mine_.assign(idx(P), 0);
+    for (int64_t i = first; i < last; ++i)
+      mine_[idx(i)] = probe.active.empty() ? 1 : probe.active[idx(i)];
+    last_slice_ = {first, last};
+    const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_};
+    const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    const auto start = Clock::now();
+    const double cpu_start = process_cpu_ms();
+    inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
+    const auto scored = Clock::now();
+    last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
+    offsets_.resize(slices.size());
+    for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
+    exchange_.allgather(losses, offsets_);
+    if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+    record(start, scored);
+    rebalance(slices, probe.active);
+  }
+
+  void session_score(const CandidateSet& set, std::span<double> losses,
+                     double* incumbent_loss) override {
+    // Slices of whole particles' runs are not needed here: any contiguous cut of the candidates
+    // scores the same losses (each candidate's loss is its own), balanced by count.
+    const int64_t n = set.size();
+    const int ranks = job_.size();
+    offsets_.resize(static_cast<std::size_t>(ranks) + 1);
+    for (int r = 0; r <= ranks; ++r) offsets_[static_cast<std::size_t>(r)] = n * r / ranks;
+    const auto rank = static_cast<std::size_t>(job_.rank());
+    const int64_t first = offsets_[rank], count = offsets_[rank + 1] - first;
+    const int32_t d = bound_particles().d;
+    const CandidateSet slice{set.particles, set.particle.subspan(idx(first), idx(count)),
+                             set.displacement.subspan(idx(first * d), idx(count * d))};
+    last_slice_ = {first, first + count};
+    const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
+    const auto start = Clock::now();
+    const double cpu_start = process_cpu_ms();
+    inner_->score(slice, losses.subspan(idx(first), idx(count)),
+                  scores_incumbent ? incumbent_loss : nullptr);
+    const auto scored = Clock::now();
+    last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
+    exchange_.allgather(losses, offsets_);
+    if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
+    record(start, scored);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  // The last call's time in this rank's scoring and in the exchange (which includes waiting for
+  // the slowest rank): what `bench scale` reports as compute, imbalance and all-gather.
+  void record(Clock::time_point start, Clock::time_point scored) {
+    const auto now = Clock::now();
+    last_score_ms_ = std::chrono::duration<double, std::milli>(scored - start).count();
+    last_exchange_ms_ = std::chrono::duration<double, std::milli>(now - scored).count();
+  }
+
+  // The CPU time of this process's threads: the work of a slice, without the time other
+  // processes took the cores from it (oversubscribed or shared machines).
+  static double process_cpu_ms() {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+  }
+
+  // Moves every rank's cost estimates of its slice's particles halfway to what its scoring's CPU
+  // time says (the same arithmetic on the same all-gathered times on every rank).
+  void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
+    const int ranks = job_.size();
+    times_.assign(static_cast<std::size_t>(ranks), 0.0);
+    times_[static_cast<std::size_t>(job_.rank())] = last_score_cpu_ms_;
+    time_offsets_.resize(times_.size() + 1);
+    for (std::size_t r = 0; r < time_offsets_.size(); ++r)
+      time_offsets_[r] = static_cast<int64_t>(r);
+    job_.allgather(times_, time_offsets_, "the ranks' scoring times");
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t first = slices[static_cast<std::size_t>(r)];
+      const int64_t last = slices[static_cast<std::size_t>(r) + 1];
+      double predicted = 0;
+      for (int64_t i = first; i < last; ++i)
+        if (active.empty() || active[idx(i)] != 0) predicted += cost_[idx(i)];
+      const double measured = times_[static_cast<std::size_t>(r)];
+      if (!(predicted > 0) || !(measured > 0)) continue;
+      const double factor = 0.5 + 0.5 * measured / predicted;
+      for (int64_t i = first; i < last; ++i) cost_[idx(i)] *= factor;
+    }
+  }
+
+  std::unique_ptr<Evaluator> inner_;
+  Job& job_;
+  LossExchange& exchange_;
+  std::vector<char> mine_;        // [P]: this rank's slice of the active particles
+  std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
+  std::vector<int64_t> last_slice_;
+  double last_score_ms_ = 0, last_exchange_ms_ = 0, last_score_cpu_ms_ = 0;
+  std::vector<double> cost_;   // [P]: each particle's expected scoring cost (ms, once measured)
+  std::vector<double> times_;  // [ranks]: the last call's scoring times
+  std::vector<int64_t> time_offsets_;
+};
+
+}  // namespace
+
+std::unique_ptr<LossExchange> make_mpi_exchange(Job& job) {
+  return std::make_unique<MpiExchange>(job);
+}
+
+std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
+                                           LossExchange& exchange, const Subspace* subspace) {
+  return std::make_unique<ShardedEvaluator>(std::move(inner), job, exchange, subspace);
+}
+
+}  // namespace polyprobe::distributed

@@ -1,0 +1,164 @@
+// The incumbent cache and the layer forward it runs (incumbent_cache.hpp).
+#include "incumbent_cache.hpp"
+
+#include <polyprobe/plugin/plugin.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace polyprobe::cpu_tbb {
+
+template <class S>
+void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
+                   bool host_only) {
+  out.resize(in.rows(), layer.out);
+  if (!host_only && layer.op == LayerOp::affine) {
+    const Eigen::Map<const Mat<S>> w(params + layer.offset, layer.out, layer.in);
+    out.noalias() = in * w.transpose();
+    if (layer.has_bias)
+      out.rowwise() += Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(
+          params + layer.offset + layer.weight_count, layer.out);
+    return;
+  }
+  if (!host_only && layer.op == LayerOp::elementwise && layer.is_relu) {
+    out = in.cwiseMax(S(0));
+    return;
+  }
+  const int32_t dtype = pp::dtype_of<S>();
+  const int64_t in_shape[2] = {in.rows(), layer.in}, out_shape[2] = {out.rows(), layer.out},
+                p_shape[1] = {layer.count};
+  pp_tensor tin{const_cast<S*>(in.data()), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tp{const_cast<S*>(params + layer.offset), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{out.data(), dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+  pp_error err{};
+  if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
+    throw std::runtime_error(std::string("layer '") + layer.view->kind + "': " + err.message);
+}
+
+template <class S>
+void IncumbentCache<S>::set_batch(const pp_batch_view& view, int64_t in_features) {
+  const auto inputs = pp::as_span<const double>(view.inputs);
+  const int64_t rows = pp::rows(view.inputs), cols = pp::row_size(view.inputs);
+  if (rows <= 0) throw std::invalid_argument("cannot register an empty batch");
+  if (cols != in_features)
+    throw std::invalid_argument("batch has " + std::to_string(cols) +
+                                " features, the model expects " + std::to_string(in_features));
+  x = Eigen::Map<const Mat<double>>(inputs.data(), rows, cols).template cast<S>();
+  batch = rows;
+  ready = false;  // the prefix activations belong to the old batch
+  labels.clear();
+  targets.clear();
+  if (view.labels.data != nullptr) {
+    const auto given = pp::as_span<const int64_t>(view.labels);
+    labels.assign(given.begin(), given.end());
+  }
+  if (view.targets.data != nullptr) {
+    const auto given = pp::as_span<const double>(view.targets);
+    targets.assign(given.begin(), given.end());
+  }
+}
+
+template <class S>
+S IncumbentCache<S>::effective(const ModelPlan& plan, int64_t param, double raw) const {
+  // As the forward sees it: the parameter in S, then the layer's transform.
+  const S value = static_cast<S>(raw);
+  if (plan.owners.empty()) return value;
+  const LayerPlan& layer = plan.layers[static_cast<std::size_t>(plan.layer_of(param))];
+  if (layer.op != LayerOp::affine) return value;  // host layers apply their own transforms
+  const pp_scalar_fn q = param - layer.offset < layer.weight_count ? layer.weight_q : layer.bias_q;
+  return q == nullptr ? value : static_cast<S>(q(layer.ctx, static_cast<double>(value)));
+}
+
+template <class S>
+void IncumbentCache<S>::set_base(const ModelPlan& plan, const double* values) {
+  const auto n = static_cast<std::size_t>(plan.n_params);
+  base.assign(values, values + n);
+  eff.resize(n);
+  // Vectorised: this runs once per call over every parameter, and on small candidate sets
+  // (subspace steps) it is a visible share of the call.
+  const Eigen::Map<const Eigen::VectorXd> all(values, plan.n_params);
+  base_sq = all.squaredNorm();
+  Eigen::Map<Eigen::Matrix<S, Eigen::Dynamic, 1>>(eff.data(), plan.n_params) =
+      all.template cast<S>();
+  // Transforms, layer by layer (no owner lookup per parameter).
+  for (const LayerPlan& layer : plan.layers) {
+    if (layer.op != LayerOp::affine || (layer.weight_q == nullptr && layer.bias_q == nullptr))
+      continue;
+    for (int64_t i = 0; i < layer.count; ++i) {
+      const pp_scalar_fn q = i < layer.weight_count ? layer.weight_q : layer.bias_q;
+      S& e = eff[static_cast<std::size_t>(layer.offset + i)];
+      if (q != nullptr) e = static_cast<S>(q(layer.ctx, static_cast<double>(e)));
+    }
+  }
+  ++generation;
+}
+
+template <class S>
+void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
+                                uint64_t incumbent_version, kernels::LossKind loss, double l2,
+                                const std::vector<const double*>& dense_v,
+                                const std::vector<int32_t>& dense_v_layer) {
+  set_base(plan, values);
+  version = incumbent_version;
+  ready = true;
+  const std::size_t n_layers = plan.layers.size();
+  acts.resize(n_layers + 1);
+  acts_t.resize(n_layers + 1);
+  weights_t.resize(n_layers);
+  acts[0] = x;
+  for (std::size_t l = 0; l < n_layers; ++l)
+    forward_layer(plan.layers[l], acts[l], eff.data(), acts[l + 1]);
+  for (std::size_t l = 0; l <= n_layers; ++l) acts_t[l] = acts[l].transpose();
+  for (std::size_t l = 0; l < n_layers; ++l) {
+    const LayerPlan& layer = plan.layers[l];
+    if (layer.op == LayerOp::affine)
+      weights_t[l] =
+          Eigen::Map<const Mat<S>>(eff.data() + layer.offset, layer.out, layer.in).transpose();
+  }
+  v_src.resize(static_cast<int64_t>(dense_v.size()), batch);
+  for (std::size_t j = 0; j < dense_v.size(); ++j) {
+    const Mat<S>& a = acts[static_cast<std::size_t>(dense_v_layer[j])];
+    const Eigen::Matrix<S, Eigen::Dynamic, 1> v =
+        Eigen::Map<const Eigen::VectorXd>(dense_v[j], a.cols()).template cast<S>();
+    v_src.row(static_cast<int64_t>(j)) = (a * v).transpose();
+  }
+  base_loss = rows_loss(loss, acts.back(), 0) + l2 * base_sq;
+  if (loss == kernels::LossKind::cross_entropy) {
+    const Mat<S>& z = acts_t.back();
+    probs_t.resize(z.rows(), batch);
+    one_hot_t.setZero(z.rows(), batch);
+    sample_loss.resize(batch);
+    for (int64_t b = 0; b < batch; ++b) {
+      const S m = z.col(b).maxCoeff();
+      probs_t.col(b) = (z.col(b).array() - m).exp().matrix();
+      const S total = probs_t.col(b).sum();
+      probs_t.col(b) /= total;
+      const int64_t y = labels[static_cast<std::size_t>(b)];
+      one_hot_t(y, b) = S(1);
+      sample_loss(b) = m + std::log(total) - z(y, b);
+    }
+  }
+}
+
+template <class S>
+double IncumbentCache<S>::rows_loss(kernels::LossKind loss, const Mat<S>& out,
+                                    int64_t first_row) const {
+  double sum = 0.0;
+  for (int64_t r = 0; r < batch; ++r) {
+    const int64_t label = labels.empty() ? 0 : labels[static_cast<std::size_t>(r)];
+    const double* target = targets.empty() ? nullptr : targets.data() + r * out.cols();
+    sum += static_cast<double>(
+        kernels::loss_row<S>(loss, out.row(first_row + r).data(), out.cols(), label, target));
+  }
+  return sum / static_cast<double>(batch);
+}
+
+template struct IncumbentCache<float>;
+template struct IncumbentCache<double>;
+template void forward_layer<float>(const LayerPlan&, const Mat<float>&, const float*, Mat<float>&,
+                                   bool);
+template void forward_layer<double>(const LayerPlan&, const Mat<double>&, const double*,
+                                    Mat<double>&, bool);
+
+}  // namespace polyprobe::cpu_tbb

@@ -1,0 +1,75 @@
+// The incumbent cache: the registered batch and everything the paths reuse from the
+// incumbent's forward (prefix reuse), recomputed only when the incumbent's version changes
+// or a batch is registered.
+//
+// It holds the batch (inputs in S, labels or targets), the incumbent's raw and effective
+// parameters (transforms applied), each layer's input in both layouts (sample-major and
+// feature-major), the affine layers' effective W^T, the dense subspace directions' v^T x, the
+// incumbent's loss and, for the cross-entropy, its softmax and per-sample losses. Every path
+// reads it during a call; only the in-place path writes (its effective parameters, put back
+// after each candidate). One thread writes it at a time (between calls, or in-place).
+#pragma once
+
+#include "model_plan.hpp"
+#include "packets.hpp"
+
+#include <polyprobe/plugin/abi.h>
+#include <polyprobe/plugin/kernels/losses.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace polyprobe::cpu_tbb {
+
+// One layer on sample-major rows. `params` are effective ones (transforms applied) for
+// native affine layers; with host_only every layer runs its host forward on raw params.
+template <class S>
+void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
+                   bool host_only = false);
+
+template <class S>
+struct IncumbentCache {
+  // The batch. Throws std::invalid_argument for an empty batch or a width other than
+  // `in_features`; marks the incumbent stale.
+  void set_batch(const pp_batch_view& view, int64_t in_features);
+  // True when the cached forward is not of incumbent `version` on the current batch.
+  bool stale(uint64_t incumbent_version) const { return !ready || incumbent_version != version; }
+  // The incumbent `base` [n_params] of `version`: parameters, then the forward of every layer
+  // and the loss (with l2 * |base|^2). `dense_v` / `dense_v_layer`: the subspace's dense v
+  // vectors and their layers (empty in full space).
+  void refresh(const ModelPlan& plan, const double* values, uint64_t incumbent_version,
+               kernels::LossKind loss, double l2, const std::vector<const double*>& dense_v,
+               const std::vector<int32_t>& dense_v_layer);
+  // The parameter `param` at raw value `raw` as the forward sees it (in S, transformed).
+  S effective(const ModelPlan& plan, int64_t param, double raw) const;
+  // Mean loss of the sample-major outputs rows [first_row, first_row + batch).
+  double rows_loss(kernels::LossKind loss, const Mat<S>& out, int64_t first_row) const;
+
+  // batch
+  Mat<S> x;  // sample-major inputs
+  std::vector<int64_t> labels;
+  std::vector<double> targets;
+  int64_t batch = 0;
+
+  // the incumbent
+  uint64_t version = 0;
+  bool ready = false;
+  std::vector<double> base;
+  std::vector<S> eff;
+  double base_sq = 0.0;
+  uint64_t generation = 0;        // counts refreshes: workers' parameter copies follow it
+  std::vector<Mat<S>> acts;       // sample-major [batch, width], acts[l] = input of layer l
+  std::vector<Mat<S>> acts_t;     // feature-major [width, batch]
+  std::vector<Mat<S>> weights_t;  // affine layers: effective W^T [in, out]
+  Mat<S> v_src;                   // [dense v, batch]: v^T (input of its layer)
+  double base_loss = 0.0;
+  // Cross-entropy from a logit delta: the incumbent's softmax and per-sample losses
+  // ([classes, batch] and [batch]) and the labels as one-hot rows.
+  Mat<S> probs_t, one_hot_t;
+  Arr<S> sample_loss;
+
+ private:
+  void set_base(const ModelPlan& plan, const double* values);
+};
+
+}  // namespace polyprobe::cpu_tbb

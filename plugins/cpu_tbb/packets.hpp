@@ -1,0 +1,49 @@
+// The vector vocabulary of the cpu_tbb kernels: row-major matrices, per-sample arrays and
+// packets of one AVX-512 register's worth of samples.
+#pragma once
+
+#include <Eigen/Core>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <cstdint>
+#include <type_traits>
+
+namespace polyprobe::cpu_tbb {
+
+template <class S>
+using Mat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using Arr = Eigen::Array<S, 1, Eigen::Dynamic>;  // one value per sample
+
+// A register's worth of samples (one AVX-512 vector): the hot loops run over the batch in
+// fixed-size packets, which Eigen compiles to straight-line vector code.
+template <class S>
+inline constexpr int kLanes = static_cast<int>(64 / sizeof(S));
+template <class S>
+using Packet = Eigen::Array<S, kLanes<S>, 1>;
+template <class S>
+using PacketMap = Eigen::Map<Packet<S>, Eigen::Unaligned>;
+template <class S>
+using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
+
+// Bit i set where lane i of p is >= threshold (false for NaN). Eigen's boolean arrays
+// compile to scalar code; this is one vector compare where the instruction set has it.
+template <class S>
+inline uint32_t lanes_at_least(const Packet<S>& p, S threshold) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>)
+    return _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data()), _mm512_set1_ps(threshold), _CMP_GE_OQ);
+  else
+    return _mm512_cmp_pd_mask(_mm512_loadu_pd(p.data()), _mm512_set1_pd(threshold), _CMP_GE_OQ);
+#else
+  uint32_t mask = 0;
+  for (int i = 0; i < kLanes<S>; ++i)
+    if (p(i) >= threshold) mask |= uint32_t{1} << i;
+  return mask;
+#endif
+}
+
+}  // namespace polyprobe::cpu_tbb

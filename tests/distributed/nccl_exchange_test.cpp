@@ -1,0 +1,60 @@
+// The NCCL loss exchange on every rank of `mpirun -np N` (one GPU a rank, or ranks sharing one
+// GPU when NCCL allows it; when it refuses, the test says so and skips): each rank fills its slice
+// with values naming the rank and the index, the exchange all-gathers them, every rank checks every
+// value; then rank 0's incumbent loss is broadcast. Exits 77 (ctest's skip) with the reason when no
+// GPU is visible.
+#include <polyprobe/distributed.hpp>
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <vector>
+
+int main() {
+  using namespace polyprobe::distributed;
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("skipped: no CUDA device is visible (the NCCL exchange needs one a rank)\n");
+    return 77;
+  }
+  Job job;
+  try {
+    std::unique_ptr<LossExchange> exchange;
+    try {
+      exchange = make_nccl_exchange(job);
+    } catch (const std::exception& e) {
+      // NCCL may refuse several ranks of one communicator on one device ("Duplicate GPU"):
+      // that is NCCL's answer to ranks sharing a GPU, reported rather than failed.
+      if (job.size() > devices) {
+        std::printf("skipped: NCCL refused %d ranks on %d visible device(s): %s\n", job.size(),
+                    devices, e.what());
+        return 77;
+      }
+      throw;
+    }
+    const int64_t total = 1000003;  // odd, so the slices differ in length
+    std::vector<int64_t> offsets;
+    for (int r = 0; r <= job.size(); ++r) offsets.push_back(total * r / job.size());
+    std::vector<double> values(static_cast<std::size_t>(total), -1.0);
+    const auto mine = static_cast<std::size_t>(job.rank());
+    for (int64_t i = offsets[mine]; i < offsets[mine + 1]; ++i)
+      values[static_cast<std::size_t>(i)] = 1000.0 * job.rank() + 1e-3 * static_cast<double>(i);
+    exchange->allgather(values, offsets);
+    int64_t wrong = 0;
+    for (int r = 0; r < job.size(); ++r)
+      for (int64_t i = offsets[static_cast<std::size_t>(r)];
+           i < offsets[static_cast<std::size_t>(r) + 1]; ++i)
+        wrong += values[static_cast<std::size_t>(i)] != 1000.0 * r + 1e-3 * static_cast<double>(i);
+    double incumbent = job.leader() ? 42.5 : 0.0;
+    exchange->broadcast_from_leader(incumbent);
+    std::printf("rank %d of %d (%d visible devices): %lld wrong values of %lld, incumbent %g\n",
+                job.rank(), job.size(), devices, static_cast<long long>(wrong),
+                static_cast<long long>(total), incumbent);
+    return wrong == 0 && incumbent == 42.5 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}
