@@ -647,6 +647,8 @@ void PluginRegistry::choose_radius_model(const std::string& name, OptimizerConfi
     return detail::make_plugin_radius_model(chosen, plugin, c);
   };
   settings.plugin_factory();  // a refused configuration is an error now, with its reason
+}
+
 nlohmann::json PluginRegistry::run_plugin_bench(const std::string& plugin, const std::string& suite,
                                                 const nlohmann::json& options) const {
   for (std::size_t i = 0; i < infos_.size(); ++i) {
