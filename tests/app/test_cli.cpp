@@ -525,6 +525,8 @@ TEST_CASE("the metrics file ends with the restored state's test result") {
   CHECK(alone.exit_code == 2);
   CHECK_THAT(alone.err,
              Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+}
+
 TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
   const auto cpu = polyprobe("bench cheri");
   CHECK(cpu.exit_code == 2);
