@@ -112,7 +112,7 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
   CHECK(not_library_reason);
 }
 
-TEST_CASE("plugins lists subspace kinds and radius models; train uses and explains them") {
+TEST_CASE("plugins lists subspace kinds and radius models, and train uses and explains them") {
   const std::string path = "POLYPROBE_PLUGIN_PATH=" + std::string(POLYPROBE_EXAMPLE_PLUGIN_DIR);
   const auto r = polyprobe("plugins", path);
   REQUIRE(r.exit_code == 0);
