@@ -1,5 +1,6 @@
 // Reduce-by-key on the device (accumulate.cuh).
 #include "accumulate.cuh"
+#include "launch.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -11,15 +12,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
-}
-
-__device__ int64_t thread_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
+using launch::thread_index;
+using launch::thread_stride;
 
 // Narrow rows: a lane per row. Lanes of a warp whose rows share a key are peers; the lowest
 // adds the peers' rows (in lane order) and issues one atomic per column.

@@ -2,6 +2,7 @@
 #include "accumulate.cuh"
 #include "accumulator.hpp"
 #include "device.hpp"
+#include "launch.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -13,10 +14,7 @@ namespace polyprobe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 16 ? 65535 * 16 : b));
-}
+unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
 
 // A counter-based hash (splitmix64): the benchmark's data from the seed and the index.
 __device__ uint64_t mix(uint64_t z) {

@@ -3,6 +3,7 @@
 #include "device.hpp"
 #include "formulas.cuh"
 #include "fused_tail.cuh"
+#include "launch.cuh"
 
 #include <algorithm>
 #include <type_traits>
@@ -12,10 +13,7 @@ namespace {
 
 constexpr int kThreads = 128;
 
-unsigned grid_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
-}
+unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
 
 template <class S>
 __device__ S chain(const ActivationChain& f, S v) {

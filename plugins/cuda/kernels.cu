@@ -6,26 +6,18 @@
 #include "device.hpp"
 #include "formulas.cuh"
 #include "kernels.cuh"
+#include "launch.cuh"
 
 namespace polyprobe::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 
-int64_t blocks_for(int64_t n) { return (n + kThreads - 1) / kThreads; }
-
 void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
-// Grids are 1-D over at most 2^31 - 1 blocks; kernels stride over the rest.
-unsigned grid(int64_t n) {
-  const int64_t b = blocks_for(n);
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
-}
-
-__device__ int64_t thread_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
+using launch::thread_index;
+using launch::thread_stride;
 
 template <class S>
 __global__ void effective_kernel(const double* theta, const int32_t* owner, const OpTransform* ops,

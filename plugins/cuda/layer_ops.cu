@@ -2,6 +2,7 @@
 // thread owns each value it writes and sums in a fixed order, as the session's other
 // kernels; float64 sums for the statistics, as the core's layer norm.
 #include "device.hpp"
+#include "launch.cuh"
 #include "layer_ops.cuh"
 
 #include <stdexcept>
@@ -11,14 +12,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
-unsigned grid(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 1 ? 1 : (b > 2147483647 ? 2147483647 : b));
-}
-__device__ int64_t thread_index() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ int64_t thread_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
+using launch::thread_index;
+using launch::thread_stride;
 
 template <class S>
 __device__ const S* sample_x(const LayerIo<S>& io, int64_t r, int64_t in) {
