@@ -7,13 +7,14 @@
 
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace polyprobe {
 
 class AskTellOptimizer::Impl {
  public:
   Impl(const Matrix<double>& initial, OptimizerConfig config)
-      : config_(validated(config, initial)),
+      : config_(validated(std::move(config), initial)),
         engine_(config_, config_.particle_dim, initial.rows(), {{0, initial.rows()}},
                 config_.solver == TransportSolver::automatic ? TransportSolver::sinkhorn
                                                              : config_.solver),
@@ -80,7 +81,7 @@ class AskTellOptimizer::Impl {
 };
 
 AskTellOptimizer::AskTellOptimizer(const Matrix<double>& initial, OptimizerConfig config)
-    : impl_(std::make_unique<Impl>(initial, config)) {}
+    : impl_(std::make_unique<Impl>(initial, std::move(config))) {}
 AskTellOptimizer::~AskTellOptimizer() = default;
 AskTellOptimizer::AskTellOptimizer(AskTellOptimizer&&) noexcept = default;
 AskTellOptimizer& AskTellOptimizer::operator=(AskTellOptimizer&&) noexcept = default;

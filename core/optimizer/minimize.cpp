@@ -81,7 +81,7 @@ OptimizerConfig recommended_minimize_config(int n) {
 }
 
 MinimizeResult minimize(const Objective& objective, std::span<const double> x0, int64_t budget,
-                        OptimizerConfig config) {
+                        const OptimizerConfig& config) {
   config.validate();
   if (!objective) throw Error("minimize: the objective is empty");
   if (x0.empty()) throw Error("minimize: x0 is empty");

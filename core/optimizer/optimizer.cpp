@@ -12,6 +12,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace polyprobe {
 
@@ -95,7 +96,7 @@ uint64_t batch_fingerprint(const Batch& batch) {
 class PolytopeOptimizer::Impl {
  public:
   Impl(Model& model, OptimizerConfig config, const Subspace* subspace)
-      : model_(model), config_(config), subspace_(subspace), search_(make_search()) {}
+      : model_(model), config_(std::move(config)), subspace_(subspace), search_(make_search()) {}
 
   detail::VectorSearch make_search() {
     config_.validate();
@@ -119,7 +120,7 @@ class PolytopeOptimizer::Impl {
 };
 
 PolytopeOptimizer::PolytopeOptimizer(Model& model, OptimizerConfig config, const Subspace* subspace)
-    : impl_(std::make_unique<Impl>(model, config, subspace)) {}
+    : impl_(std::make_unique<Impl>(model, std::move(config), subspace)) {}
 PolytopeOptimizer::~PolytopeOptimizer() = default;
 PolytopeOptimizer::PolytopeOptimizer(PolytopeOptimizer&&) noexcept = default;
 PolytopeOptimizer& PolytopeOptimizer::operator=(PolytopeOptimizer&&) noexcept = default;

@@ -25,7 +25,7 @@ struct MinimizeResult {
 };
 
 MinimizeResult minimize(const Objective& objective, std::span<const double> x0, int64_t budget,
-                        OptimizerConfig config = {});
+                        const OptimizerConfig& config = {});
 
 // The configuration documented as best for minimize() on a smooth function of n variables
 // (docs/optimizer.md, "Recommended configurations"; `polyprobe-tr-dn-bfgs` in `polyprobe bench
