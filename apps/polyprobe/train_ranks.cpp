@@ -55,10 +55,11 @@ TrainRanks::TrainRanks(double timeout_s) {
 #endif
   if (!leader()) {
     // For the rest of the process: the error run_command would print after run() returns is
-    // rank 0's to print too.
-    static NullBuffer silence;
-    std::cout.rdbuf(&silence);
-    std::cerr.rdbuf(&silence);
+    // rank 0's to print too. The buffer is never destroyed: the standard streams flush it
+    // during static destruction, after any function-local static would be gone.
+    static NullBuffer* const silence = new NullBuffer;
+    std::cout.rdbuf(silence);
+    std::cerr.rdbuf(silence);
   }
 }
 
