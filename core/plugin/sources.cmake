@@ -1,5 +1,6 @@
 target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/registry.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/abi_labels.cpp
   ${CMAKE_CURRENT_LIST_DIR}/operations.cpp
   ${CMAKE_CURRENT_LIST_DIR}/plugin_layer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/plugin_evaluator.cpp

@@ -45,7 +45,7 @@ done
 grep -q "on each of 2 ranks" r2.out || fail "the 2-rank run does not say it is sharded: $(cat r2.out)"
 
 # 2. A rank killed mid-run ends the job (bounded), and the last checkpoint resumes on 1 rank.
-long=(train --epochs 30 --hidden 128 --threads 1 --validate-every 5 --quiet)
+long=(train --epochs 16 --hidden 64 --threads 1 --validate-every 4 --quiet)
 "$polyprobe" "${long[@]}" --save whole.safetensors >whole.out 2>&1 || fail "uninterrupted run: $(cat whole.out)"
 timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${long[@]}" --save cut.safetensors >cut.out 2>&1 &
 launcher=$!
