@@ -80,7 +80,7 @@ class ShardedEvaluator final : public Evaluator {
     for (int64_t i = first; i < last; ++i)
       mine_[idx(i)] = probe.active.empty() ? 1 : probe.active[idx(i)];
     last_slice_ = {first, last};
-    const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_};
+    const PolytopeProbe slice{probe.directions, probe.probe_radius, mine_, probe.rotations};
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
     const auto start = Clock::now();
     const double cpu_start = process_cpu_ms();

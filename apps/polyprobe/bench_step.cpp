@@ -206,12 +206,14 @@ namespace {
 // (rotations, the candidates, their losses and the incumbent's, the cost matrix, the
 // transport solve, the move), each timed call one more step of the same run.
 BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
-                                const std::string& device, int threads) {
+                                const std::string& device, int threads, bool host_transport) {
   const StepRegime* mode = nullptr;
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
   Workload w = build_workload(find_workload(name), 0, &ctx.registry);
-  PolytopeOptimizer optimizer(*w.model, complete_step_config(w, regime), w.subspace.get());
+  OptimizerConfig config = complete_step_config(w, regime);
+  config.device_transport = !host_transport;
+  PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
   auto evaluator =
       ctx.registry.make_evaluator(*w.model, *w.loss, step_request(ctx, w, device, threads));
   optimizer.register_evaluator(*evaluator, w.batch);
@@ -228,7 +230,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.suite = "step";
   r.workload = name;
   r.device = device;
-  r.path = regime;
+  r.path = host_transport ? regime + "+host-transport" : regime;
   r.threads = threads;
   r.candidates = last.candidates;
   r.batch = w.spec.batch;
@@ -249,6 +251,12 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   const nlohmann::json plugin = explain.value("plugin", nlohmann::json::object());
   if (plugin.contains("device_peak_bytes"))
     r.extra["device_peak_bytes"] = plugin["device_peak_bytes"];
+  // Where the cost matrix, solve and move ran, and what one step moved over the bus.
+  r.extra["transport"] =
+      !host_transport && evaluator->solves_transport() ? "backend device" : "host";
+  for (const char* key : {"step_bytes_to_host", "step_bytes_to_device"})
+    if (plugin.contains(key)) r.extra[key] = plugin[key];
+  r.extra["transport_iterations"] = last.transport_iterations;
   r.extra["candidates_per_second"] = static_cast<double>(last.candidates) / (t.median_ms * 1e-3);
   if (threads == 1 && device == "cpu") {
     r.extra["thread_cpu_median_ms"] = timed_median(cpu_ms, t.reps);
@@ -308,7 +316,12 @@ std::vector<BenchRecord> run_step(Context& ctx) {
     for (const std::string& regime : regimes) {
       if (regime == "evaluation") continue;
       for (const int threads : bench_thread_counts(ctx))
-        records.push_back(time_complete_steps(ctx, name, regime, device, threads));
+        for (const std::string& transport : split(ctx.vm["transports"].as<std::string>())) {
+          if (transport != "device" && transport != "host")
+            throw UsageError("--transports: unknown '" + transport + "' (device, host)");
+          records.push_back(
+              time_complete_steps(ctx, name, regime, device, threads, transport == "host"));
+        }
     }
     if (std::find(regimes.begin(), regimes.end(), "evaluation") == regimes.end()) continue;
     for (const std::string& path : paths)
@@ -426,6 +439,9 @@ BenchSuite step_suite() {
         "step: what to time: evaluation (candidate evaluation alone at the reference's "
         "displacement), step@reference and step@train (complete optimizer steps at the "
         "reference's radius and at train's default radius)")(
+        "transports", po::value<std::string>()->default_value("device"),
+        "step: where complete steps solve the transport: device (on the backend's device when "
+        "it offers it, else the host), host, or device,host for both side by side")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
         "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
         "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "

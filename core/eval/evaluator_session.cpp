@@ -69,9 +69,13 @@ void Evaluator::score(const PolytopeProbe& probe, std::span<double> losses,
   if (static_cast<int64_t>(probe.directions.size()) != P * V * d)
     throw Error("score: " + std::to_string(probe.directions.size()) +
                 " direction values, expected P V d = " + std::to_string(P * V * d));
-  if (static_cast<int64_t>(losses.size()) != P * V * probes_)
+  if (static_cast<int64_t>(losses.size()) != P * V * probes_ &&
+      !(losses.empty() && solves_transport()))
     throw Error("score: the loss buffer holds " + std::to_string(losses.size()) +
                 " values, expected P V K = " + std::to_string(P * V * probes_));
+  if (!probe.rotations.empty() && static_cast<int64_t>(probe.rotations.size()) != P * d * d)
+    throw Error("score: " + std::to_string(probe.rotations.size()) +
+                " rotation values, expected P d d = " + std::to_string(P * d * d));
   if (!probe.active.empty() && static_cast<int64_t>(probe.active.size()) != P)
     throw Error("score: " + std::to_string(probe.active.size()) + " active flags for " +
                 std::to_string(P) + " particles");
@@ -90,6 +94,10 @@ void Evaluator::score(const CandidateSet& set, std::span<double> losses, double*
     throw Error("loss buffer holds " + std::to_string(losses.size()) + " values for " +
                 std::to_string(set.size()) + " candidates");
   session_score(set, losses, incumbent_loss);
+}
+
+void Evaluator::solve_transport(const TransportStepRequest&, std::span<TransportBlockResult>) {
+  throw Error("evaluator " + name() + " does not solve transports on its device");
 }
 
 std::vector<double> Evaluator::read_incumbent() {

@@ -440,6 +440,10 @@ std::vector<OptimizerOption> make_table() {
                       "a non-finite cost becomes the block's largest finite cost plus this "
                       "margin (times 1 + |max|)"},
                      [](S s) -> double& { return s.optimizer.nonfinite_margin; }));
+  t.push_back(flag({"device-transport", transport,
+                    "let a backend that offers it (cuda) solve the cost matrix, transport and "
+                    "move where the losses are; off: on the host (same formulas)"},
+                   [](S s) -> bool& { return s.optimizer.device_transport; }));
 
   // Blocks.
   t.push_back(choice<BlockStrategy>(

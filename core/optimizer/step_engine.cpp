@@ -6,6 +6,7 @@
 #include "transport_threads.hpp"
 
 #include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -310,9 +311,50 @@ TransportResult StepEngine::solve_block(const BlockRange& block, double temperat
   return result;
 }
 
+bool StepEngine::transport_offloadable() const {
+  return planned_ && !screened_ && !config_.adaptive_probes && config_.metric == MetricKind::identity &&
+         std::none_of(reused_.begin(), reused_.end(), [](char r) { return r != 0; });
+}
+
+std::span<const double> StepEngine::check_finish(std::span<const double> incumbents, bool& reviewed) {
+  if (!planned_) throw Error("StepEngine::finish before plan()");
+  reviewed = reviewed_;
+  reviewed_ = false;
+  if (reviewed) {
+    if (!incumbents.empty())
+      throw Error("finish: the step was reviewed, so the engine already has f(X)");
+    incumbents = std::span<const double>(&reviewed_incumbent_, 1);
+  } else if (reviews_steps()) {
+    throw Error("finish: trust_reject needs review() with f(X) before plan()");
+  }
+  if (radius_->needs_incumbent() && incumbents.size() != 1 &&
+      static_cast<int64_t>(incumbents.size()) != particles_)
+    throw Error("finish: the " + std::string(to_string(radius_->kind())) +
+                " radius model needs f(X): one shared incumbent loss or one per particle");
+  return incumbents;
+}
+
+double StepEngine::observe_incumbent(std::span<const double> incumbents, bool reviewed,
+                                     StepInfo& info) {
+  if (radius_->needs_incumbent()) {
+    const double total = std::accumulate(incumbents.begin(), incumbents.end(), 0.0);
+    const bool comparable = prediction_valid_ && prediction_key_ == key_;
+    if (!reviewed) radius_->observe_incumbent(total, comparable);
+    info.rejected = reviewed && radius_->rejected();
+    info.trust_ratio = last_trust_ratio(*radius_);
+    info.incumbent_loss =
+        incumbents.size() == 1 ? incumbents[0] : total / static_cast<double>(particles_);
+    info.incumbent_measured = true;
+  }
+  const double step_r = config_.step_radius * epsilon_ * radius_->multipliers().step;
+  info.step_radius = step_r;
+  return step_r;
+}
+
 StepInfo StepEngine::finish(std::span<const double> losses, std::span<const double> incumbents,
                             std::span<double> moves) {
-  if (!planned_) throw Error("StepEngine::finish before plan()");
+  bool reviewed = false;
+  incumbents = check_finish(incumbents, reviewed);
   const auto P = particles_, V = vertices_;
   const auto K = probes_;
   if (static_cast<int64_t>(losses.size()) != P * V * K)
@@ -322,22 +364,9 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
                 " values, not P d = " + std::to_string(P * d_));
   const bool quadratic = radius_->needs_incumbent();
-  const bool reviewed = reviewed_;
-  reviewed_ = false;
-  if (reviewed) {
-    if (!incumbents.empty())
-      throw Error("finish: the step was reviewed, so the engine already has f(X)");
-    incumbents = std::span<const double>(&reviewed_incumbent_, 1);
-  } else if (reviews_steps()) {
-    throw Error("finish: trust_reject needs review() with f(X) before plan()");
-  }
-  if (quadratic && incumbents.size() != 1 && static_cast<int64_t>(incumbents.size()) != P)
-    throw Error("finish: the " + std::string(to_string(radius_->kind())) +
-                " radius model needs f(X): one shared incumbent loss or one per particle");
   StepInfo info = begin_info();
   info.epsilon = epsilon_;
   info.probe_radius = probe_r_;
-
   // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
   // screen loss plus the particle's offset calibrated on its kept vertices. Per chunk of
   // particles the sum, count and minimum of the finite costs, added in chunk order.
@@ -397,21 +426,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   }
 
   // The incumbent closes the deferred trust-region comparison before the step radius is set.
-  double incumbent_total = kNaN;
-  if (quadratic) {
-    incumbent_total = std::accumulate(incumbents.begin(), incumbents.end(), 0.0);
-    const bool comparable = prediction_valid_ && prediction_key_ == key_;
-    if (!reviewed) radius_->observe_incumbent(incumbent_total, comparable);
-    info.rejected = reviewed && radius_->rejected();
-    info.trust_ratio = last_trust_ratio(*radius_);
-    info.incumbent_loss =
-        incumbents.size() == 1 ? incumbents[0] : incumbent_total / static_cast<double>(P);
-    info.incumbent_measured = true;
-  } else {
-    info.incumbent_loss = info.mean_cost;
-  }
-  const double step_r = config_.step_radius * epsilon_ * radius_->multipliers().step;
-  info.step_radius = step_r;
+  const double step_r = observe_incumbent(incumbents, reviewed, info);
+  if (!quadratic) info.incumbent_loss = info.mean_cost;
 
   // One transport problem per block; blocks run side by side (each also parallel over its
   // rows) and their results are combined in block order.
@@ -440,11 +456,10 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
 
   // Quadratic models: per block, the step length along the transport move. Each particle's
   // fit is independent; the block's slope and curvature add chunk partials in order.
+  std::vector<BlockModel> models;
   if (quadratic) {
     const double scaled_radius = probe_r_ * K / (K + 1.0);
     gradients_.resize(idx(P * d_));
-    double predicted = 0;
-    bool at_boundary = false;
     std::vector<BlockModel> partial;
     for (const BlockRange& block : blocks_) {
       partial.assign(idx(StepThreads::chunk_count(block.count, kParticleGrain)), BlockModel{});
@@ -473,6 +488,87 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
         model.slope += part.slope;
         model.curvature += part.curvature;
       }
+      models.push_back(model);
+    }
+  }
+  return finish_tail(info, models, moves, /*host_costs=*/true);
+}
+
+StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incumbents,
+                               std::span<double> moves) {
+  if (!transport_offloadable())
+    throw Error("finish_on: this step needs the host's transport (screening, adaptive probes "
+                "or a metric)");
+  bool reviewed = false;
+  incumbents = check_finish(incumbents, reviewed);
+  const auto P = particles_;
+  if (static_cast<int64_t>(moves.size()) != P * d_)
+    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
+                " values, not P d = " + std::to_string(P * d_));
+  const bool quadratic = radius_->needs_incumbent();
+  StepInfo info = begin_info();
+  info.epsilon = epsilon_;
+  info.probe_radius = probe_r_;
+  const double step_r = observe_incumbent(incumbents, reviewed, info);
+
+  TransportStepRequest request;
+  request.solver = solver_;
+  request.top_k = config_.top_k;
+  request.sinkhorn = {config_.sinkhorn_max_iterations, config_.sinkhorn_tolerance};
+  request.temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
+  request.cost_scaling = config_.cost_scaling;
+  request.nonfinite_margin = config_.nonfinite_margin;
+  block_first_.clear();
+  block_count_.clear();
+  for (const BlockRange& block : blocks_) {
+    block_first_.push_back(block.first);
+    block_count_.push_back(block.count);
+  }
+  request.block_first = block_first_;
+  request.block_count = block_count_;
+  request.step_radius = step_r;
+  request.duals = &duals_;
+  if (quadratic) {
+    request.incumbents = incumbents;
+    request.scaled_radius = probe_r_ * probes_ / (probes_ + 1.0);
+  }
+  request.moves = moves;
+  // weights() stays what it promises (the last step's plan) without a per-step download
+  // unless asked for: the tests ask through keep_weights.
+  if (keep_weights_) {
+    weights_.resize(P, vertices_);
+    request.weights = std::span<double>(weights_.data(), idx(weights_.size()));
+  }
+  std::vector<TransportBlockResult> results(blocks_.size());
+  backend.solve_transport(request, results);
+
+  double sum = 0, best = std::numeric_limits<double>::infinity();
+  int64_t finite = 0;
+  std::vector<BlockModel> models;
+  for (const TransportBlockResult& r : results) {
+    sum += r.cost_sum;
+    finite += r.finite;
+    if (r.finite > 0) best = std::min(best, r.best_cost);
+    info.transport_iterations = std::max(info.transport_iterations, r.iterations);
+    info.transport_converged = info.transport_converged && r.converged;
+    if (quadratic) models.push_back(BlockModel{r.slope, r.curvature});
+  }
+  info.mean_cost = finite > 0 ? sum / static_cast<double>(finite) : kNaN;
+  info.best_cost = finite > 0 ? best : kNaN;
+  if (!quadratic) info.incumbent_loss = info.mean_cost;
+  schedule_.observe_solve(info.transport_converged);
+  return finish_tail(info, models, moves, /*host_costs=*/false);
+}
+
+StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& models,
+                                 std::span<double> moves, bool host_costs) {
+  const auto P = particles_, V = vertices_;
+  if (!models.empty()) {
+    double predicted = 0;
+    bool at_boundary = false;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      const BlockRange& block = blocks_[b];
+      const BlockModel& model = models[b];
       const double a = radius_->move_scale(model);
       at_boundary = at_boundary || a >= config_.radius.quadratic_max_scale;
       predicted += a * model.slope + 0.5 * a * a * model.curvature;
@@ -520,7 +616,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   }
   std::copy(moves.begin(), moves.end(), last_move_.begin());
 
-  if (config_.adaptive_probes) {
+  if (config_.adaptive_probes && host_costs) {
     threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         for (int64_t v = 0; v < V; ++v) cache_costs_[idx(i * V + v)] = cost_(i, v);

@@ -17,12 +17,17 @@
 #include "step_threads.hpp"
 
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/radius_model.hpp>
 
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
 #include <span>
 #include <vector>
+
+namespace polyprobe {
+class Evaluator;
+}
 
 namespace polyprobe::detail {
 
@@ -90,6 +95,18 @@ class StepEngine {
   StepInfo finish(std::span<const double> losses, std::span<const double> incumbents,
                   std::span<double> moves);
 
+  // Phase 2 with the transport on the backend (Evaluator::solves_transport()): the losses of
+  // the step were scored with score(probe, {}) and stayed with `backend`, which computes the
+  // cost matrix, the solve, the move and the quadratic sums; the core does the rest exactly as
+  // finish() does. Only for steps where transport_offloadable().
+  StepInfo finish_on(Evaluator& backend, std::span<const double> incumbents,
+                     std::span<double> moves);
+  // Whether the planned step's transport may run on a backend: no screening, no adaptive
+  // probes (their caches keep cost rows on the host) and the identity metric.
+  bool transport_offloadable() const;
+  // finish_on() also fetches the transport plan, so weights() holds it (tests).
+  void keep_weights(bool keep) { keep_weights_ = keep; }
+
   // A momentum-only step (amortize_steps): moves = amortize_ema * velocity, no evaluation.
   StepInfo coast(std::span<double> moves);
 
@@ -104,6 +121,13 @@ class StepEngine {
   // convergence; the closed-form rules report 0 and converged).
   TransportResult solve_block(const BlockRange& block, double temperature);
   StepInfo begin_info() const;
+  // finish()'s common parts: the checks and the reviewed incumbent; the radius model's view
+  // of f(X) and the step radius; the block step lengths, momentum, the finiteness check and
+  // the caches (host_costs: cost_ holds this step's matrix).
+  std::span<const double> check_finish(std::span<const double> incumbents, bool& reviewed);
+  double observe_incumbent(std::span<const double> incumbents, bool reviewed, StepInfo& info);
+  StepInfo finish_tail(StepInfo& info, const std::vector<BlockModel>& models,
+                       std::span<double> moves, bool host_costs);
   double momentum_coefficient() const;
   // metric = bfgs: maps the template-space moves through each particle's factor and updates
   // the metric with this step's gradients.
@@ -162,6 +186,8 @@ class StepEngine {
   std::vector<double> screen_losses_;  // [P V]
   std::vector<char> keep_;             // [P V]
   Matrix<double> cost_, weights_;      // [P V]
+  std::vector<int64_t> block_first_, block_count_;  // finish_on's request
+  bool keep_weights_ = false;
 };
 
 }  // namespace polyprobe::detail

@@ -110,6 +110,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   double incumbent = 0;
   losses_.assign(static_cast<std::size_t>(P * V * K), 0.0);
   int64_t screened = 0, scored = 0;
+  bool offload = false;  // the backend solves this step's transport
   if (config_.multifidelity_screen) {
     if (screen == nullptr)
       throw Error(
@@ -141,16 +142,25 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     if (std::find(reused.begin(), reused.end(), 1) != reused.end())
       for (char r : reused) active_.push_back(r != 0 ? 0 : 1);
     open_session(evaluator);
-    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_};
-    evaluator.score(probe, losses_, score_incumbent ? &incumbent : nullptr);
+    // With the identity metric the directions are R_i t_v: a device backend builds them from
+    // the rotations (per particle) rather than receiving [P V d].
+    const bool rotated = config_.metric == MetricKind::identity;
+    offload = config_.device_transport && evaluator.solves_transport() &&
+              engine_.transport_offloadable();
+    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_,
+                              rotated ? engine_.rotations() : std::span<const double>()};
+    // Offloaded, the losses stay with the backend for its transport solve.
+    evaluator.score(probe, offload ? std::span<double>() : std::span<double>(losses_),
+                    score_incumbent ? &incumbent : nullptr);
     scored = (P - static_cast<int64_t>(std::count(reused.begin(), reused.end(), 1))) * V * K;
     evaluations_ += scored;
   }
   if (score_incumbent) ++evaluations_;
 
-  StepInfo info = engine_.finish(
-      losses_, score_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>(),
-      moves_);
+  const auto incumbents =
+      score_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>();
+  StepInfo info = offload ? engine_.finish_on(evaluator, incumbents, moves_)
+                          : engine_.finish(losses_, incumbents, moves_);
   info.candidates = scored + (with_incumbent ? 1 : 0);
   info.screened = screened;
   if (!info.reverted) {

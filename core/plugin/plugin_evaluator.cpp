@@ -102,6 +102,108 @@ class PluginEvaluator final : public Evaluator {
     score(set, losses, nullptr);
   }
 
+  bool solves_transport() const override {
+    return PP_HAS_FIELD(api_, pp_session_api, transport) && api_->transport != nullptr;
+  }
+
+  void solve_transport(const TransportStepRequest& request,
+                       std::span<TransportBlockResult> blocks) override {
+    if (!solves_transport()) Evaluator::solve_transport(request, blocks);
+    const auto n_blocks = static_cast<int64_t>(request.block_first.size());
+    const auto V = static_cast<int64_t>(bound_polytope().rows());
+    const int64_t P = bound_particles().count();
+    if (static_cast<int64_t>(blocks.size()) != n_blocks ||
+        static_cast<int64_t>(request.block_count.size()) != n_blocks)
+      throw Error("solve_transport: " + std::to_string(blocks.size()) + " results and " +
+                  std::to_string(request.block_count.size()) + " block sizes for " +
+                  std::to_string(n_blocks) + " blocks");
+    pp_transport_request r{};
+    r.struct_size = sizeof(r);
+    switch (request.solver) {
+      case TransportSolver::sinkhorn:
+        r.solver = PP_SOLVER_SINKHORN;
+        break;
+      case TransportSolver::softmax:
+        r.solver = PP_SOLVER_SOFTMAX;
+        break;
+      case TransportSolver::greedy:
+      case TransportSolver::top_k:
+        r.solver = PP_SOLVER_TOP_K;
+        break;
+      case TransportSolver::automatic:
+        throw Error("solve_transport: the solver must be resolved");
+    }
+    r.top_k = request.solver == TransportSolver::greedy ? 1 : request.top_k;
+    r.sinkhorn_max_iterations = request.sinkhorn.max_iterations;
+    r.sinkhorn_tolerance = request.sinkhorn.tolerance;
+    r.temperature = request.temperature;
+    switch (request.cost_scaling) {
+      case CostScaling::none:
+        r.cost_scaling = PP_COST_SCALING_NONE;
+        break;
+      case CostScaling::mean:
+        r.cost_scaling = PP_COST_MEAN;
+        break;
+      case CostScaling::max_cost:
+        r.cost_scaling = PP_COST_MAX;
+        break;
+      case CostScaling::min_max:
+        r.cost_scaling = PP_COST_MIN_MAX;
+        break;
+    }
+    r.nonfinite_margin = request.nonfinite_margin;
+    r.n_blocks = n_blocks;
+    r.block_first = request.block_first.data();
+    r.block_count = request.block_count.data();
+    r.step_radius = request.step_radius;
+    // The duals cross as flat arrays (per particle and per vertex): in, then back out.
+    std::vector<uint8_t> fresh;
+    if (request.solver == TransportSolver::sinkhorn) {
+      if (request.duals == nullptr || static_cast<int64_t>(request.duals->size()) != n_blocks)
+        throw Error("solve_transport: sinkhorn needs one dual pair per block");
+      duals_f_.assign(static_cast<std::size_t>(P), 0.0);
+      duals_g_.assign(static_cast<std::size_t>(n_blocks * V), 0.0);
+      fresh.assign(static_cast<std::size_t>(n_blocks), 0);
+      for (int64_t b = 0; b < n_blocks; ++b) {
+        const SinkhornDuals& dual = (*request.duals)[static_cast<std::size_t>(b)];
+        const int64_t rows = request.block_count[static_cast<std::size_t>(b)];
+        if (static_cast<int64_t>(dual.f.size()) != rows || static_cast<int64_t>(dual.g.size()) != V) {
+          fresh[static_cast<std::size_t>(b)] = 1;
+          continue;
+        }
+        std::copy(dual.f.begin(), dual.f.end(),
+                  duals_f_.begin() + request.block_first[static_cast<std::size_t>(b)]);
+        std::copy(dual.g.begin(), dual.g.end(), duals_g_.begin() + b * V);
+      }
+      r.duals_f = duals_f_.data();
+      r.duals_g = duals_g_.data();
+      r.duals_fresh = fresh.data();
+    }
+    r.incumbents = request.incumbents.empty() ? nullptr : request.incumbents.data();
+    r.n_incumbents = static_cast<int64_t>(request.incumbents.size());
+    r.scaled_radius = request.scaled_radius;
+    r.moves = request.moves.data();
+    std::vector<pp_transport_block> out(static_cast<std::size_t>(n_blocks));
+    r.blocks = out.data();
+    r.weights = request.weights.empty() ? nullptr : request.weights.data();
+    check(api_->transport(self_, &r, &err_), "solve the step's transport");
+    for (int64_t b = 0; b < n_blocks; ++b) {
+      const pp_transport_block& o = out[static_cast<std::size_t>(b)];
+      blocks[static_cast<std::size_t>(b)] = {o.cost_sum,   o.finite, o.best_cost, o.iterations,
+                                             o.converged != 0, o.slope, o.curvature};
+      // A block the solve did not run for (no finite cost, or a lone row: softmax) keeps
+      // its duals as they were, as on the host.
+      const bool solved = o.finite > 0 && request.block_count[static_cast<std::size_t>(b)] > 1;
+      if (request.solver == TransportSolver::sinkhorn && (solved || fresh[static_cast<std::size_t>(b)] == 0)) {
+        SinkhornDuals& dual = (*request.duals)[static_cast<std::size_t>(b)];
+        const int64_t first = request.block_first[static_cast<std::size_t>(b)];
+        const int64_t rows = request.block_count[static_cast<std::size_t>(b)];
+        dual.f.assign(duals_f_.begin() + first, duals_f_.begin() + first + rows);
+        dual.g.assign(duals_g_.begin() + b * V, duals_g_.begin() + (b + 1) * V);
+      }
+    }
+  }
+
   nlohmann::json explain() const override {
     nlohmann::json j = {{"evaluator", plugin_->name}};
     if (api_->explain != nullptr) {
@@ -148,7 +250,10 @@ class PluginEvaluator final : public Evaluator {
     r.probe_radius = probe.probe_radius;
     r.active =
         probe.active.empty() ? nullptr : reinterpret_cast<const uint8_t*>(probe.active.data());
-    check(api_->score(self_, &r, losses.data(), incumbent_loss, &err_), "score a step");
+    r.rotations = probe.rotations.empty() ? nullptr : probe.rotations.data();
+    // An empty span asks the session to keep the losses for solve_transport().
+    check(api_->score(self_, &r, losses.empty() ? nullptr : losses.data(), incumbent_loss, &err_),
+          "score a step");
   }
 
   void session_score(const CandidateSet& set, std::span<double> losses,
@@ -195,6 +300,7 @@ class PluginEvaluator final : public Evaluator {
   void* self_ = nullptr;
   const pp_session_api* api_ = nullptr;
   pp_error err_{};
+  std::vector<double> duals_f_, duals_g_;  // solve_transport's flat Sinkhorn duals
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <polyprobe/batch.hpp>
 #include <polyprobe/candidates.hpp>
 #include <polyprobe/tensor.hpp>
+#include <polyprobe/transport.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +50,40 @@ struct PolytopeProbe {
   std::span<const double> directions;  // [P V d]: the rotated (and shaped) unit template
   double probe_radius = 0;
   std::span<const char> active;  // [P], or empty for every particle
+  // [P d d] row-major R_i, directions[i, v, :] = R_i t_v, or empty when a metric shapes the
+  // directions; a device backend may send these (per particle) instead of the directions.
+  std::span<const double> rotations;
+};
+
+// The transport half of a step, for a backend that solves it where its losses are
+// (solves_transport()): the cost matrix from the [P V K] losses of the last score(probe, {}),
+// the per-block statistics, the non-finite penalty, the scaling, the solve, the barycentric
+// move and the quadratic model's block sums, with the formulas of the core's StepEngine. The
+// core decides everything else (radii, solver settings, what the sums mean).
+struct TransportStepRequest {
+  TransportSolver solver = TransportSolver::softmax;  // resolved (not automatic)
+  int32_t top_k = 1;                                  // top_k; greedy is 1
+  SinkhornSettings sinkhorn;
+  double temperature = 1;
+  CostScaling cost_scaling = CostScaling::none;
+  double nonfinite_margin = 10;
+  std::span<const int64_t> block_first, block_count;  // the blocks tile [0, P) in order
+  double step_radius = 0;
+  std::vector<SinkhornDuals>* duals = nullptr;  // sinkhorn: per block, warm start in and out
+  std::span<const double> incumbents;           // quadratic model: f(X) (1 or P values); empty = none
+  double scaled_radius = 0;                     // the fit's probe radius, probe_r K / (K + 1)
+  std::span<double> moves;                      // out: [P d]
+  std::span<double> weights;                    // out (optional): [P V], or empty
+};
+
+// What a backend's transport reports for one block.
+struct TransportBlockResult {
+  double cost_sum = 0;  // finite cost entries: their sum, number and minimum
+  int64_t finite = 0;
+  double best_cost = 0;
+  int32_t iterations = 0;  // Sinkhorn iterations (0 for the closed-form rules)
+  bool converged = true;
+  double slope = 0, curvature = 0;  // quadratic model: sum g_i . m_i, sum c_i |m_i|^2
 };
 
 class Evaluator {
@@ -91,6 +126,14 @@ class Evaluator {
   // Scores an explicit set of candidates around the incumbent (set.particles must be the
   // bound map) and, when incumbent_loss is not null, the incumbent.
   void score(const CandidateSet& set, std::span<double> losses, double* incumbent_loss);
+  // Whether this evaluator solves the transport half of a step (TransportStepRequest) on
+  // its device. When it does, score(probe, {}, ...) with an empty loss span keeps the losses
+  // there for the solve_transport() call that must follow. The default: no.
+  virtual bool solves_transport() const { return false; }
+  // Solves the step just scored; `blocks` has one entry per block. Throws when the
+  // evaluator does not solve transports.
+  virtual void solve_transport(const TransportStepRequest& request,
+                               std::span<TransportBlockResult> blocks);
   // The incumbent as the evaluator holds it (read back from a plugin's device).
   std::vector<double> read_incumbent();
   // The host mirror of the incumbent (empty before the first sync).

@@ -76,6 +76,9 @@ struct OptimizerConfig {
   int32_t top_k = 2;  // top_k solver
   CostScaling cost_scaling = CostScaling::none;
   double nonfinite_margin = 10.0;  // non-finite cost -> max finite + margin (1 + |max|)
+  // Let an evaluator that solves transports (Evaluator::solves_transport) compute the cost
+  // matrix, solve and move where its losses are; false: the host does (same formulas).
+  bool device_transport = true;
 
   // Blocks
   BlockStrategy blocks = BlockStrategy::monolithic;

@@ -40,6 +40,10 @@ int score(void* self, const pp_score_request* request, double* losses, double* i
 int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
   return pp::guard(err, [&] { as_session(self)->read_incumbent(*theta); });
 }
+int transport(void* self, const pp_transport_request* request, pp_error* err) {
+  return pp::guard(err, [&] { as_session(self)->transport(*request); });
+}
+
 const char* explain(void* self) {
   try {
     return as_session(self)->explain();
@@ -51,7 +55,8 @@ void destroy(void* self) { delete as_session(self); }
 
 const pp_session_api kSessionApi = {sizeof(pp_session_api), &set_batch,      &set_particles,
                                     &set_incumbent,         &move_incumbent, &score,
-                                    &read_incumbent,        &explain,        &destroy};
+                                    &read_incumbent,        &explain,        &destroy,
+                                    &transport};
 
 // Why a forced path cannot serve; empty when it can.
 std::string path_reason(const char* path, const pp_session_options& options) {

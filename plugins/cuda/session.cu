@@ -15,6 +15,7 @@
 #include "kernels.cuh"
 #include "model_plan.hpp"
 #include "session.hpp"
+#include "transport.cuh"
 
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
 
@@ -279,6 +280,11 @@ class DeviceSession final : public Session {
     d_ = d;
     particles_ = P;
     vertices_ = layout.n_vertices;
+    if (layout.n_vertices > 0 && layout.polytope != nullptr) {
+      polytope_d_.upload(layout.polytope, sz(int64_t{layout.n_vertices} * d), s);
+      stream_.synchronize();
+    }
+    losses_resident_ = false;
     probes_ = std::max(1, layout.n_probes);
     elem_max_ = widest;
     has_particles_ = true;
@@ -310,9 +316,11 @@ class DeviceSession final : public Session {
         if (coords_h_[sz(c)] >= 0) theta_h_[sz(coords_h_[sz(c)])] += moves[c];
       if (unique_coords_) {
         moves_d_.upload(moves, sz(n), stream_.get());
+        step_bytes_up_ += sz(n) * sizeof(double);
         launch_move(coords_d_.data(), moves_d_.data(), n, theta_d_.data(), stream_.get());
       } else {
         theta_d_.upload(theta_h_.data(), theta_h_.size(), stream_.get());
+        step_bytes_up_ += theta_h_.size() * sizeof(double);
       }
     } else {
       // RankOneSubspace::apply's order and arithmetic, then the whole mirror goes up, so
@@ -322,6 +330,7 @@ class DeviceSession final : public Session {
         if (k >= 0) kernels::apply_subspace_move(subspace_->coords[k], moves[c], theta_h_.data());
       }
       theta_d_.upload(theta_h_.data(), theta_h_.size(), stream_.get());
+      step_bytes_up_ += theta_h_.size() * sizeof(double);
     }
     // moves and theta_h_ are read by the copies above before we return.
     stream_.synchronize();
@@ -344,7 +353,21 @@ class DeviceSession final : public Session {
       for (int64_t p = 0; p < particles_; ++p)
         if (request.active == nullptr || request.active[p] != 0) active.push_back(p);
       active_d_.upload(active.data(), active.size(), s);
-      dir_d_.upload(request.directions, sz(particles_ * vertices_ * d_), s);
+      step_bytes_up_ = active.size() * sizeof(int64_t);
+      step_bytes_down_ = 0;
+      const double* rotations =
+          PP_HAS_FIELD(&request, pp_score_request, rotations) ? request.rotations : nullptr;
+      if (rotations != nullptr) {
+        // Per particle [P d d] up, the [P V d] directions built here.
+        rot_d_.upload(rotations, sz(particles_ * d_ * d_), s);
+        step_bytes_up_ += sz(particles_ * d_ * d_) * sizeof(double);
+        dir_d_.reserve(sz(particles_ * vertices_ * d_));
+        launch_directions(rot_d_.data(), polytope_d_.data(), particles_, vertices_, d_,
+                          dir_d_.data(), s);
+      } else {
+        dir_d_.upload(request.directions, sz(particles_ * vertices_ * d_), s);
+        step_bytes_up_ += sz(particles_ * vertices_ * d_) * sizeof(double);
+      }
       src.polytope = 1;
       src.active = active_d_.data();
       src.directions = dir_d_.data();
@@ -406,11 +429,26 @@ class DeviceSession final : public Session {
       g = end;
     }
     if (incumbent_loss != nullptr) incumbent_objective(losses_d_.data() + outputs);
+    last_count_ = count;
 
+    // A polytope set scored without a loss buffer keeps its losses here for transport();
+    // only f(X) comes back. (An explicit set of no candidates has no buffer either.)
+    losses_resident_ = losses == nullptr && src.polytope;
+    if (losses_resident_) {
+      if (incumbent_loss != nullptr) {
+        check(cudaMemcpyAsync(incumbent_loss, losses_d_.data() + outputs, sizeof(double),
+                              cudaMemcpyDeviceToHost, s),
+              "cudaMemcpyAsync f(X) to host");
+        step_bytes_down_ += sizeof(double);
+      }
+      stream_.synchronize();
+      return;
+    }
     staging_.resize(sz(outputs + 1));
     check(cudaMemcpyAsync(staging_.data(), losses_d_.data(), sz(outputs + 1) * sizeof(double),
                           cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync losses to host");
+    step_bytes_down_ += sz(outputs + 1) * sizeof(double);
     stream_.synchronize();
     if (src.polytope) {
       // Entries of inactive particles stay as the caller left them.
@@ -420,7 +458,102 @@ class DeviceSession final : public Session {
       std::copy_n(staging_.begin(), count, losses);
     }
     if (incumbent_loss != nullptr) *incumbent_loss = staging_[sz(outputs)];
-    last_count_ = count;
+  }
+
+  void transport(const pp_transport_request& request) override {
+    use_device();
+    if (!losses_resident_)
+      throw std::logic_error(
+          "transport: no step's losses on the device (score a polytope set with losses == NULL "
+          "first)");
+    losses_resident_ = false;
+    const int64_t P = particles_, V = vertices_, B = request.n_blocks;
+    if (B < 1) throw std::invalid_argument("transport: no blocks");
+    int64_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      if (request.block_first[b] != next || request.block_count[b] < 1)
+        throw std::invalid_argument("transport: block " + std::to_string(b) +
+                                    " does not continue the tiling of the particles");
+      next += request.block_count[b];
+    }
+    if (next != P)
+      throw std::invalid_argument("transport: the blocks cover " + std::to_string(next) + " of " +
+                                  std::to_string(P) + " particles");
+    const bool sinkhorn = request.solver == PP_SOLVER_SINKHORN;
+    if (request.solver != PP_SOLVER_SINKHORN && request.solver != PP_SOLVER_SOFTMAX &&
+        request.solver != PP_SOLVER_TOP_K)
+      throw std::invalid_argument("transport: unknown solver " + std::to_string(request.solver));
+    if (request.solver == PP_SOLVER_TOP_K && (request.top_k < 1 || request.top_k > V))
+      throw std::invalid_argument("transport: top_k = " + std::to_string(request.top_k) +
+                                  " must be in [1, " + std::to_string(V) + "]");
+    if (sinkhorn && (request.duals_f == nullptr || request.duals_g == nullptr ||
+                     request.duals_fresh == nullptr))
+      throw std::invalid_argument("transport: sinkhorn needs the duals");
+    if (request.incumbents != nullptr && request.n_incumbents != 1 && request.n_incumbents != P)
+      throw std::invalid_argument("transport: f(X) must be one value or one per particle");
+    cudaStream_t s = stream_.get();
+    block_first_d_.upload(request.block_first, sz(B), s);
+    block_count_d_.upload(request.block_count, sz(B), s);
+    if (sinkhorn) {
+      duals_f_d_.upload(request.duals_f, sz(P), s);
+      duals_g_d_.upload(request.duals_g, sz(B * V), s);
+      duals_fresh_d_.upload(request.duals_fresh, sz(B), s);
+    }
+    if (request.incumbents != nullptr)
+      incumbents_d_.upload(request.incumbents, sz(request.n_incumbents), s);
+    cost_d_.reserve(sz(P * V));
+    weights_d_.reserve(sz(P * V));
+    step_moves_d_.reserve(sz(P * d_));
+    blocks_d_.reserve(sz(B));
+    TransportProblem t;
+    t.particles = P;
+    t.vertices = vertices_;
+    t.probes = probes_;
+    t.d = d_;
+    t.losses = losses_d_.data();
+    t.directions = dir_d_.data();
+    t.solver = request.solver;
+    t.top_k = request.top_k;
+    t.sinkhorn_max_iterations = request.sinkhorn_max_iterations;
+    t.sinkhorn_tolerance = request.sinkhorn_tolerance;
+    t.temperature = request.temperature;
+    t.cost_scaling = request.cost_scaling;
+    t.nonfinite_margin = request.nonfinite_margin;
+    t.n_blocks = B;
+    t.block_first = block_first_d_.data();
+    t.block_count = block_count_d_.data();
+    t.step_radius = request.step_radius;
+    if (sinkhorn) {
+      t.duals_f = duals_f_d_.data();
+      t.duals_g = duals_g_d_.data();
+      t.duals_fresh = duals_fresh_d_.data();
+    }
+    if (request.incumbents != nullptr) {
+      t.incumbents = incumbents_d_.data();
+      t.n_incumbents = request.n_incumbents;
+      t.scaled_radius = request.scaled_radius;
+    }
+    t.cost = cost_d_.data();
+    t.weights = weights_d_.data();
+    t.moves = step_moves_d_.data();
+    t.blocks = blocks_d_.data();
+    launch_transport(t, s);
+    const auto down = [&](void* host, const void* device, std::size_t bytes, const char* what) {
+      check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), what);
+      step_bytes_down_ += bytes;
+    };
+    step_bytes_up_ += sz(2 * B) * sizeof(int64_t) + (request.incumbents != nullptr ? sz(request.n_incumbents) * sizeof(double) : 0) +
+                      (sinkhorn ? sz(P + B * V) * sizeof(double) + sz(B) : 0);
+    ++device_transports_;
+    down(request.moves, step_moves_d_.data(), sz(P * d_) * sizeof(double), "moves to host");
+    down(request.blocks, blocks_d_.data(), sz(B) * sizeof(pp_transport_block), "blocks to host");
+    if (sinkhorn) {
+      down(request.duals_f, duals_f_d_.data(), sz(P) * sizeof(double), "duals to host");
+      down(request.duals_g, duals_g_d_.data(), sz(B * V) * sizeof(double), "duals to host");
+    }
+    if (request.weights != nullptr)
+      down(request.weights, weights_d_.data(), sz(P * V) * sizeof(double), "weights to host");
+    stream_.synchronize();
   }
 
   void read_incumbent(pp_tensor& theta) override {
@@ -448,7 +581,10 @@ class DeviceSession final : public Session {
       << (sizeof(T) == 4 ? "float32" : "float64") << "\",\"path\":\"" << path << "\""
       << ",\"forced\":" << (forced_ ? "true" : "false") << ",\"chunk\":" << chunk_cap_
       << ",\"last_candidates\":" << last_count_ << ",\"device_bytes\":" << DeviceMemory::live()
-      << ",\"device_peak_bytes\":" << DeviceMemory::peak() << ",\"layers\":[";
+      << ",\"device_peak_bytes\":" << DeviceMemory::peak()
+      << ",\"device_transports\":" << device_transports_
+      << ",\"step_bytes_to_device\":" << step_bytes_up_
+      << ",\"step_bytes_to_host\":" << step_bytes_down_ << ",\"layers\":[";
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (i > 0) j << ",";
@@ -1050,6 +1186,18 @@ class DeviceSession final : public Session {
 
   DeviceBuffer<int64_t> active_d_, particle_d_;
   DeviceBuffer<double> dir_d_, disp_d_, moves_d_, losses_d_;
+  // The transport half of a step (transport.cuh): the bound polytope, the step's rotations,
+  // and the solve's inputs, scratch and outputs.
+  DeviceBuffer<double> polytope_d_, rot_d_, cost_d_, weights_d_, step_moves_d_;
+  DeviceBuffer<double> duals_f_d_, duals_g_d_, incumbents_d_;
+  DeviceBuffer<int64_t> block_first_d_, block_count_d_;
+  DeviceBuffer<uint8_t> duals_fresh_d_;
+  DeviceBuffer<pp_transport_block> blocks_d_;
+  bool losses_resident_ = false;  // the last score kept its losses here for transport()
+  // What the last step moved over PCIe (polytope score, transport, move), for explain and the
+  // tests that check no per-candidate data crosses; and the transports solved here.
+  std::size_t step_bytes_up_ = 0, step_bytes_down_ = 0;
+  int64_t device_transports_ = 0;
   std::vector<double> staging_;
   DeviceBuffer<T> buf_a_, buf_b_, per_, dq_;
   DeviceBuffer<T> q_new_, w_cand_;  // the dense paths: new values, materialised op blocks

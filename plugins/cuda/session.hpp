@@ -15,7 +15,9 @@ class Session {
   virtual void set_particles(const pp_particle_layout& layout) = 0;
   virtual void set_incumbent(const pp_tensor& theta) = 0;
   virtual void move_incumbent(const double* moves) = 0;
+  // losses == NULL (polytope form): they stay on the device for transport(), next.
   virtual void score(const pp_score_request& request, double* losses, double* incumbent_loss) = 0;
+  virtual void transport(const pp_transport_request& request) = 0;
   virtual void read_incumbent(pp_tensor& theta) = 0;
   virtual const char* explain() = 0;
 };

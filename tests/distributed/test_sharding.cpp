@@ -133,7 +133,7 @@ TEST_CASE("a candidate's loss does not depend on the candidates that share its c
     auto whole = make(s, backend, dtype);
     std::vector<double> expect(static_cast<std::size_t>(P * VK));
     double expect_incumbent = 0;
-    whole->score(PolytopeProbe{s.directions, 0.3, {}}, expect, &expect_incumbent);
+    whole->score(PolytopeProbe{s.directions, 0.3, {}, {}}, expect, &expect_incumbent);
     for (int ranks : {2, 3, 5}) {
       const std::vector<int64_t> b = particle_slices(P, {}, ranks);
       std::vector<double> got(expect.size(), 0.0);
@@ -144,7 +144,7 @@ TEST_CASE("a candidate's loss does not depend on the candidates that share its c
         std::fill(active.begin() + b[static_cast<std::size_t>(r)],
                   active.begin() + b[static_cast<std::size_t>(r) + 1], 1);
         double incumbent = 0;
-        part->score(PolytopeProbe{s.directions, 0.3, active}, got, &incumbent);
+        part->score(PolytopeProbe{s.directions, 0.3, active, {}}, got, &incumbent);
         INFO(backend << " " << to_string(dtype) << ", " << ranks << " slices, slice " << r);
         CHECK(incumbent == expect_incumbent);
       }
@@ -176,8 +176,8 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
          {std::vector<char>{}, active, std::vector<char>{}, active}) {
       std::vector<double> expect(static_cast<std::size_t>(P * VK), -1.0), got(expect);
       double expect_incumbent = 0, got_incumbent = 0;
-      plain->score(PolytopeProbe{s.directions, 0.3, mask}, expect, &expect_incumbent);
-      sharded->score(PolytopeProbe{s.directions, 0.3, mask}, got, &got_incumbent);
+      plain->score(PolytopeProbe{s.directions, 0.3, mask, {}}, expect, &expect_incumbent);
+      sharded->score(PolytopeProbe{s.directions, 0.3, mask, {}}, got, &got_incumbent);
       CHECK(got == expect);
       CHECK(got_incumbent == expect_incumbent);
     }

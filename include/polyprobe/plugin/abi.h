@@ -271,7 +271,66 @@ typedef struct pp_score_request {
   int64_t count;
   const int64_t* particle;    /* [count] */
   const double* displacement; /* [count * d] */
+  /* --- appended: the transport half of a step on the session's device --- */
+  /* (optional, PP_CANDIDATES_POLYTOPE) the rotations the directions came from, [P * d * d],
+   * row-major R_i with directions[i, v, :] = R_i t_v (t_v = row v of the bound polytope);
+   * host memory. A device session may upload these (per particle) and build the directions
+   * itself instead of uploading [P V d]. NULL when the directions are not plain rotations of
+   * the template (a metric shapes them): then read `directions`. */
+  const double* rotations;
 } pp_score_request;
+
+/* The transport half of an optimizer step (docs/plugins.md, "Which kernels of a step a
+ * backend takes over"): the cost matrix C[i, v] = mean over k of the [P V K] losses of the
+ * last polytope score call made with losses == NULL (they stayed on the device), its
+ * per-block statistics, the non-finite penalty, the cost scaling, the solve, the
+ * barycentric move and the quadratic model's per-block sums, with the core's formulas
+ * (core/optimizer/step_engine.cpp, transport.cpp, radius_model.cpp). The optimizer's logic
+ * (radii, schedules, radius models, momentum, checkpoints) stays in the core, which sends
+ * what it decided and receives per-particle and per-block results only. */
+enum { PP_SOLVER_SINKHORN = 1, PP_SOLVER_SOFTMAX = 2, PP_SOLVER_TOP_K = 3 };
+enum { PP_COST_SCALING_NONE = 0, PP_COST_MEAN = 1, PP_COST_MAX = 2, PP_COST_MIN_MAX = 3 };
+
+/* What the transport call reports per block (particles [first, first + count)). */
+typedef struct pp_transport_block {
+  double cost_sum;    /* sum of the finite entries of C over the block (before the penalty) */
+  int64_t finite;     /* their number */
+  double best_cost;   /* their minimum (+inf when none) */
+  int32_t iterations; /* Sinkhorn iterations run (0 for the closed-form rules) */
+  int32_t converged;  /* 1 when the Sinkhorn marginals met the tolerance (1 otherwise) */
+  double slope;       /* quadratic model: sum over the block of g_i . m_i (finite terms) */
+  double curvature;   /* sum of c_i |m_i|^2 over the same terms */
+} pp_transport_block;
+
+typedef struct pp_transport_request {
+  uint32_t struct_size;
+  int32_t solver; /* PP_SOLVER_* */
+  int32_t top_k;  /* PP_SOLVER_TOP_K: vertices kept per row (greedy = 1) */
+  int32_t sinkhorn_max_iterations;
+  double sinkhorn_tolerance;
+  double temperature;
+  int32_t cost_scaling;    /* PP_COST_* */
+  double nonfinite_margin; /* non-finite cost -> max finite + margin (1 + |max|) per block */
+  int64_t n_blocks;
+  const int64_t* block_first; /* [n_blocks]; the blocks tile [0, P) in order */
+  const int64_t* block_count;
+  double step_radius; /* moves[i] = step_radius * sum_v W[i, v] directions[i, v, :] */
+  /* Sinkhorn duals per block, warm-started across steps (host memory, in and out):
+   * duals_f [P] (rows, at block_first) and duals_g [n_blocks * V]; duals_fresh[b] = 1 starts
+   * block b from g = 0 with exact rows. NULL for the other solvers. */
+  double* duals_f;
+  double* duals_g;
+  const uint8_t* duals_fresh;
+  /* The quadratic model (NULL incumbents = none): f(X) shared (n_incumbents = 1) or per
+   * particle (= P); the fit uses the outer probe's losses (k = K) and scaled_radius. */
+  const double* incumbents;
+  int64_t n_incumbents;
+  double scaled_radius;
+  /* Outputs, host memory. */
+  double* moves;               /* [P * d] */
+  pp_transport_block* blocks;  /* [n_blocks] */
+  double* weights;             /* (optional) [P * V], the transport plan's rows; NULL = not wanted */
+} pp_transport_request;
 
 /* An evaluator session (plugin API 2): created once per (model structure, loss, subspace,
  * options); it keeps the batch, the particle layout and the incumbent, on its device, so
@@ -301,6 +360,11 @@ typedef struct pp_session_api {
   /* (optional) JSON describing the paths taken and declined, valid until the next call. */
   const char* (*explain)(void* self);
   void (*destroy)(void* self);
+  /* --- appended (check with PP_HAS_FIELD) --- */
+  /* (optional) The transport half of the step just scored (pp_transport_request). A session
+   * that offers it accepts losses == NULL in a PP_CANDIDATES_POLYTOPE score call: the losses
+   * then stay on its device for this call, which must come next. */
+  int (*transport)(void* self, const pp_transport_request* request, pp_error* err);
 } pp_session_api;
 
 typedef struct pp_accumulator_api {
