@@ -285,6 +285,7 @@ class DeviceSession final : public Session {
       stream_.synchronize();
     }
     losses_resident_ = false;
+    active_is_all_ = false;
     probes_ = std::max(1, layout.n_probes);
     elem_max_ = widest;
     has_particles_ = true;
@@ -352,9 +353,16 @@ class DeviceSession final : public Session {
         throw std::logic_error("score: the bound particles have no polytope");
       for (int64_t p = 0; p < particles_; ++p)
         if (request.active == nullptr || request.active[p] != 0) active.push_back(p);
-      active_d_.upload(active.data(), active.size(), s);
-      step_bytes_up_ = active.size() * sizeof(int64_t);
+      step_bytes_up_ = 0;
       step_bytes_down_ = 0;
+      // Every particle active (every step without adaptive probes): the list 0..P-1 is
+      // already on the device after the first such step.
+      const bool all = static_cast<int64_t>(active.size()) == particles_;
+      if (!(all && active_is_all_)) {
+        active_d_.upload(active.data(), active.size(), s);
+        step_bytes_up_ += active.size() * sizeof(int64_t);
+      }
+      active_is_all_ = all;
       const double* rotations =
           PP_HAS_FIELD(&request, pp_score_request, rotations) ? request.rotations : nullptr;
       if (rotations != nullptr) {
@@ -1194,6 +1202,7 @@ class DeviceSession final : public Session {
   DeviceBuffer<uint8_t> duals_fresh_d_;
   DeviceBuffer<pp_transport_block> blocks_d_;
   bool losses_resident_ = false;  // the last score kept its losses here for transport()
+  bool active_is_all_ = false;    // active_d_ holds 0..P-1 (reset by set_particles)
   // What the last step moved over PCIe (polytope score, transport, move), for explain and the
   // tests that check no per-candidate data crosses; and the transports solved here.
   std::size_t step_bytes_up_ = 0, step_bytes_down_ = 0;
