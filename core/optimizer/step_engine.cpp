@@ -312,11 +312,13 @@ TransportResult StepEngine::solve_block(const BlockRange& block, double temperat
 }
 
 bool StepEngine::transport_offloadable() const {
-  return planned_ && !screened_ && !config_.adaptive_probes && config_.metric == MetricKind::identity &&
+  return planned_ && !screened_ && !config_.adaptive_probes &&
+         config_.metric == MetricKind::identity &&
          std::none_of(reused_.begin(), reused_.end(), [](char r) { return r != 0; });
 }
 
-std::span<const double> StepEngine::check_finish(std::span<const double> incumbents, bool& reviewed) {
+std::span<const double> StepEngine::check_finish(std::span<const double> incumbents,
+                                                 bool& reviewed) {
   if (!planned_) throw Error("StepEngine::finish before plan()");
   reviewed = reviewed_;
   reviewed_ = false;
@@ -497,8 +499,9 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
 StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incumbents,
                                std::span<double> moves) {
   if (!transport_offloadable())
-    throw Error("finish_on: this step needs the host's transport (screening, adaptive probes "
-                "or a metric)");
+    throw Error(
+        "finish_on: this step needs the host's transport (screening, adaptive probes "
+        "or a metric)");
   bool reviewed = false;
   incumbents = check_finish(incumbents, reviewed);
   const auto P = particles_;

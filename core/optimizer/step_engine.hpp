@@ -183,9 +183,9 @@ class StepEngine {
   Matrix<double> scaled_;     // [P V] solve_block's scaled costs (rows of its block), kept
   std::vector<char> reused_;  // [P]
   bool screened_ = false;
-  std::vector<double> screen_losses_;  // [P V]
-  std::vector<char> keep_;             // [P V]
-  Matrix<double> cost_, weights_;      // [P V]
+  std::vector<double> screen_losses_;               // [P V]
+  std::vector<char> keep_;                          // [P V]
+  Matrix<double> cost_, weights_;                   // [P V]
   std::vector<int64_t> block_first_, block_count_;  // finish_on's request
   bool keep_weights_ = false;
 };

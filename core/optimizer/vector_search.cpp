@@ -145,8 +145,8 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     // With the identity metric the directions are R_i t_v: a device backend builds them from
     // the rotations (per particle) rather than receiving [P V d].
     const bool rotated = config_.metric == MetricKind::identity;
-    offload = config_.device_transport && evaluator.solves_transport() &&
-              engine_.transport_offloadable();
+    offload =
+        config_.device_transport && evaluator.solves_transport() && engine_.transport_offloadable();
     const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_,
                               rotated ? engine_.rotations() : std::span<const double>()};
     // Offloaded, the losses stay with the backend for its transport solve.

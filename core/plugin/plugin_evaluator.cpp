@@ -167,7 +167,8 @@ class PluginEvaluator final : public Evaluator {
       for (int64_t b = 0; b < n_blocks; ++b) {
         const SinkhornDuals& dual = (*request.duals)[static_cast<std::size_t>(b)];
         const int64_t rows = request.block_count[static_cast<std::size_t>(b)];
-        if (static_cast<int64_t>(dual.f.size()) != rows || static_cast<int64_t>(dual.g.size()) != V) {
+        if (static_cast<int64_t>(dual.f.size()) != rows ||
+            static_cast<int64_t>(dual.g.size()) != V) {
           fresh[static_cast<std::size_t>(b)] = 1;
           continue;
         }
@@ -189,12 +190,13 @@ class PluginEvaluator final : public Evaluator {
     check(api_->transport(self_, &r, &err_), "solve the step's transport");
     for (int64_t b = 0; b < n_blocks; ++b) {
       const pp_transport_block& o = out[static_cast<std::size_t>(b)];
-      blocks[static_cast<std::size_t>(b)] = {o.cost_sum,   o.finite, o.best_cost, o.iterations,
-                                             o.converged != 0, o.slope, o.curvature};
+      blocks[static_cast<std::size_t>(b)] = {o.cost_sum,       o.finite, o.best_cost, o.iterations,
+                                             o.converged != 0, o.slope,  o.curvature};
       // A block the solve did not run for (no finite cost, or a lone row: softmax) keeps
       // its duals as they were, as on the host.
       const bool solved = o.finite > 0 && request.block_count[static_cast<std::size_t>(b)] > 1;
-      if (request.solver == TransportSolver::sinkhorn && (solved || fresh[static_cast<std::size_t>(b)] == 0)) {
+      if (request.solver == TransportSolver::sinkhorn &&
+          (solved || fresh[static_cast<std::size_t>(b)] == 0)) {
         SinkhornDuals& dual = (*request.duals)[static_cast<std::size_t>(b)];
         const int64_t first = request.block_first[static_cast<std::size_t>(b)];
         const int64_t rows = request.block_count[static_cast<std::size_t>(b)];

@@ -70,10 +70,10 @@ struct TransportStepRequest {
   std::span<const int64_t> block_first, block_count;  // the blocks tile [0, P) in order
   double step_radius = 0;
   std::vector<SinkhornDuals>* duals = nullptr;  // sinkhorn: per block, warm start in and out
-  std::span<const double> incumbents;           // quadratic model: f(X) (1 or P values); empty = none
-  double scaled_radius = 0;                     // the fit's probe radius, probe_r K / (K + 1)
-  std::span<double> moves;                      // out: [P d]
-  std::span<double> weights;                    // out (optional): [P V], or empty
+  std::span<const double> incumbents;  // quadratic model: f(X) (1 or P values); empty = none
+  double scaled_radius = 0;            // the fit's probe radius, probe_r K / (K + 1)
+  std::span<double> moves;             // out: [P d]
+  std::span<double> weights;           // out (optional): [P V], or empty
 };
 
 // What a backend's transport reports for one block.

@@ -43,9 +43,15 @@ const char* explain(void* self) {
 }
 void destroy(void* self) { delete static_cast<Session*>(self); }
 
-const pp_session_api kSessionApi = {sizeof(pp_session_api), &set_batch,      &set_particles,
-                                    &set_incumbent,         &move_incumbent, &score,
-                                    &read_incumbent,        &explain,        &destroy,
+const pp_session_api kSessionApi = {sizeof(pp_session_api),
+                                    &set_batch,
+                                    &set_particles,
+                                    &set_incumbent,
+                                    &move_incumbent,
+                                    &score,
+                                    &read_incumbent,
+                                    &explain,
+                                    &destroy,
                                     /*transport: the host solves it*/ nullptr};
 
 // The evaluator chooses its path per particle group; a path name here only forces it.

@@ -53,10 +53,9 @@ const char* explain(void* self) {
 }
 void destroy(void* self) { delete as_session(self); }
 
-const pp_session_api kSessionApi = {sizeof(pp_session_api), &set_batch,      &set_particles,
-                                    &set_incumbent,         &move_incumbent, &score,
-                                    &read_incumbent,        &explain,        &destroy,
-                                    &transport};
+const pp_session_api kSessionApi = {
+    sizeof(pp_session_api), &set_batch, &set_particles, &set_incumbent, &move_incumbent, &score,
+    &read_incumbent,        &explain,   &destroy,       &transport};
 
 // Why a forced path cannot serve; empty when it can.
 std::string path_reason(const char* path, const pp_session_options& options) {

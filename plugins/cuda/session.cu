@@ -550,8 +550,10 @@ class DeviceSession final : public Session {
       check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), what);
       step_bytes_down_ += bytes;
     };
-    step_bytes_up_ += sz(2 * B) * sizeof(int64_t) + (request.incumbents != nullptr ? sz(request.n_incumbents) * sizeof(double) : 0) +
-                      (sinkhorn ? sz(P + B * V) * sizeof(double) + sz(B) : 0);
+    step_bytes_up_ +=
+        sz(2 * B) * sizeof(int64_t) +
+        (request.incumbents != nullptr ? sz(request.n_incumbents) * sizeof(double) : 0) +
+        (sinkhorn ? sz(P + B * V) * sizeof(double) + sz(B) : 0);
     ++device_transports_;
     down(request.moves, step_moves_d_.data(), sz(P * d_) * sizeof(double), "moves to host");
     down(request.blocks, blocks_d_.data(), sz(B) * sizeof(pp_transport_block), "blocks to host");

@@ -33,7 +33,8 @@ struct Min {
 // holds kWarps + 1 doubles.
 template <class Op>
 __device__ double block_reduce(double x, Op op, double* scratch) {
-  for (int offset = 16; offset > 0; offset >>= 1) x = op(x, __shfl_down_sync(0xffffffffu, x, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    x = op(x, __shfl_down_sync(0xffffffffu, x, offset));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // the previous reduction's readers are done with scratch
   if (lane == 0) scratch[warp] = x;
@@ -47,8 +48,9 @@ __device__ double block_reduce(double x, Op op, double* scratch) {
   return scratch[kWarps];
 }
 
-__global__ void directions_kernel(const double* rotations, const double* polytope, int64_t particles,
-                                  int32_t vertices, int32_t d, double* directions) {
+__global__ void directions_kernel(const double* rotations, const double* polytope,
+                                  int64_t particles, int32_t vertices, int32_t d,
+                                  double* directions) {
   const int64_t n = particles * vertices;
   for (int64_t iv = launch::thread_index(); iv < n; iv += launch::thread_stride()) {
     const int64_t i = iv / vertices, v = iv % vertices;
@@ -291,7 +293,8 @@ void launch_transport(const TransportProblem& problem, cudaStream_t stream) {
     throw std::invalid_argument("transport: particles of dimension " + std::to_string(problem.d) +
                                 " exceed the device kernel's " + std::to_string(kTransportMaxDim));
   if (problem.n_blocks == 0) return;
-  const std::size_t shared = sizeof(double) * (kWarps + 1 + 2 * static_cast<std::size_t>(problem.vertices));
+  const std::size_t shared =
+      sizeof(double) * (kWarps + 1 + 2 * static_cast<std::size_t>(problem.vertices));
   transport_kernel<<<static_cast<unsigned>(problem.n_blocks), kTransportThreads, shared, stream>>>(
       problem);
   check_launch("transport kernel");

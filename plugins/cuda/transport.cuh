@@ -38,15 +38,15 @@ struct TransportProblem {
   const int64_t* block_first = nullptr;  // device [n_blocks]
   const int64_t* block_count = nullptr;  // device [n_blocks]
   double step_radius = 0;
-  double* duals_f = nullptr;            // device [P] (sinkhorn)
-  double* duals_g = nullptr;            // device [n_blocks V] (sinkhorn)
-  const uint8_t* duals_fresh = nullptr; // device [n_blocks] (sinkhorn)
-  const double* incumbents = nullptr;   // device [1 or P]; null = no quadratic model
+  double* duals_f = nullptr;             // device [P] (sinkhorn)
+  double* duals_g = nullptr;             // device [n_blocks V] (sinkhorn)
+  const uint8_t* duals_fresh = nullptr;  // device [n_blocks] (sinkhorn)
+  const double* incumbents = nullptr;    // device [1 or P]; null = no quadratic model
   int64_t n_incumbents = 0;
   double scaled_radius = 0;
-  double* cost = nullptr;     // device scratch [P V]
-  double* weights = nullptr;  // device [P V]
-  double* moves = nullptr;    // device [P d]
+  double* cost = nullptr;                // device scratch [P V]
+  double* weights = nullptr;             // device [P V]
+  double* moves = nullptr;               // device [P d]
   pp_transport_block* blocks = nullptr;  // device [n_blocks]
 };
 

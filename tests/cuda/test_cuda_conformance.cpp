@@ -3,13 +3,13 @@
 // rank-one subspaces, through the stateless calls, the polytope form of score() and a whole
 // PolytopeOptimizer trajectory. Needs a CUDA device; without one each case says why and
 // exits with 77 (ctest: skipped), except the load test, which must pass anywhere.
+#include <polyprobe/plugin/abi.h>
 #include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
-#include <polyprobe/plugin/abi.h>
 #include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
@@ -509,8 +509,8 @@ TEST_CASE("cuda: the transport solved on the device follows the host's", "[cuda]
       for (const bool on_device : {false, true}) {
         Model model = c.model;
         const auto space = subspace ? hybrid_of(model) : nullptr;
-        auto evaluator = backends().registry.make_evaluator(
-            model, *c.loss, cuda_request(DType::f64, space.get()));
+        auto evaluator = backends().registry.make_evaluator(model, *c.loss,
+                                                            cuda_request(DType::f64, space.get()));
         REQUIRE(evaluator->solves_transport());
         config.device_transport = on_device;
         PolytopeOptimizer opt(model, config, space.get());

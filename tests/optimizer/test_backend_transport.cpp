@@ -56,7 +56,8 @@ class SolvingEvaluator final : public Evaluator {
       for (int64_t i = 0; i < rows; ++i)
         for (int64_t v = 0; v < V; ++v) {
           double s = 0;
-          for (int64_t k = 0; k < K; ++k) s += losses_[static_cast<std::size_t>(((first + i) * V + v) * K + k)];
+          for (int64_t k = 0; k < K; ++k)
+            s += losses_[static_cast<std::size_t>(((first + i) * V + v) * K + k)];
           cost(i, v) = s / static_cast<double>(K);
           if (std::isfinite(cost(i, v))) {
             out.cost_sum += cost(i, v);
@@ -73,8 +74,8 @@ class SolvingEvaluator final : public Evaluator {
           if (!std::isfinite(cost.data()[c])) cost.data()[c] = penalty;
         scale_cost(r.cost_scaling, cost);
         if (r.solver == TransportSolver::sinkhorn && rows > 1) {
-          const TransportResult t = solve_sinkhorn(cost, r.temperature, r.sinkhorn,
-                                                   (*r.duals)[b], weights);
+          const TransportResult t =
+              solve_sinkhorn(cost, r.temperature, r.sinkhorn, (*r.duals)[b], weights);
           out.iterations = t.iterations;
           out.converged = t.converged;
         } else if (r.solver == TransportSolver::greedy || r.solver == TransportSolver::top_k) {
@@ -89,10 +90,13 @@ class SolvingEvaluator final : public Evaluator {
         Vector<double> move = r.step_radius * (dir.transpose() * weights.row(i).transpose());
         for (int32_t j = 0; j < d; ++j) r.moves[static_cast<std::size_t>(p * d + j)] = move(j);
         if (r.incumbents.empty()) continue;
-        std::vector<double> outer(static_cast<std::size_t>(V)), gradient(static_cast<std::size_t>(d));
+        std::vector<double> outer(static_cast<std::size_t>(V)),
+            gradient(static_cast<std::size_t>(d));
         for (int64_t v = 0; v < V; ++v)
-          outer[static_cast<std::size_t>(v)] = losses_[static_cast<std::size_t>((p * V + v) * K + K - 1)];
-        const double f = r.incumbents.size() == 1 ? r.incumbents[0] : r.incumbents[static_cast<std::size_t>(p)];
+          outer[static_cast<std::size_t>(v)] =
+              losses_[static_cast<std::size_t>((p * V + v) * K + K - 1)];
+        const double f =
+            r.incumbents.size() == 1 ? r.incumbents[0] : r.incumbents[static_cast<std::size_t>(p)];
         const double curvature = fit_particle_quadratic(outer, f, dir, r.scaled_radius, gradient);
         double slope = 0;
         for (int32_t j = 0; j < d; ++j) slope += gradient[static_cast<std::size_t>(j)] * move(j);

@@ -327,9 +327,9 @@ typedef struct pp_transport_request {
   int64_t n_incumbents;
   double scaled_radius;
   /* Outputs, host memory. */
-  double* moves;               /* [P * d] */
-  pp_transport_block* blocks;  /* [n_blocks] */
-  double* weights;             /* (optional) [P * V], the transport plan's rows; NULL = not wanted */
+  double* moves;              /* [P * d] */
+  pp_transport_block* blocks; /* [n_blocks] */
+  double* weights;            /* (optional) [P * V], the transport plan's rows; NULL = not wanted */
 } pp_transport_request;
 
 /* An evaluator session (plugin API 2): created once per (model structure, loss, subspace,
