@@ -4,11 +4,14 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 
 using namespace polyprobe;
@@ -23,14 +26,26 @@ struct Backends {
         {PluginRegistry::executable_plugin_dir(), POLYPROBE_EXAMPLE_PLUGIN_DIR});
     registry.register_layers(factory);
   }
+  // The available plugins with an evaluator on `device` ("cpu"), or on any device but the
+  // CPU ("" with device_only); `unavailable` collects why the others on that device are not.
+  std::vector<std::pair<std::string, std::string>> evaluator_plugins(
+      bool device_only, std::string* unavailable = nullptr) const {
+    std::vector<std::pair<std::string, std::string>> found;
+    for (const PluginInfo& info : registry.plugins())
+      for (const CapabilityInfo& c : info.capabilities) {
+        if (c.component != "evaluator" || (c.device == "cpu") == device_only) continue;
+        if (info.available) {
+          found.emplace_back(info.name, c.device);
+        } else if (unavailable != nullptr) {
+          *unavailable += (unavailable->empty() ? "" : "; ") + info.name + ": " + info.reason;
+        }
+        break;
+      }
+    return found;
+  }
   std::vector<std::string> evaluator_plugins() const {
     std::vector<std::string> names;
-    for (const PluginInfo& info : registry.plugins())
-      for (const CapabilityInfo& c : info.capabilities)
-        if (info.available && c.component == "evaluator" && c.device == "cpu") {
-          names.push_back(info.name);
-          break;
-        }
+    for (const auto& [name, device] : evaluator_plugins(false)) names.push_back(name);
     return names;
   }
 };
@@ -119,7 +134,8 @@ std::vector<double> run(Evaluator& evaluator, const Case& c) {
   return losses;
 }
 
-void check_backend(const std::string& name, DType dtype, bool discontinuous, double tolerance) {
+void check_backend(const std::string& name, DType dtype, bool discontinuous, double tolerance,
+                   const std::string& device = "cpu") {
   std::mt19937_64 rng(dtype == DType::f32 ? 11 : 12);
   int supported = 0;
   for (int trial = 0; trial < 40; ++trial) {
@@ -127,6 +143,7 @@ void check_backend(const std::string& name, DType dtype, bool discontinuous, dou
     INFO(name << " " << to_string(dtype) << " case " << trial << ": " << c.description);
     EvaluatorRequest request;
     request.backend = name;
+    request.device = device;
     request.options.dtype = dtype;
     std::unique_ptr<Evaluator> evaluator;
     try {
@@ -192,6 +209,61 @@ TEST_CASE("every cpu evaluator backend gives bit-identical losses for any thread
         if (first.empty()) first = losses;
         INFO(name << " threads " << threads << ": " << c.description);
         CHECK(losses == first);
+      }
+    }
+  }
+}
+
+// A device backend (cuda) runs the same suite when its device is usable, and the optimizer's
+// trajectory on it (the transport solved on the device where it offers that) repeats bit for
+// bit with the same seed and follows the reference's. Without a device: skipped, saying why.
+TEST_CASE("every device evaluator backend agrees with the reference (skipped without a device)") {
+  std::string why;
+  const auto found = backends().evaluator_plugins(true, &why);
+  if (found.empty()) {
+    std::fprintf(stderr, "SKIPPED: no usable device evaluator backend (%s)\n",
+                 why.empty() ? "none is installed" : why.c_str());
+    std::fflush(stderr);
+    std::exit(77);
+  }
+  for (const auto& [name, device] : found) {
+    SECTION(name + " float64, discontinuous models too, to 1e-12") {
+      check_backend(name, DType::f64, true, 1e-12, device);
+    }
+    SECTION(name + " float32, continuous models, to 1e-5") {
+      check_backend(name, DType::f32, false, 1e-5, device);
+    }
+    SECTION(name + ": same seed, same trajectory; the reference's to rounding") {
+      std::mt19937_64 rng(9);
+      for (int trial = 0; trial < 4; ++trial) {
+        Case c = random_case(rng, false);
+        INFO(name << " trajectory " << trial << ": " << c.description);
+        OptimizerConfig config;
+        config.seed = 20 + static_cast<uint64_t>(trial);
+        config.radius.kind = trial % 2 == 0 ? RadiusModelKind::quadratic : RadiusModelKind::fixed;
+        std::vector<std::vector<double>> finals;
+        for (int run = 0; run < 3; ++run) {
+          Model model = c.model;
+          EvaluatorRequest request;
+          request.backend = name;
+          request.device = device;
+          request.options.dtype = DType::f64;
+          std::unique_ptr<Evaluator> evaluator;
+          try {
+            evaluator = run < 2 ? backends().registry.make_evaluator(model, *c.loss, request)
+                                : make_reference_evaluator(model, *c.loss, nullptr, {DType::f64});
+          } catch (const Error& e) {
+            WARN(name << ": not supported: " << e.what());
+            break;
+          }
+          PolytopeOptimizer opt(model, config);
+          opt.register_evaluator(*evaluator, c.batch);
+          for (int step = 0; step < 6; ++step) opt.step();
+          finals.emplace_back(model.parameters().begin(), model.parameters().end());
+        }
+        if (finals.size() < 3) continue;
+        CHECK(finals[0] == finals[1]);
+        CHECK(max_relative_error(finals[0], finals[2]) <= 1e-8);
       }
     }
   }
