@@ -150,6 +150,13 @@ StepInfo StepEngine::begin_info() const {
   return info;
 }
 
+StepInfo StepEngine::scored_info() const {
+  StepInfo info = begin_info();
+  info.epsilon = epsilon_;
+  info.probe_radius = probe_r_;
+  return info;
+}
+
 void StepEngine::plan(uint64_t objective_key) {
   if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
   key_ = objective_key;
@@ -318,8 +325,11 @@ bool StepEngine::transport_offloadable() const {
 }
 
 std::span<const double> StepEngine::check_finish(std::span<const double> incumbents,
-                                                 bool& reviewed) {
+                                                 std::span<const double> moves, bool& reviewed) {
   if (!planned_) throw Error("StepEngine::finish before plan()");
+  if (static_cast<int64_t>(moves.size()) != particles_ * d_)
+    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
+                " values, not P d = " + std::to_string(particles_ * d_));
   reviewed = reviewed_;
   reviewed_ = false;
   if (reviewed) {
@@ -356,19 +366,14 @@ double StepEngine::observe_incumbent(std::span<const double> incumbents, bool re
 StepInfo StepEngine::finish(std::span<const double> losses, std::span<const double> incumbents,
                             std::span<double> moves) {
   bool reviewed = false;
-  incumbents = check_finish(incumbents, reviewed);
+  incumbents = check_finish(incumbents, moves, reviewed);
   const auto P = particles_, V = vertices_;
   const auto K = probes_;
   if (static_cast<int64_t>(losses.size()) != P * V * K)
     throw Error("finish: expected " + std::to_string(P * V * K) + " losses, got " +
                 std::to_string(losses.size()));
-  if (static_cast<int64_t>(moves.size()) != P * d_)
-    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
-                " values, not P d = " + std::to_string(P * d_));
   const bool quadratic = radius_->needs_incumbent();
-  StepInfo info = begin_info();
-  info.epsilon = epsilon_;
-  info.probe_radius = probe_r_;
+  StepInfo info = scored_info();
   // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
   // screen loss plus the particle's offset calibrated on its kept vertices. Per chunk of
   // particles the sum, count and minimum of the finite costs, added in chunk order.
@@ -503,15 +508,10 @@ StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incum
         "finish_on: this step needs the host's transport (screening, adaptive probes "
         "or a metric)");
   bool reviewed = false;
-  incumbents = check_finish(incumbents, reviewed);
+  incumbents = check_finish(incumbents, moves, reviewed);
   const auto P = particles_;
-  if (static_cast<int64_t>(moves.size()) != P * d_)
-    throw Error("finish: the move buffer holds " + std::to_string(moves.size()) +
-                " values, not P d = " + std::to_string(P * d_));
   const bool quadratic = radius_->needs_incumbent();
-  StepInfo info = begin_info();
-  info.epsilon = epsilon_;
-  info.probe_radius = probe_r_;
+  StepInfo info = scored_info();
   const double step_r = observe_incumbent(incumbents, reviewed, info);
 
   TransportStepRequest request;

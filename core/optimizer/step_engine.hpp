@@ -124,7 +124,9 @@ class StepEngine {
   // finish()'s common parts: the checks and the reviewed incumbent; the radius model's view
   // of f(X) and the step radius; the block step lengths, momentum, the finiteness check and
   // the caches (host_costs: cost_ holds this step's matrix).
-  std::span<const double> check_finish(std::span<const double> incumbents, bool& reviewed);
+  std::span<const double> check_finish(std::span<const double> incumbents,
+                                       std::span<const double> moves, bool& reviewed);
+  StepInfo scored_info() const;  // begin_info() with the planned epsilon and probe radius
   double observe_incumbent(std::span<const double> incumbents, bool reviewed, StepInfo& info);
   StepInfo finish_tail(StepInfo& info, const std::vector<BlockModel>& models,
                        std::span<double> moves, bool host_costs);
