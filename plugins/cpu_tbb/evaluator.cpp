@@ -146,9 +146,17 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
   if (c.count == 0) return;
   for (;;) {
     try {
-      planner_.plan(c, chunk_, inplace_for_dense_, [this](const Group& g, bool other_forced) {
-        return site_local_.decline(g, other_forced);
-      });
+      const bool planned = c.structure_key != 0 && c.structure_key == planned_key_ &&
+                           chunk_ == planned_chunk_ && inplace_for_dense_ == planned_inplace_;
+      if (!planned) {
+        planned_key_ = 0;  // until this plan is complete
+        planner_.plan(c, chunk_, inplace_for_dense_, [this](const Group& g, bool other_forced) {
+          return site_local_.decline(g, other_forced);
+        });
+        planned_key_ = c.structure_key;
+        planned_chunk_ = chunk_;
+        planned_inplace_ = inplace_for_dense_;
+      }
       site_local_.prepare();
       delta_.build_tables();
       run_groups(c, losses);
@@ -158,6 +166,7 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
       if (chunk_ <= 1) throw;
       chunk_ = std::max<int64_t>(1, chunk_ / 2);
       ++chunk_halvings_;
+      planned_key_ = 0;
       scratch_.clear();
       delta_.drop_tables();
     }

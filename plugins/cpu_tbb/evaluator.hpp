@@ -32,6 +32,10 @@ struct Candidates {
   const int64_t* coords = nullptr;
   const double* base_params = nullptr;
   int64_t n_params = 0;
+  // Nonzero: the same key as an earlier call promises the same `particle` sequence and
+  // coordinates (the session's expansion of an unchanged layout, every particle active), so
+  // the evaluator may reuse that call's plan of groups and paths. 0: plan afresh.
+  uint64_t structure_key = 0;
 };
 
 class CandidateEvaluator {

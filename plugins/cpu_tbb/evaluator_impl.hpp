@@ -50,6 +50,11 @@ class EvaluatorImpl final : public CandidateEvaluator {
   MaterialisedPaths<S> materialised_;
   SiteLocalPath<S> site_local_;
   int64_t chunk_ = 0;  // candidates a worker holds at once
+  // What the planner's groups were made for (Candidates::structure_key), so a step whose
+  // candidates have the last step's structure skips planning (serial, O(P)).
+  uint64_t planned_key_ = 0;
+  int64_t planned_chunk_ = -1;
+  bool planned_inplace_ = false;
   bool chunk_auto_ = true;
   int64_t chunk_halvings_ = 0;      // allocation failures survived by halving the chunk
   bool inplace_for_dense_ = false;  // per-thread parameter copies would not fit

@@ -81,7 +81,7 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
     if (!known_path(options->path))
       throw std::invalid_argument(std::string("unknown path '") + options->path + "'");
     auto evaluator = polyprobe::cpu_tbb::make_candidate_evaluator(*model, *loss, *options);
-    *self = new Session(std::move(evaluator), model->n_params, options->subspace);
+    *self = new Session(std::move(evaluator), model->n_params, options->subspace, options->threads);
     *api = &kSessionApi;
   });
 }

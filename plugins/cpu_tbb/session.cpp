@@ -3,6 +3,9 @@
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
 #include <polyprobe/plugin/plugin.hpp>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -14,8 +17,12 @@ std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
 Session::Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
-                 const pp_subspace_view* subspace)
-    : evaluator_(std::move(evaluator)), n_params_(n_params), subspace_(subspace) {}
+                 const pp_subspace_view* subspace, int threads)
+    : evaluator_(std::move(evaluator)),
+      n_params_(n_params),
+      subspace_(subspace),
+      arena_(threads > 0 ? std::make_unique<tbb::task_arena>(threads)
+                         : std::make_unique<tbb::task_arena>()) {}
 
 void Session::set_batch(const pp_batch_view& batch) { evaluator_->register_batch(batch); }
 
@@ -34,6 +41,8 @@ void Session::set_particles(const pp_particle_layout& layout) {
   coords_.assign(layout.coords, layout.coords + n);
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;
+  ++layout_generation_;
+  expanded_key_ = 0;
 }
 
 void Session::set_incumbent(const pp_tensor& theta) {
@@ -92,21 +101,41 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   // the optimizer's own expression, so the displacements are its bits.
   const int64_t P = c.n_particles, V = vertices_;
   const int32_t K = probes_;
-  particle_.clear();
-  displacement_.clear();
-  for (int64_t i = 0; i < P; ++i) {
-    if (r.active != nullptr && r.active[i] == 0) continue;
-    for (int64_t v = 0; v < V; ++v)
-      for (int32_t k = 1; k <= K; ++k) {
-        const double scale = r.probe_radius * k / (K + 1.0);
-        particle_.push_back(i);
-        const double* dir = r.directions + (i * V + v) * d_;
-        for (int32_t j = 0; j < d_; ++j) displacement_.push_back(scale * dir[j]);
-      }
+  // Every particle active: the structure of the last such step, if the layout is unchanged.
+  const uint64_t key = r.active == nullptr ? layout_generation_ : 0;
+  if (key == 0 || key != expanded_key_) {
+    particle_.clear();
+    first_candidate_.assign(idx(P), -1);
+    for (int64_t i = 0; i < P; ++i) {
+      if (r.active != nullptr && r.active[i] == 0) continue;
+      first_candidate_[idx(i)] = static_cast<int64_t>(particle_.size());
+      particle_.insert(particle_.end(), idx(V * K), i);
+    }
+    expanded_key_ = key;
   }
+  displacement_.resize(particle_.size() * idx(d_));
+  const double* directions = r.directions;
+  const double radius = r.probe_radius;
+  arena_->execute([&] {
+    tbb::parallel_for(tbb::blocked_range<int64_t>(0, P, 1024),
+                      [&](const tbb::blocked_range<int64_t>& range) {
+                        for (int64_t i = range.begin(); i != range.end(); ++i) {
+                          const int64_t first = first_candidate_[idx(i)];
+                          if (first < 0) continue;
+                          double* out = displacement_.data() + first * d_;
+                          for (int64_t v = 0; v < V; ++v)
+                            for (int32_t k = 1; k <= K; ++k) {
+                              const double scale = radius * k / (K + 1.0);
+                              const double* dir = directions + (i * V + v) * d_;
+                              for (int32_t j = 0; j < d_; ++j) *out++ = scale * dir[j];
+                            }
+                        }
+                      });
+  });
   c.count = static_cast<int64_t>(particle_.size());
   c.particle = particle_.data();
   c.displacement = displacement_.data();
+  c.structure_key = key;
   if (r.active == nullptr) {
     evaluator_->evaluate(c, losses, incumbent_loss, version_);
     return;

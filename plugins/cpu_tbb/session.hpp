@@ -13,6 +13,8 @@
 
 #include <polyprobe/plugin/abi.h>
 
+#include <tbb/task_arena.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,8 +25,10 @@ namespace polyprobe::cpu_tbb {
 class Session {
  public:
   // `subspace` (may be null) stays valid for the session's life (the host's promise).
+  // `threads` (0 = all the process may use) bounds the expansion's parallel loop, as it
+  // bounds the evaluator's.
   Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
-          const pp_subspace_view* subspace);
+          const pp_subspace_view* subspace, int threads);
 
   void set_batch(const pp_batch_view& batch);
   void set_particles(const pp_particle_layout& layout);
@@ -47,9 +51,14 @@ class Session {
   std::vector<double> incumbent_;
   bool has_incumbent_ = false;
   uint64_t version_ = 0;
-  // The polytope form expanded (reused between steps).
-  std::vector<int64_t> particle_;
+  // The polytope form expanded (reused between steps): the candidates' particles and each
+  // particle's first candidate (-1 when inactive) are rebuilt only when the layout or the
+  // active set changes; the displacements are refilled in parallel every step.
+  std::vector<int64_t> particle_, first_candidate_;
   std::vector<double> displacement_, losses_;
+  uint64_t layout_generation_ = 1;  // bumped by set_particles: the structure key
+  uint64_t expanded_key_ = 0;       // the key particle_ was built for (0: none or partial)
+  std::unique_ptr<tbb::task_arena> arena_;
 };
 
 }  // namespace polyprobe::cpu_tbb
