@@ -231,9 +231,9 @@ std::vector<OptimizerOption> make_table() {
   t.push_back(integer<int64_t>(
       {"subspace-rotation-interval",
        subspace,
-       "redraw the subspace's bases every N steps (from the seed and N's multiple, so a resume "
-       "redraws the same; momentum restarts), letting a small subspace reach more directions "
-       "over a run; 0: never",
+       "redraw the subspace's bases before every N-th step (from --subspace-seed and step / N, "
+       "so a resumed run redraws the same ones; momentum restarts), so that a small subspace "
+       "reaches other directions over a run; 0: never",
        {},
        OptionScope::training},
       [](S s) -> int64_t& { return s.optimizer.subspace_rotation_interval; }));
