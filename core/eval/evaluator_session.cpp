@@ -15,7 +15,8 @@ std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
 Evaluator::Evaluator(const Subspace* subspace)
-    : move_space_(subspace), subspace_generation_(subspace != nullptr ? subspace->generation() : 0) {}
+    : move_space_(subspace),
+      subspace_generation_(subspace != nullptr ? subspace->generation() : 0) {}
 
 void Evaluator::follow_subspace() {
   if (move_space_ == nullptr || move_space_->generation() == subspace_generation_) return;

@@ -104,7 +104,8 @@ class PolytopeOptimizer::Impl {
       throw Error("PolytopeOptimizer: the subspace maps into " +
                   std::to_string(subspace_->parameter_count()) + " parameters but the model has " +
                   std::to_string(model_.num_parameters()));
-    if (config_.subspace_rotation_interval > 0 && (subspace_ == nullptr || !subspace_->can_rotate()))
+    if (config_.subspace_rotation_interval > 0 &&
+        (subspace_ == nullptr || !subspace_->can_rotate()))
       throw Error(
           "PolytopeOptimizer: subspace_rotation_interval needs a subspace that can rotate "
           "(--subspace hybrid or factored)" +

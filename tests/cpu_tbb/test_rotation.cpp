@@ -162,7 +162,8 @@ TEST_CASE("rotation: a kind that cannot rotate says so", "[cpu_tbb][rotation]") 
     std::string kind() const override { return "fixed"; }
     int64_t dimension() const override { return 1; }
     int64_t parameter_count() const override { return 1; }
-    void apply(std::span<const int64_t>, std::span<const double>, std::span<double>) const override {}
+    void apply(std::span<const int64_t>, std::span<const double>,
+               std::span<double>) const override {}
   } fixed;
   CHECK_FALSE(fixed.can_rotate());
   fixed.rotate_to(0);  // already there

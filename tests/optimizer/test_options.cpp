@@ -279,7 +279,8 @@ TEST_CASE("subspace kinds are looked up by name and build their subspace",
                     "unknown subspace kind 'spectral' (kinds: full, hybrid)");
 }
 
-TEST_CASE("a rotation interval needs a subspace that can rotate", "[optimizer][options][subspace]") {
+TEST_CASE("a rotation interval needs a subspace that can rotate",
+          "[optimizer][options][subspace]") {
   // In the option table the rule is "--subspace hybrid or factored" (above); the library
   // checks it again where no table was involved.
   Model model = testing::small_mlp(1, 8, 16, 4);
