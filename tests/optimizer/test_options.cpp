@@ -5,7 +5,9 @@
 
 #include "optimizer_fixtures.hpp"
 
+#include <polyprobe/ask_tell.hpp>
 #include <polyprobe/error.hpp>
+#include <polyprobe/minimize.hpp>
 #include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/subspaces.hpp>
 
@@ -294,6 +296,13 @@ TEST_CASE("a rotation interval needs a subspace that can rotate",
   s.rank = 2;
   const auto hybrid = make_subspace(model, s);
   CHECK_NOTHROW(PolytopeOptimizer(model, config, hybrid.get()));
+  // The searches without a model have no subspace to rotate.
+  const std::vector<double> x0 = {1.0, 2.0};
+  const Objective sphere = [](std::span<const double> x) { return x[0] * x[0] + x[1] * x[1]; };
+  CHECK_THROWS_WITH(minimize(sphere, x0, 10, config),
+                    Catch::Contains("minimize: subspace_rotation_interval"));
+  CHECK_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config),
+                    Catch::Contains("AskTellOptimizer: subspace_rotation_interval"));
 }
 
 TEST_CASE("docs/training.md lists exactly the option table", "[optimizer][options][docs]") {
