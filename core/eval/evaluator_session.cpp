@@ -14,8 +14,19 @@ namespace {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace
 
+Evaluator::Evaluator(const Subspace* subspace)
+    : move_space_(subspace),
+      subspace_generation_(subspace != nullptr ? subspace->generation() : 0) {}
+
+void Evaluator::follow_subspace() {
+  if (move_space_ == nullptr || move_space_->generation() == subspace_generation_) return;
+  subspace_generation_ = move_space_->generation();
+  session_subspace_changed();
+}
+
 void Evaluator::bind_particles(const ParticleMap& particles, const Matrix<double>& polytope,
                                int32_t probes) {
+  follow_subspace();
   if (probes < 1) throw Error("bind_particles: the probe count must be at least 1");
   if (polytope.size() > 0 && polytope.cols() != particles.d)
     throw Error("bind_particles: the polytope has " + std::to_string(polytope.cols()) +
@@ -35,6 +46,7 @@ bool Evaluator::has_particles(const ParticleMap& particles, const Matrix<double>
 }
 
 void Evaluator::sync_incumbent(std::span<const double> theta) {
+  follow_subspace();
   if (has_incumbent_ && incumbent_.size() == theta.size() &&
       std::memcmp(incumbent_.data(), theta.data(), theta.size_bytes()) == 0)
     return;
@@ -44,6 +56,7 @@ void Evaluator::sync_incumbent(std::span<const double> theta) {
 }
 
 void Evaluator::move_incumbent(std::span<const double> moves) {
+  follow_subspace();
   if (!has_incumbent_) throw Error("move_incumbent before sync_incumbent");
   if (!bound_) throw Error("move_incumbent before bind_particles");
   if (moves.size() != particles_.coords.size())
@@ -62,6 +75,7 @@ void Evaluator::move_incumbent(std::span<const double> moves) {
 
 void Evaluator::score(const PolytopeProbe& probe, std::span<double> losses,
                       double* incumbent_loss) {
+  follow_subspace();
   if (!has_incumbent_ || !bound_) throw Error("score before bind_particles and sync_incumbent");
   const int64_t P = particles_.count(), V = polytope_.rows();
   const int32_t d = particles_.d;
@@ -83,6 +97,7 @@ void Evaluator::score(const PolytopeProbe& probe, std::span<double> losses,
 }
 
 void Evaluator::score(const CandidateSet& set, std::span<double> losses, double* incumbent_loss) {
+  follow_subspace();
   if (!has_incumbent_) throw Error("score before sync_incumbent");
   if (set.size() > 0) {  // the incumbent alone needs no particles
     if (!bound_) throw Error("score before bind_particles");
@@ -101,6 +116,7 @@ void Evaluator::solve_transport(const TransportStepRequest&, std::span<Transport
 }
 
 std::vector<double> Evaluator::read_incumbent() {
+  follow_subspace();
   if (!has_incumbent_) throw Error("read_incumbent before sync_incumbent");
   return session_read();
 }

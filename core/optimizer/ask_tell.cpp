@@ -30,6 +30,10 @@ class AskTellOptimizer::Impl {
                   "; set config.particle_dim to the problem dimension");
     if (config.multifidelity_screen)
       throw Error("AskTellOptimizer: multifidelity_screen needs a batch; turn it off for ask/tell");
+    if (config.subspace_rotation_interval != 0)
+      throw Error(
+          "AskTellOptimizer: subspace_rotation_interval rotates a model's subspace; ask/tell "
+          "has none (set it to 0)");
     if (config.adaptive_probes)
       throw Error(
           "AskTellOptimizer: adaptive_probes would leave asked rows unused; turn it off "

@@ -57,6 +57,9 @@ void OptimizerConfig::validate() const {
   require(polytope != PolytopeKind::cube || (particle_dim <= 16 && subspace_particle_dim <= 16),
           "the cube has 2^d vertices; with polytope = cube keep particle_dim and "
           "subspace_particle_dim <= 16 (or use the orthoplex, 2d vertices)");
+  require(subspace_rotation_interval >= 0,
+          "subspace_rotation_interval must be 0 (never) or a positive step count, got " +
+              std::to_string(subspace_rotation_interval));
   require(num_probe >= 1, "num_probe (K) must be at least 1, got " + std::to_string(num_probe));
   require(positive(step_radius),
           "step_radius must be positive and finite, got " + str(step_radius));

@@ -86,6 +86,10 @@ MinimizeResult minimize(const Objective& objective, std::span<const double> x0, 
   if (!objective) throw Error("minimize: the objective is empty");
   if (x0.empty()) throw Error("minimize: x0 is empty");
   if (budget < 1) throw Error("minimize: the budget must be at least one evaluation");
+  if (config.subspace_rotation_interval != 0)
+    throw Error(
+        "minimize: subspace_rotation_interval rotates a model's subspace; minimize() has none "
+        "(set it to 0)");
   if (config.multifidelity_screen)
     throw Error(
         "minimize: multifidelity_screen needs a batch to screen on; a plain function has "

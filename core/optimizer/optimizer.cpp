@@ -95,7 +95,7 @@ uint64_t batch_fingerprint(const Batch& batch) {
 
 class PolytopeOptimizer::Impl {
  public:
-  Impl(Model& model, OptimizerConfig config, const Subspace* subspace)
+  Impl(Model& model, OptimizerConfig config, Subspace* subspace)
       : model_(model), config_(std::move(config)), subspace_(subspace), search_(make_search()) {}
 
   detail::VectorSearch make_search() {
@@ -104,22 +104,39 @@ class PolytopeOptimizer::Impl {
       throw Error("PolytopeOptimizer: the subspace maps into " +
                   std::to_string(subspace_->parameter_count()) + " parameters but the model has " +
                   std::to_string(model_.num_parameters()));
+    if (config_.subspace_rotation_interval > 0 &&
+        (subspace_ == nullptr || !subspace_->can_rotate()))
+      throw Error(
+          "PolytopeOptimizer: subspace_rotation_interval needs a subspace that can rotate "
+          "(--subspace hybrid or factored)" +
+          (subspace_ == nullptr ? std::string(", not the full space")
+                                : ", not '" + subspace_->kind() + "'"));
     ParticleMap map;
     std::vector<BlockRange> blocks;
     build_particles(model_, config_, subspace_, map, blocks);
     return detail::VectorSearch(config_, std::move(map), std::move(blocks), subspace_);
   }
 
+  // Before step `step`: the subspace of its epoch (a pure function of the step, so a resumed
+  // run rebuilds the same map); on the step that starts an epoch, the search state in the old
+  // coordinates goes. A resumed run past that step keeps the state it loaded.
+  void rotate_for(int64_t step) {
+    const int64_t interval = config_.subspace_rotation_interval;
+    if (interval <= 0) return;
+    subspace_->rotate_to(static_cast<uint64_t>(step / interval));
+    if (step > 0 && step % interval == 0) search_.engine().change_basis();
+  }
+
   Model& model_;
   OptimizerConfig config_;
-  const Subspace* subspace_;
+  Subspace* subspace_;
   detail::VectorSearch search_;
   Evaluator* evaluator_ = nullptr;
   Evaluator* screen_ = nullptr;
   uint64_t batch_key_ = 0;
 };
 
-PolytopeOptimizer::PolytopeOptimizer(Model& model, OptimizerConfig config, const Subspace* subspace)
+PolytopeOptimizer::PolytopeOptimizer(Model& model, OptimizerConfig config, Subspace* subspace)
     : impl_(std::make_unique<Impl>(model, std::move(config), subspace)) {}
 PolytopeOptimizer::~PolytopeOptimizer() = default;
 PolytopeOptimizer::PolytopeOptimizer(PolytopeOptimizer&&) noexcept = default;
@@ -152,6 +169,7 @@ StepInfo PolytopeOptimizer::step(uint64_t objective_token) {
   if (impl_->evaluator_ == nullptr)
     throw Error(
         "PolytopeOptimizer::step: no evaluator; call register_evaluator(evaluator, batch) first");
+  impl_->rotate_for(impl_->search_.engine().step_index());
   return impl_->search_.step(impl_->model_.parameters(), *impl_->evaluator_, impl_->screen_,
                              mix(impl_->batch_key_, objective_token));
 }

@@ -228,6 +228,16 @@ std::vector<OptimizerOption> make_table() {
       {"subspace-seed", subspace, "seed of the subspace's bases", {}, OptionScope::training},
       [](S s) -> uint64_t& { return s.subspace.seed; }));
   needs(t.back(), "--subspace hybrid or factored", in_subspace);
+  t.push_back(integer<int64_t>(
+      {"subspace-rotation-interval",
+       subspace,
+       "redraw the subspace's bases before every N-th step (from --subspace-seed and step / N, "
+       "so a resumed run redraws the same ones; momentum restarts), so that a small subspace "
+       "reaches other directions over a run; 0: never",
+       {},
+       OptionScope::training},
+      [](S s) -> int64_t& { return s.optimizer.subspace_rotation_interval; }));
+  needs(t.back(), "--subspace hybrid or factored", in_subspace);
 
   // Particles and polytope.
   t.push_back(integer<int32_t>(

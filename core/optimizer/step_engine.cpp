@@ -710,6 +710,20 @@ void StepEngine::forget_history() {
   reviewed_ = false;
 }
 
+void StepEngine::change_basis() {
+  std::fill(velocity_.begin(), velocity_.end(), 0.0);
+  std::fill(last_move_.begin(), last_move_.end(), 0.0);
+  std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
+  if (config_.metric == MetricKind::bfgs) {  // back to the template's own shape
+    std::fill(metric_inverse_.begin(), metric_inverse_.end(), 0.0);
+    for (int64_t i = 0; i < particles_; ++i)
+      for (int32_t j = 0; j < d_; ++j) metric_inverse_[idx((i * d_ + j) * d_ + j)] = 1.0;
+    metric_factor_ = metric_inverse_;
+    std::fill(metric_gradient_valid_.begin(), metric_gradient_valid_.end(), 0);
+    std::fill(metric_started_.begin(), metric_started_.end(), 0);
+  }
+}
+
 void StepEngine::save(std::ostream& out) const {
   using namespace state_io;
   put(out, "engine.rotation_stream", kRotationStream);

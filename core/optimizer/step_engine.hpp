@@ -112,6 +112,11 @@ class StepEngine {
 
   // After external changes of the incumbent: drop velocity, cache and deferred comparisons.
   void forget_history();
+  // After the search coordinates changed meaning (a subspace rotation): drop what is
+  // expressed in them (velocity, last move, cached cost rows, the metric). The radius model,
+  // its deferred comparison (about losses, not coordinates), the schedule and the transport
+  // duals stay.
+  void change_basis();
 
   void save(std::ostream& out) const;
   void load(std::istream& in);

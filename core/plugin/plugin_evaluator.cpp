@@ -18,24 +18,19 @@ class PluginEvaluator final : public Evaluator {
         loss_(loss),
         model_view_(model),
         loss_view_(loss),
-        subspace_view_(subspace),
+        subspace_(subspace),
+        subspace_view_(std::make_unique<SubspaceView>(subspace)),
         path_(std::move(path)),
+        options_(options),
+        device_(device),
         threads_(options.threads) {
-    if (subspace != nullptr && subspace_view_.get() == nullptr)
-      throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_.reason());
     if (plugin_->session_create == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + " provides no evaluator session");
-    const pp_session_options opts = to_pp_options(options, device, subspace_view_.get(),
-                                                  path_.empty() ? nullptr : path_.c_str(),
-                                                  operations_ ? operations_->host_api() : nullptr);
-    pp_error err{};
-    if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self_, &api_, &err) !=
-            PP_OK ||
-        self_ == nullptr || api_ == nullptr)
-      throw Error("plugin " + std::string(plugin_->name) +
-                  ": cannot create an evaluator session: " + error_text(err));
+    create_session();
   }
-  ~PluginEvaluator() override { api_->destroy(self_); }
+  ~PluginEvaluator() override {
+    if (self_ != nullptr) api_->destroy(self_);
+  }
   PluginEvaluator(const PluginEvaluator&) = delete;
   PluginEvaluator& operator=(const PluginEvaluator&) = delete;
 
@@ -43,6 +38,7 @@ class PluginEvaluator final : public Evaluator {
   int threads() const override { return threads_; }
 
   void register_batch(const Batch& batch) override {
+    follow_subspace();
     if (batch.inputs.cols() != model_.input_shape().numel())
       throw Error("batch inputs have " + std::to_string(batch.inputs.cols()) +
                   " features, the model expects " + std::to_string(model_.input_shape().numel()));
@@ -77,6 +73,9 @@ class PluginEvaluator final : public Evaluator {
                       target_shape,
                       nullptr};
     check(api_->set_batch(self_, &view, &err_), "bind a batch");
+    // A subspace that rotates makes a new session, which needs the batch again.
+    if (subspace_ != nullptr && subspace_->can_rotate() && &batch != &batch_) batch_ = batch;
+    has_batch_ = true;
   }
 
   // The stateless calls go through the session too: the incumbent crosses only when it
@@ -216,6 +215,18 @@ class PluginEvaluator final : public Evaluator {
   }
 
  protected:
+  // The session was created with the old map's view (and may cache projections on it):
+  // replace it by one on the new map and send it what the old one had.
+  void session_subspace_changed() override {
+    api_->destroy(self_);
+    self_ = nullptr;
+    subspace_view_ = std::make_unique<SubspaceView>(subspace_);
+    create_session();
+    if (has_batch_) register_batch(batch_);
+    if (particles_bound()) session_particles();
+    if (!incumbent().empty()) session_incumbent();
+  }
+
   void session_particles() override {
     const ParticleMap& p = bound_particles();
     const Matrix<double>& polytope = bound_polytope();
@@ -278,6 +289,24 @@ class PluginEvaluator final : public Evaluator {
   }
 
  private:
+  void create_session() {
+    if (subspace_ != nullptr && subspace_view_->get() == nullptr)
+      throw Error("plugin " + std::string(plugin_->name) + ": " + subspace_view_->reason());
+    const pp_session_options opts = to_pp_options(options_, device_, subspace_view_->get(),
+                                                  path_.empty() ? nullptr : path_.c_str(),
+                                                  operations_ ? operations_->host_api() : nullptr);
+    pp_error err{};
+    void* self = nullptr;
+    const pp_session_api* api = nullptr;
+    if (plugin_->session_create(model_view_.get(), &loss_view_.view, &opts, &self, &api, &err) !=
+            PP_OK ||
+        self == nullptr || api == nullptr)
+      throw Error("plugin " + std::string(plugin_->name) +
+                  ": cannot create an evaluator session: " + error_text(err));
+    self_ = self;
+    api_ = api;
+  }
+
   void check_base(std::span<const double> base) const {
     if (static_cast<int64_t>(base.size()) != model_.num_parameters())
       throw Error("base parameter vector has " + std::to_string(base.size()) +
@@ -296,9 +325,14 @@ class PluginEvaluator final : public Evaluator {
   const Loss& loss_;
   ModelView model_view_;
   LossView loss_view_;
-  SubspaceView subspace_view_;
+  const Subspace* subspace_;
+  std::unique_ptr<SubspaceView> subspace_view_;  // the view the session was created with
   std::string path_;
+  EvaluatorOptions options_;
+  int32_t device_ = 0;
   int threads_ = 1;
+  Batch batch_;  // the last batch, kept when the subspace can rotate (a new session needs it)
+  bool has_batch_ = false;
   void* self_ = nullptr;
   const pp_session_api* api_ = nullptr;
   pp_error err_{};

@@ -94,24 +94,44 @@ std::vector<SubspaceEntry> HybridSubspace::allocate(const std::vector<ParameterE
   return entries;
 }
 
+void HybridSubspace::draw_bases(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const bool fresh = bases_.empty();
+  std::size_t next = 0;
+  auto store = [&](std::vector<std::vector<double>> columns) {
+    for (auto& col : columns) {
+      if (fresh)
+        bases_.push_back(std::move(col));
+      else  // same length: the coordinates' pointers into it stay valid
+        std::copy(col.begin(), col.end(), bases_[next++].begin());
+    }
+  };
+  for (const SubspaceEntry& e : entries_) {
+    if (e.raw) continue;
+    store(detail::orthonormal_columns(e.rows, e.rank, options_.float32_basis, rng));
+    store(detail::orthonormal_columns(e.cols, e.rank, options_.float32_basis, rng));
+  }
+}
+
+void HybridSubspace::redraw(uint64_t epoch) { draw_bases(rotation_seed(options_.seed, epoch)); }
+
 std::unique_ptr<HybridSubspace> HybridSubspace::from_layout(
     const std::vector<ParameterEntry>& layout, int64_t n_params, const Options& options) {
   std::unique_ptr<HybridSubspace> s(new HybridSubspace());
   s->n_params_ = n_params;
+  s->options_ = options;
   s->entries_ = allocate(layout, options.rank, options.max_subspace_dim);
-  std::mt19937_64 rng(options.seed);
   // Bases are drawn first, weight after weight (U then V), so that coordinates can point
   // into storage that no longer moves.
+  s->draw_bases(options.seed);
   std::vector<std::size_t> u_index(layout.size()), v_index(layout.size());
+  std::size_t next = 0;
   for (std::size_t k = 0; k < layout.size(); ++k) {
     const SubspaceEntry& e = s->entries_[k];
     if (e.raw) continue;
-    u_index[k] = s->bases_.size();
-    for (auto& col : detail::orthonormal_columns(e.rows, e.rank, options.float32_basis, rng))
-      s->bases_.push_back(std::move(col));
-    v_index[k] = s->bases_.size();
-    for (auto& col : detail::orthonormal_columns(e.cols, e.rank, options.float32_basis, rng))
-      s->bases_.push_back(std::move(col));
+    u_index[k] = next;
+    v_index[k] = next + static_cast<std::size_t>(e.rank);
+    next += 2 * static_cast<std::size_t>(e.rank);
   }
   for (std::size_t k = 0; k < layout.size(); ++k) {
     const SubspaceEntry& e = s->entries_[k];

@@ -6,6 +6,9 @@
 // included) in its compute dtype; every evaluator is tested against the core's sequential
 // float64 reference. After layers change, make a new evaluator; after a batch change,
 // register again. The model (and the subspace) must outlive it. One thread at a time.
+// When the subspace rotates (Subspace::generation() changes), the evaluator follows on its
+// next call: a plugin recreates its session on the new map (sending the batch, particles
+// and incumbent again), so no result depends on the old vectors.
 //
 // Two ways to ask:
 // - stateless: evaluate(base, set, losses) and evaluate_base(base), for any base vector and
@@ -141,10 +144,13 @@ class Evaluator {
 
  protected:
   // `subspace` (may be null) maps moves into parameters for move_incumbent().
-  explicit Evaluator(const Subspace* subspace = nullptr) : move_space_(subspace) {}
+  explicit Evaluator(const Subspace* subspace = nullptr);
 
   // Overridden by evaluators that keep their own session (plugins); the defaults serve the
   // session through the stateless calls on the host mirror.
+  // The subspace's map changed (rotation): rebuild whatever was derived from it, then send
+  // what is bound again (particles_bound(), incumbent()). Called by follow_subspace().
+  virtual void session_subspace_changed() {}
   virtual void session_particles() {}
   virtual void session_incumbent() {}
   virtual void session_move(std::span<const double> moves) { (void)moves; }
@@ -154,12 +160,19 @@ class Evaluator {
                              double* incumbent_loss);
   virtual std::vector<double> session_read() { return incumbent_; }
 
+  // Calls session_subspace_changed() once when the subspace's generation moved since the
+  // last call; every session call runs it first, and an override that talks to its backend
+  // outside them (register_batch) calls it itself. (solve_transport needs none: it follows
+  // a score() on the same map.)
+  void follow_subspace();
+  bool particles_bound() const { return bound_; }
   const ParticleMap& bound_particles() const { return particles_; }
   const Matrix<double>& bound_polytope() const { return polytope_; }
   int32_t bound_probes() const { return probes_; }
 
  private:
   const Subspace* move_space_;
+  uint64_t subspace_generation_ = 0;  // of move_space_, as the session last saw it
   ParticleMap particles_;
   Matrix<double> polytope_;
   int32_t probes_ = 1;

@@ -103,6 +103,14 @@ struct OptimizerConfig {
   double screen_fidelity = 0.25;   // fraction of the batch the screen scores on
   double screen_keep_ratio = 0.5;  // fraction of vertices promoted to the full batch
 
+  // Subspace rotation: before every step whose index is a positive multiple of this, the
+  // subspace moves to epoch step / interval (Subspace::rotate_to; the moves so far are in
+  // the weights already). What lives in subspace coordinates (momentum velocity, the last
+  // move of biased_rotation, adaptive-probe cost rows, the bfgs metric) starts again; the
+  // radius model, the schedule and the transport warm starts keep their state. 0 = never.
+  // Needs a subspace that can rotate (PolytopeOptimizer only).
+  int64_t subspace_rotation_interval = 0;
+
   uint64_t seed = 0;
 
   // Throws polyprobe::Error naming the first broken rule and how to fix it.
@@ -134,8 +142,10 @@ struct StepInfo {
 class PolytopeOptimizer {
  public:
   // Keeps a reference to `model` (and `subspace`, when given: the search then runs over the
-  // subspace's coordinates with the incumbent at theta = 0). Validates the configuration.
-  PolytopeOptimizer(Model& model, OptimizerConfig config, const Subspace* subspace = nullptr);
+  // subspace's coordinates with the incumbent at theta = 0; with subspace_rotation_interval
+  // the optimizer rotates it, and the evaluators made on it follow). Validates the
+  // configuration.
+  PolytopeOptimizer(Model& model, OptimizerConfig config, Subspace* subspace = nullptr);
   ~PolytopeOptimizer();
   PolytopeOptimizer(PolytopeOptimizer&&) noexcept;
   PolytopeOptimizer& operator=(PolytopeOptimizer&&) noexcept;

@@ -83,9 +83,19 @@ class HybridSubspace final : public RankOneSubspace {
   // The coordinate counts of every entry under the budget rule, without drawing bases.
   static std::vector<SubspaceEntry> allocate(const std::vector<ParameterEntry>& layout,
                                              int64_t rank, int64_t max_subspace_dim);
+  // Rotation redraws U and V from rotation_seed(options.seed, epoch), in place (the
+  // coordinates keep pointing at the same storage).
+  bool can_rotate() const override { return true; }
+
+ protected:
+  void redraw(uint64_t epoch) override;
 
  private:
   HybridSubspace() = default;
+  // Draws every weight's U then V from `seed` into bases_ (appending when empty, else
+  // overwriting the vectors of the same sizes).
+  void draw_bases(uint64_t seed);
+  Options options_;
 };
 
 }  // namespace polyprobe

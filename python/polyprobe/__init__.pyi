@@ -12,6 +12,7 @@ ArrayLike = npt.ArrayLike
 class OptimizerConfig:
     particle_dim: int
     subspace_particle_dim: int
+    subspace_rotation_interval: int
     polytope: str
     num_probe: int
     rotation: str

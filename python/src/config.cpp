@@ -106,6 +106,8 @@ const std::vector<Option>& options() {
   static const std::vector<Option> table = {
       field("particle_dim", &C::particle_dim, "coordinates per particle (d)"),
       field("subspace_particle_dim", &C::subspace_particle_dim, "d when searching a subspace"),
+      field("subspace_rotation_interval", &C::subspace_rotation_interval,
+            "redraw the subspace's bases every N steps (0: never)"),
       choice("polytope", &C::polytope, poly, poly_s, "simplex, orthoplex or cube"),
       field("num_probe", &C::num_probe, "probe radii k / (K + 1), k = 1 .. K"),
       choice("rotation", &C::rotation, parse_rotation, rotation_name, "auto, qr or householder"),

@@ -69,6 +69,9 @@ def test_config_options_and_errors():
         polyprobe.OptimizerConfig(particle_dim=2.5)
     with pytest.raises(ValueError):
         polyprobe.OptimizerConfig(step_radius=-1.0).validate()
+    assert polyprobe.OptimizerConfig(subspace_rotation_interval=5).subspace_rotation_interval == 5
+    with pytest.raises(ValueError, match="subspace_rotation_interval must be 0"):
+        polyprobe.OptimizerConfig(subspace_rotation_interval=-1).validate()
     with pytest.raises(ValueError, match="unknown optimizer option"):
         polyprobe.AskTell(2, {"nope": 1})
     with pytest.raises(ValueError):

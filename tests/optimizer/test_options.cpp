@@ -5,7 +5,9 @@
 
 #include "optimizer_fixtures.hpp"
 
+#include <polyprobe/ask_tell.hpp>
 #include <polyprobe/error.hpp>
+#include <polyprobe/minimize.hpp>
 #include <polyprobe/optimizer_options.hpp>
 #include <polyprobe/subspaces.hpp>
 
@@ -155,6 +157,10 @@ TEST_CASE("an option given where it has no effect is an error naming its rule",
       {"max-subspace-dim", "100", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
       {"subspace-seed", "5", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
       {"subspace-particle-dim", "4", "--subspace hybrid or factored", {{"subspace", "hybrid"}}},
+      {"subspace-rotation-interval",
+       "3",
+       "--subspace hybrid or factored",
+       {{"subspace", "hybrid"}}},
       {"epsilon-final",
        "0.01",
        "--schedule linear, cosine or progressive",
@@ -235,6 +241,8 @@ TEST_CASE("the combination rules of training and of the optimizer are one-line e
       {{{"step-radius", "-1"}}, "step_radius must be positive"},
       {{{"subspace", "hybrid"}, {"subspace-rank", "0"}}, "--subspace-rank must be at least 1"},
       {{{"subspace", "hybrid"}, {"max-subspace-dim", "-5"}}, "--max-subspace-dim must be >= 0"},
+      {{{"subspace", "hybrid"}, {"subspace-rotation-interval", "-2"}},
+       "subspace_rotation_interval must be 0 (never) or a positive step count"},
   };
   for (const Case& c : cases) {
     INFO(c.reason);
@@ -271,6 +279,30 @@ TEST_CASE("subspace kinds are looked up by name and build their subspace",
   s.kind = "spectral";
   CHECK_THROWS_WITH(make_subspace(model, s),
                     "unknown subspace kind 'spectral' (kinds: full, hybrid)");
+}
+
+TEST_CASE("a rotation interval needs a subspace that can rotate",
+          "[optimizer][options][subspace]") {
+  // In the option table the rule is "--subspace hybrid or factored" (above); the library
+  // checks it again where no table was involved.
+  Model model = testing::small_mlp(1, 8, 16, 4);
+  OptimizerConfig config;
+  config.subspace_rotation_interval = 3;
+  CHECK_THROWS_WITH(PolytopeOptimizer(model, config),
+                    "PolytopeOptimizer: subspace_rotation_interval needs a subspace that can "
+                    "rotate (--subspace hybrid or factored), not the full space");
+  SubspaceSettings s;
+  s.kind = "hybrid";
+  s.rank = 2;
+  const auto hybrid = make_subspace(model, s);
+  CHECK_NOTHROW(PolytopeOptimizer(model, config, hybrid.get()));
+  // The searches without a model have no subspace to rotate.
+  const std::vector<double> x0 = {1.0, 2.0};
+  const Objective sphere = [](std::span<const double> x) { return x[0] * x[0] + x[1] * x[1]; };
+  CHECK_THROWS_WITH(minimize(sphere, x0, 10, config),
+                    Catch::Contains("minimize: subspace_rotation_interval"));
+  CHECK_THROWS_WITH(AskTellOptimizer(Matrix<double>::Zero(3, 2), config),
+                    Catch::Contains("AskTellOptimizer: subspace_rotation_interval"));
 }
 
 TEST_CASE("docs/training.md lists exactly the option table", "[optimizer][options][docs]") {

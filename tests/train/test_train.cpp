@@ -9,6 +9,8 @@
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
+#include <polyprobe/safetensors.hpp>
+#include <polyprobe/subspace.hpp>
 #include <polyprobe/train.hpp>
 
 #include <catch2/catch.hpp>
@@ -207,6 +209,89 @@ TEST_CASE("metrics are JSON lines and a stop request leaves a checkpoint that re
   CHECK(validations == 2);
   // Only the checkpoint and the metrics: no temporary files left behind.
   CHECK(dir.files().size() == 2);
+}
+
+// The build tree's plugins: cpu_tbb (the evaluator whose session caches projections) and
+// factored_subspace.
+const PluginRegistry& build_plugins() {
+  static PluginRegistry* r = [] {
+    auto* loaded = new PluginRegistry();
+    loaded->load_directories({PluginRegistry::executable_plugin_dir()});
+    return loaded;
+  }();
+  return *r;
+}
+
+// A run that searches a subspace of kind `kind`, rotated every `interval` steps, scored by
+// cpu_tbb (its session is recreated at every rotation and on resume).
+struct SubspaceRun {
+  SubspaceRun(const std::string& kind, int64_t interval) {
+    OptimizerConfig config = quick_config();
+    config.subspace_particle_dim = 4;
+    config.momentum = true;  // state in subspace coordinates that a rotation drops
+    config.subspace_rotation_interval = interval;
+    subspace = build_plugins().make_subspace(model, {kind, 2, 0, 5});
+    optimizer = std::make_unique<PolytopeOptimizer>(model, config, subspace.get());
+    EvaluatorRequest request;
+    request.backend = "cpu_tbb";
+    request.subspace = subspace.get();
+    evaluator = build_plugins().make_evaluator(model, *loss, request);
+  }
+  TrainResult train(const DataSplits& data, const TrainOptions& options) {
+    return polyprobe::train(model, *loss, *optimizer, *evaluator, data, options);
+  }
+  std::vector<uint8_t> weights_file() const { return serialize_safetensors(model_tensors(model)); }
+
+  Model model = linear_model();
+  std::unique_ptr<Loss> loss = make_loss("cross_entropy");
+  std::unique_ptr<Subspace> subspace;
+  std::unique_ptr<PolytopeOptimizer> optimizer;
+  std::unique_ptr<Evaluator> evaluator;
+};
+
+TEST_CASE("subspace rotation: a run resumed between rotations ends bit-identical",
+          "[train][checkpoint][rotation]") {
+  const DataSplits data = small_digits();
+  TrainOptions options;
+  options.epochs = 2;  // 4 steps an epoch: rotations before steps 3 and 6
+  options.batch_size = 100;
+  options.seed = 7;
+  for (const std::string kind : {"hybrid", "factored"}) {
+    INFO(kind);
+    SubspaceRun straight(kind, 3);
+    const TrainResult full = straight.train(data, options);
+    CHECK(straight.subspace->epoch() == 2);  // the last step, 7, is in epoch 7 / 3
+    SubspaceRun fixed(kind, 0);
+    (void)fixed.train(data, options);
+    CHECK(fixed.weights_file() != straight.weights_file());  // rotation changed the run
+
+    for (const int stop_after : {2, 4}) {  // before the first rotation, after it
+      INFO("stopped after " << stop_after << " steps");
+      testing::TempDir dir;
+      TrainOptions cut_options = options;
+      cut_options.checkpoint_path = dir / "run.ckpt";
+      std::atomic<bool> stop{false};
+      cut_options.stop = &stop;
+      int steps = 0;
+      cut_options.on_progress = [&](const TrainProgress&) { stop = ++steps == stop_after; };
+      SubspaceRun first(kind, 3);
+      const TrainResult cut = first.train(data, cut_options);
+      REQUIRE(cut.interrupted);
+      REQUIRE(cut.steps == stop_after);
+
+      cut_options.stop = nullptr;
+      cut_options.on_progress = nullptr;
+      cut_options.resume = true;
+      SubspaceRun second(kind, 3);  // a fresh subspace at epoch 0, as in a new process
+      const TrainResult resumed = second.train(data, cut_options);
+      CHECK(resumed.steps == full.steps);
+      CHECK(resumed.evaluations == full.evaluations);
+      CHECK(second.subspace->epoch() == straight.subspace->epoch());
+      CHECK(second.weights_file() == straight.weights_file());
+      for (std::size_t i = 0; i < second.model.parameters().size(); ++i)
+        REQUIRE(second.model.parameters()[i] == straight.model.parameters()[i]);
+    }
+  }
 }
 
 TEST_CASE("a process that leaves the files to another writes none, and the agreed stop rules",

@@ -424,8 +424,14 @@ typedef struct pp_subspace_options {
 /* A subspace kind provided by a plugin: a linear map from search coordinates to parameter
  * changes, described to evaluators as rank-one coordinates (pp_subspace_view), the form
  * every backend's subspace path reads. The optimizer absorbs every move into the model's
- * parameters, so the incumbent stays at coordinate 0. A subspace is fixed once created:
- * the host recreates it from the same options and seed on resume, so it needs no state. */
+ * parameters, so the incumbent stays at coordinate 0. A subspace object is fixed once
+ * created: the host recreates it from the same options and seed on resume, so it needs no
+ * state. To rotate the subspace (--subspace-rotation-interval) the host creates it again with
+ * another seed, then destroys the old one (sessions created with the old view are never
+ * called again, only destroyed, and new ones get the new view); the new object must
+ * have the same dimension and the same coordinate layout (each coordinate moving the same
+ * tensor along a row or a column as before, only along other vectors), which the host
+ * checks. */
 typedef struct pp_subspace_kind {
   uint32_t struct_size;
   const char* kind;    /* as in --subspace, e.g. "factored" */

@@ -1,7 +1,9 @@
 // Moving parameters along one rank-one subspace coordinate (pp_subspace_coord), header-only
 // and shared by the core's RankOneSubspace and every backend's session, so that all of them
 // move an incumbent with the same arithmetic in the same order: a session's copy of the
-// incumbent and the host's stay bit-identical step after step.
+// incumbent and the host's stay bit-identical step after step. A backend compiled for FMA
+// (-march=native) must compile its caller with -ffp-contract=off (the host has no FMA to
+// contract to), as cpu_tbb's session.cpp is.
 #pragma once
 
 #include <polyprobe/plugin/abi.h>
