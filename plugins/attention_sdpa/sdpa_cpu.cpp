@@ -27,113 +27,185 @@ namespace {
 template <class S>
 struct Work {
   std::vector<S> kt;   // K^T [head_dim, padded kv_len], zero past kv_len
-  std::vector<S> qs;   // one scaled query [head_dim]
-  std::vector<S> acc;  // one row's unnormalised output [v_dim]
-  std::vector<S> p;    // short keys (kv_len <= one tile): every row's weights [q_len, T]
+  std::vector<S> qs;   // R scaled queries [R, head_dim]
+  std::vector<S> acc;  // R rows' unnormalised outputs [R, v_dim]
 };
 
-// One problem: q [q_len, head_dim] with row stride qr, k [kv_len, head_dim] (kr), v
-// [kv_len, v_dim] (vr), out [q_len, v_dim] (outr). Keys go in tiles of T (a compile-time
-// width, so a tile's scores stay in vector registers); the panel is zero-padded to a whole
-// number of tiles, and the scores past the visible keys are masked.
-template <class S, int T>
-void attend(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
-            int64_t vr, S* out, int64_t outr, Work<S>& w) {
-  using Tile = Eigen::Array<S, T, 1>;
-  const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
-  const int64_t padded = (keys + T - 1) / T * T;
-  const bool argmax = a.weighting == PP_SDPA_ARGMAX, causal = a.causal != 0;
-  const S scale = static_cast<S>(a.scale);
+// K^T as a [head_dim, padded] panel, zero past kv_len, padded to a whole number of tiles.
+template <class S>
+S* transpose_keys(const S* k, int64_t kr, int64_t keys, int64_t hd, int64_t padded, Work<S>& w) {
   w.kt.assign(static_cast<std::size_t>(hd * padded), S(0));
-  w.qs.resize(static_cast<std::size_t>(hd));
-  w.acc.resize(static_cast<std::size_t>(dv));
   S* kt = w.kt.data();
   for (int64_t j = 0; j < keys; ++j)
     for (int64_t d = 0; d < hd; ++d) kt[d * padded + j] = k[j * kr + d];
-  S* __restrict acc = w.acc.data();
+  return kt;
+}
+
+// Rows i0 .. i0 + R of q, scaled, into qs [R, head_dim]; a block past the last row repeats
+// it (its results are not written). Returns each row's visible keys (the causal mask) and
+// their maximum.
+template <class S, int R>
+int64_t load_queries(const pp_sdpa_args& a, const S* q, int64_t qr, int64_t i0, S* qs,
+                     std::array<int64_t, R>& visible) {
+  const int64_t rows = std::min<int64_t>(R, a.q_len - i0);
+  const S scale = static_cast<S>(a.scale);
+  int64_t most = 0;
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = i0 + std::min<int64_t>(r, rows - 1);
+    visible[r] = a.causal != 0 ? std::min(a.kv_len, i + 1) : a.kv_len;
+    most = std::max(most, visible[r]);
+    for (int64_t d = 0; d < a.head_dim; ++d) qs[r * a.head_dim + d] = q[i * qr + d] * scale;
+  }
+  return most;
+}
+
+// The scores of R query rows against the tile of keys at j0: every load of the panel feeds R
+// rows' multiply-adds (R independent chains also hide the FMA latency).
+template <class S, int T, int R>
+void score_tile(const S* kt, int64_t padded, int64_t j0, int64_t hd, const S* qs,
+                std::array<Eigen::Array<S, T, 1>, R>& s) {
+  using Tile = Eigen::Array<S, T, 1>;
+  for (int r = 0; r < R; ++r) s[r].setZero();
+  for (int64_t d = 0; d < hd; ++d) {
+    const Eigen::Map<const Tile> kd(kt + d * padded + j0);
+    for (int r = 0; r < R; ++r) s[r] += qs[r * hd + d] * kd;
+  }
+}
+
+// Argmax weighting, R rows at a time: each row's output is the V row of its first largest
+// score (a later tile replaces only a strictly larger maximum; inside a tile the first index
+// that holds the maximum), the explicit attention's tie rule.
+template <class S, int T, int R>
+void attend_argmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
+                   const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
+  const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
+  const int64_t padded = (keys + T - 1) / T * T;
+  const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
+  w.qs.resize(static_cast<std::size_t>(R * hd));
   S* __restrict qs = w.qs.data();
-  // With one tile of keys there is nothing to rescale: each row's weights are final once
-  // scored, so they are kept ([q_len, T], not [q_len, kv_len] beyond one tile) and the mix is
-  // one product for all rows instead of one per row.
-  // (Measured: for a handful of keys, the product's dispatch costs more than it saves.)
-  const bool short_softmax = keys <= T && keys > 16 && !argmax;
-  if (short_softmax) w.p.resize(static_cast<std::size_t>(len * T));
-  for (int64_t i = 0; i < len; ++i) {
-    for (int64_t d = 0; d < hd; ++d) qs[d] = q[i * qr + d] * scale;
-    const int64_t visible = causal ? std::min(keys, i + 1) : keys;
-    S m = -std::numeric_limits<S>::infinity(), l = S(0), best_score = S(0);
-    int64_t best = -1;
-    std::fill(acc, acc + dv, S(0));
-    for (int64_t j0 = 0; j0 < visible; j0 += T) {
-      // Four partial sums over d, so that a narrow tile is not one serial chain of
-      // multiply-adds (their latency, not their count, would bound it).
-      Tile s0 = Tile::Zero(), s1 = Tile::Zero(), s2 = Tile::Zero(), s3 = Tile::Zero();
-      int64_t d = 0;
-      for (; d + 4 <= hd; d += 4) {
-        s0 += qs[d] * Eigen::Map<const Tile>(kt + d * padded + j0);
-        s1 += qs[d + 1] * Eigen::Map<const Tile>(kt + (d + 1) * padded + j0);
-        s2 += qs[d + 2] * Eigen::Map<const Tile>(kt + (d + 2) * padded + j0);
-        s3 += qs[d + 3] * Eigen::Map<const Tile>(kt + (d + 3) * padded + j0);
+  for (int64_t i0 = 0; i0 < len; i0 += R) {
+    std::array<int64_t, R> visible{};
+    const int64_t most = load_queries<S, R>(a, q, qr, i0, qs, visible);
+    std::array<S, R> best_score{};
+    std::array<int64_t, R> best;
+    best.fill(-1);
+    for (int64_t j0 = 0; j0 < most; j0 += T) {
+      std::array<Eigen::Array<S, T, 1>, R> s;
+      score_tile<S, T, R>(kt, padded, j0, hd, qs, s);
+      for (int r = 0; r < R; ++r) {
+        const int64_t n = std::min<int64_t>(T, visible[r] - j0);
+        if (n <= 0) continue;
+        for (int64_t j = n; j < T; ++j) s[r](j) = -std::numeric_limits<S>::infinity();
+        const S top = s[r].template maxCoeff<Eigen::PropagateNaN>();
+        if (std::isnan(top)) {  // the explicit attention's scan, which skips NaN scores
+          for (int64_t j = 0; j < n; ++j)
+            if (best[r] < 0 || s[r](j) > best_score[r]) best_score[r] = s[r](j), best[r] = j0 + j;
+        } else if (best[r] < 0 || top > best_score[r]) {  // the first index of the maximum
+          int64_t j = 0;
+          while (s[r](j) != top) ++j;
+          best_score[r] = top;
+          best[r] = j0 + j;
+        }
       }
-      for (; d < hd; ++d) s0 += qs[d] * Eigen::Map<const Tile>(kt + d * padded + j0);
-      Tile s = (s0 + s1) + (s2 + s3);
-      const int64_t n = std::min<int64_t>(T, visible - j0);
-      if (argmax) {
-        for (int64_t j = 0; j < n; ++j)
-          if (best < 0 || s(j) > best_score) best_score = s(j), best = j0 + j;
-        continue;
-      }
-      for (int64_t j = n; j < T; ++j) s(j) = -std::numeric_limits<S>::infinity();
-      if (short_softmax) {
-        s = (s - s.maxCoeff()).exp();
-        Eigen::Map<Tile>(w.p.data() + i * T) = s / s.sum();
-        break;
-      }
-      const S top = j0 == 0 ? s.maxCoeff() : std::max(m, s.maxCoeff());
-      s = (s - top).exp();
-      if (j0 == 0) {
-        l = s.sum();
-      } else {  // a later tile: rescale what the earlier ones summed to the new maximum
-        const S rescale = std::exp(m - top);
-        l = l * rescale + s.sum();
-        if (rescale != S(1))
-          for (int64_t c = 0; c < dv; ++c) acc[c] *= rescale;
-      }
-      m = top;
-      // acc += p V_tile: a [1, n] x [n, v_dim] product.
-      using Rows = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(acc, dv).noalias() +=
-          s.head(n).matrix().transpose() * Eigen::Map<const Rows, 0, Eigen::OuterStride<>>(
-                                               v + j0 * vr, n, dv, Eigen::OuterStride<>(vr));
     }
-    if (short_softmax) continue;
-    S* o = out + i * outr;
-    if (argmax) {
-      const S* vb = v + best * vr;
-      std::copy(vb, vb + dv, o);
-    } else {
-      const S inv = S(1) / l;
-      for (int64_t c = 0; c < dv; ++c) o[c] = acc[c] * inv;
+    const int64_t rows = std::min<int64_t>(R, len - i0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const S* vb = v + best[static_cast<std::size_t>(r)] * vr;
+      std::copy(vb, vb + dv, out + (i0 + r) * outr);
     }
   }
-  if (short_softmax) {
-    using Rows = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    using Strided = Eigen::OuterStride<>;
-    Eigen::Map<Rows, 0, Strided>(out, len, dv, Strided(outr)).noalias() =
-        Eigen::Map<const Rows, 0, Strided>(w.p.data(), len, keys, Strided(T)) *
-        Eigen::Map<const Rows, 0, Strided>(v, keys, dv, Strided(vr));
+}
+
+// Softmax weighting, R query rows at a time: every load of a key tile or of a row of V
+// feeds R rows' multiply-adds, and p V accumulates in vector registers
+// instead of through a general matrix-vector product per tile (whose dispatch cost about as
+// much as the arithmetic at these sizes). Each row keeps its own online softmax, and its
+// own visible keys under the causal mask.
+template <class S, int T, int R>
+void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
+                    const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
+  using Tile = Eigen::Array<S, T, 1>;
+  constexpr int W = 64 / static_cast<int>(sizeof(S));  // one 512-bit vector of S
+  using Vec = Eigen::Array<S, W, 1>;
+  const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
+  const int64_t padded = (keys + T - 1) / T * T;
+  const S minus_inf = -std::numeric_limits<S>::infinity();
+  const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
+  w.qs.resize(static_cast<std::size_t>(R * hd));
+  w.acc.resize(static_cast<std::size_t>(R * dv));
+  S* __restrict qs = w.qs.data();
+  S* __restrict acc = w.acc.data();
+  for (int64_t i0 = 0; i0 < len; i0 += R) {
+    const int rows = static_cast<int>(std::min<int64_t>(R, len - i0));
+    std::array<int64_t, R> visible{};
+    const int64_t most = load_queries<S, R>(a, q, qr, i0, qs, visible);
+    std::array<S, R> m, l;
+    m.fill(minus_inf);
+    l.fill(S(0));
+    std::fill(acc, acc + R * dv, S(0));
+    for (int64_t j0 = 0; j0 < most; j0 += T) {
+      std::array<Tile, R> s;
+      score_tile<S, T, R>(kt, padded, j0, hd, qs, s);
+      const int64_t n = std::min<int64_t>(T, most - j0);
+      for (int r = 0; r < R; ++r) {
+        for (int64_t j = std::max<int64_t>(0, visible[r] - j0); j < T; ++j) s[r](j) = minus_inf;
+        if (visible[r] <= j0) {  // this row sees no key of the tile: weight 0 everywhere
+          s[r].setZero();
+          continue;
+        }
+        const S top = std::max(m[r], s[r].maxCoeff());
+        s[r] = (s[r] - top).exp();
+        const S rescale = j0 == 0 ? S(0) : std::exp(m[r] - top);
+        l[r] = l[r] * rescale + s[r].sum();
+        if (j0 > 0 && rescale != S(1))
+          for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= rescale;
+        m[r] = top;
+      }
+      // acc_r += p_r V_tile, a vector of V's columns at a time.
+      const S* vt = v + j0 * vr;
+      int64_t c = 0;
+      for (; c + W <= dv; c += W) {
+        std::array<Vec, R> sum;
+        for (int r = 0; r < R; ++r) sum[r] = Eigen::Map<const Vec>(acc + r * dv + c);
+        for (int64_t j = 0; j < n; ++j) {
+          const Eigen::Map<const Vec> vj(vt + j * vr + c);
+          for (int r = 0; r < R; ++r) sum[r] += s[r](j) * vj;
+        }
+        for (int r = 0; r < R; ++r) Eigen::Map<Vec>(acc + r * dv + c) = sum[r];
+      }
+      for (; c < dv; ++c)
+        for (int r = 0; r < R; ++r) {
+          S t = acc[r * dv + c];
+          for (int64_t j = 0; j < n; ++j) t += s[r](j) * vt[j * vr + c];
+          acc[r * dv + c] = t;
+        }
+    }
+    for (int r = 0; r < rows; ++r) {
+      S* o = out + (i0 + r) * outr;
+      const S inv = S(1) / l[r];
+      for (int64_t c = 0; c < dv; ++c) o[c] = acc[r * dv + c] * inv;
+    }
   }
 }
 
 // The tile width for kv_len keys: one vector of floats for short sequences (where a wide
-// tile would be mostly masking), four beyond.
+// tile would be mostly masking), four beyond. Softmax goes R rows at a time (as many as keep
+// R tiles of scores in the 32 vector registers with a tile of keys).
 template <class S>
 void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
                 int64_t vr, S* out, int64_t outr, Work<S>& w) {
-  if (a.kv_len <= 16)
-    attend<S, 16>(a, q, qr, k, kr, v, vr, out, outr, w);
-  else
-    attend<S, 64>(a, q, qr, k, kr, v, vr, out, outr, w);
+  constexpr int kRows = sizeof(S) == 4 ? 4 : 2;
+  constexpr int kShortRows = 2;  // short sequences: fewer rows lost to a partial last block
+  if (a.weighting == PP_SDPA_ARGMAX) {
+    if (a.kv_len <= 16)
+      attend_argmax<S, 16, kShortRows>(a, q, qr, k, kr, v, vr, out, outr, w);
+    else
+      attend_argmax<S, 64, kRows>(a, q, qr, k, kr, v, vr, out, outr, w);
+  } else if (a.kv_len <= 16) {
+    attend_softmax<S, 16, kShortRows>(a, q, qr, k, kr, v, vr, out, outr, w);
+  } else {
+    attend_softmax<S, 64, kRows>(a, q, qr, k, kr, v, vr, out, outr, w);
+  }
 }
 
 template <class S>
