@@ -594,7 +594,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
     out << "no test split (--test-fraction 0): test accuracy not measured" << std::endl;
     return 0;
   }
-  const EvaluationResult test = evaluate_model(model, *loss, splits.test, options.dtype);
+  const EvaluationResult test =
+      evaluate_model(model, *loss, splits.test, options.dtype, evaluator->threads());
   // The metrics file ends with the test result of the restored state, so a file alone gives
   // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
   if (!options.metrics_path.empty())

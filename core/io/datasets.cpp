@@ -241,10 +241,18 @@ Batch MinibatchStream::next() {
     shuffle();
   }
   const int64_t take_rows = std::min(batch_size_, data_->size() - position_);
-  const Dataset part = data_->subset(std::span<const int64_t>(order_).subspan(
-      static_cast<std::size_t>(position_), static_cast<std::size_t>(take_rows)));
+  // Gathered straight into the batch: a Dataset in between would copy every row twice.
+  Batch batch;
+  batch.inputs.resize(take_rows, data_->features.cols());
+  batch.targets.labels.resize(static_cast<std::size_t>(take_rows));
+  for (int64_t i = 0; i < take_rows; ++i) {
+    const int64_t row = order_[static_cast<std::size_t>(position_ + i)];
+    batch.inputs.row(i) = data_->features.row(row);
+    batch.targets.labels[static_cast<std::size_t>(i)] =
+        data_->labels[static_cast<std::size_t>(row)];
+  }
   position_ += take_rows;
-  return to_batch(part);
+  return batch;
 }
 
 }  // namespace polyprobe

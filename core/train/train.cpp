@@ -6,6 +6,7 @@
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/train.hpp>
 
+#include "optimizer/step_threads.hpp"
 #include "train/checkpoint.hpp"
 
 #include <nlohmann/json.hpp>
@@ -21,30 +22,73 @@ namespace {
 
 using train_detail::Checkpoint;
 
+// Rows per chunk of an evaluation. Fixed, so the chunks (and their forwards and partial sums,
+// added in chunk order) are the same for any thread count: the results do not depend on it.
+constexpr int64_t kEvaluationRows = 64;
+
 template <class S>
-EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Batch& batch) {
-  const Matrix<S> outputs = model.forward<S>(batch.inputs.cast<S>());
-  std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
-  loss.per_sample(outputs, batch.targets, 0, per);
+EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Matrix<double>& inputs,
+                             const Targets& targets, const detail::StepThreads& threads) {
+  const int64_t rows = inputs.rows();
+  const int64_t chunks = detail::StepThreads::chunk_count(rows, kEvaluationRows);
+  std::vector<double> loss_sums(static_cast<std::size_t>(chunks));
+  std::vector<int64_t> correct(static_cast<std::size_t>(chunks));
+  // Layers' forwards are const and may run concurrently (as evaluators already run them).
+  threads.for_chunks(rows, kEvaluationRows, [&](int64_t chunk, int64_t begin, int64_t end) {
+    const Matrix<S> outputs =
+        model.forward<S>(inputs.middleRows(begin, end - begin).template cast<S>());
+    std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
+    loss.per_sample(outputs, targets, begin, per);
+    double sum = 0;
+    int64_t right = 0;
+    for (Eigen::Index i = 0; i < outputs.rows(); ++i) {
+      sum += static_cast<double>(per[static_cast<std::size_t>(i)]);
+      Eigen::Index best = 0;
+      for (Eigen::Index c = 1; c < outputs.cols(); ++c)
+        if (outputs(i, c) > outputs(i, best)) best = c;
+      right += best == targets.labels[static_cast<std::size_t>(begin + i)];
+    }
+    loss_sums[static_cast<std::size_t>(chunk)] = sum;
+    correct[static_cast<std::size_t>(chunk)] = right;
+  });
   EvaluationResult r;
-  r.samples = outputs.rows();
-  int64_t correct = 0;
-  for (Eigen::Index i = 0; i < outputs.rows(); ++i) {
-    r.loss += static_cast<double>(per[static_cast<std::size_t>(i)]);
-    Eigen::Index best = 0;
-    for (Eigen::Index c = 1; c < outputs.cols(); ++c)
-      if (outputs(i, c) > outputs(i, best)) best = c;
-    correct += best == batch.targets.labels[static_cast<std::size_t>(i)];
+  r.samples = rows;
+  int64_t right = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    r.loss += loss_sums[static_cast<std::size_t>(c)];
+    right += correct[static_cast<std::size_t>(c)];
   }
   r.loss /= static_cast<double>(std::max<int64_t>(r.samples, 1));
-  r.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  r.accuracy = static_cast<double>(right) / static_cast<double>(std::max<int64_t>(r.samples, 1));
   return r;
 }
 
+EvaluationResult evaluate_rows(const Model& model, const Loss& loss, const Matrix<double>& inputs,
+                               const Targets& targets, DType dtype,
+                               const detail::StepThreads& threads) {
+  return dtype == DType::f64 ? evaluate_in<double>(model, loss, inputs, targets, threads)
+                             : evaluate_in<float>(model, loss, inputs, targets, threads);
+}
+
 EvaluationResult evaluate_batch(const Model& model, const Loss& loss, const Batch& batch,
-                                DType dtype) {
-  return dtype == DType::f64 ? evaluate_in<double>(model, loss, batch)
-                             : evaluate_in<float>(model, loss, batch);
+                                DType dtype, const detail::StepThreads& threads) {
+  return evaluate_rows(model, loss, batch.inputs, batch.targets, dtype, threads);
+}
+
+// The labels of a data set as targets, without copying its features.
+Targets targets_of(const Dataset& data) {
+  Targets targets;
+  targets.labels = data.labels;
+  return targets;
+}
+
+// evaluate_model() on `threads`, without copying the data's features.
+EvaluationResult evaluate_data(const Model& model, const Loss& loss, const Dataset& data,
+                               DType dtype, const detail::StepThreads& threads) {
+  if (data.size() == 0) throw Error("cannot evaluate on the empty data '" + data.name + "'");
+  const Targets targets = targets_of(data);
+  loss.check_targets(targets, model.output_shape().numel());
+  return evaluate_rows(model, loss, data.features, targets, dtype, threads);
 }
 
 // Appends one JSON object per line to the metrics file, flushed so a crash loses nothing.
@@ -130,7 +174,7 @@ void check_compatible(const Model& model, const Loss& loss, const DataSplits& da
                   " features per sample, but the model's input " + model.input_shape().str() +
                   " has " + std::to_string(model.input_shape().numel()) +
                   "; choose a model file whose input_shape fits the data");
-    loss.check_targets(to_batch(*split).targets, model.output_shape().numel());
+    loss.check_targets(targets_of(*split), model.output_shape().numel());
   }
   if (data.train.size() == 0) throw Error("the training split is empty");
 }
@@ -138,11 +182,8 @@ void check_compatible(const Model& model, const Loss& loss, const DataSplits& da
 }  // namespace
 
 EvaluationResult evaluate_model(const Model& model, const Loss& loss, const Dataset& data,
-                                DType dtype) {
-  if (data.size() == 0) throw Error("cannot evaluate on the empty data '" + data.name + "'");
-  const Batch batch = to_batch(data);
-  loss.check_targets(batch.targets, model.output_shape().numel());
-  return evaluate_batch(model, loss, batch, dtype);
+                                DType dtype, int threads) {
+  return evaluate_data(model, loss, data, dtype, detail::StepThreads(threads));
 }
 
 TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
@@ -160,6 +201,9 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   if (options.resume && options.checkpoint_path.empty())
     throw Error("resuming needs a checkpoint file (--save or --checkpoint)");
   check_compatible(model, loss, data);
+  // The loop's own evaluations (the batch after each step, validation, test) on the
+  // evaluator's threads, as the optimizer's step runs.
+  const detail::StepThreads threads(evaluator.threads());
 
   MinibatchStream stream(data.train, options.batch_size, options.seed);
   Checkpoint state;
@@ -216,7 +260,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   // Measures the validation split and keeps the parameters if they are the best so far.
   const auto validate = [&](int64_t epoch) {
     const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
-    const EvaluationResult v = evaluate_model(model, loss, check, options.dtype);
+    const EvaluationResult v = evaluate_data(model, loss, check, options.dtype, threads);
     ++state.validations;
     const bool finite = std::isfinite(v.loss);
     nlohmann::json record = {{"step", state.step},     {"epoch", epoch},
@@ -230,7 +274,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                                    (v.accuracy == state.best_accuracy && v.loss < state.best_loss));
     if (options.record_test && data.test.size() > 0) {
       if (better)
-        best_test_accuracy = evaluate_model(model, loss, data.test, options.dtype).accuracy;
+        best_test_accuracy = evaluate_data(model, loss, data.test, options.dtype, threads).accuracy;
       if (best_test_accuracy) record["best_test_accuracy"] = *best_test_accuracy;
     }
     metrics.write(record);
@@ -259,14 +303,14 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     const StepInfo info = optimizer.step();
     state.evaluations += info.candidates;
     ++state.step;
-    EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype);
+    EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype, threads);
     bool reverted = false;
     if (!std::isfinite(now.loss)) {
       // Undo the step; if the state before it is not finite either, nothing will be.
       after.assign(model.parameters().begin(), model.parameters().end());
       std::copy(before.begin(), before.end(), model.parameters().begin());
       optimizer.resync_from_model();
-      now = evaluate_batch(model, loss, batch, options.dtype);
+      now = evaluate_batch(model, loss, batch, options.dtype, threads);
       if (!std::isfinite(now.loss))
         throw_nonfinite(model, batch, options.dtype,
                         "the loss on the training minibatch of step " + std::to_string(state.step) +

@@ -128,9 +128,11 @@ struct EvaluationResult {
   int64_t samples = 0;
 };
 
-// Loss and accuracy of the model's current parameters on `data`, in `dtype`.
+// Loss and accuracy of the model's current parameters on `data`, in `dtype`, on `threads`
+// (0: all the process may use). The rows go in chunks of a fixed size whose partial sums are
+// added in order, so the result does not depend on the thread count.
 EvaluationResult evaluate_model(const Model& model, const Loss& loss, const Dataset& data,
-                                DType dtype = DType::f32);
+                                DType dtype = DType::f32, int threads = 1);
 
 // Trains `model` in place (see the header comment). `evaluator` must have been made for this
 // model and loss; `optimizer` for this model.

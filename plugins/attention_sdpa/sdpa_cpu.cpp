@@ -35,9 +35,9 @@ struct Work {
 template <class S>
 S* transpose_keys(const S* k, int64_t kr, int64_t keys, int64_t hd, int64_t padded, Work<S>& w) {
   w.kt.assign(static_cast<std::size_t>(hd * padded), S(0));
-  S* kt = w.kt.data();
-  for (int64_t j = 0; j < keys; ++j)
-    for (int64_t d = 0; d < hd; ++d) kt[d * padded + j] = k[j * kr + d];
+  S* __restrict kt = w.kt.data();
+  for (int64_t d = 0; d < hd; ++d)  // contiguous writes
+    for (int64_t j = 0; j < keys; ++j) kt[d * padded + j] = k[j * kr + d];
   return kt;
 }
 
@@ -60,15 +60,32 @@ int64_t load_queries(const pp_sdpa_args& a, const S* q, int64_t qr, int64_t i0, 
 }
 
 // The scores of R query rows against the tile of keys at j0: every load of the panel feeds R
-// rows' multiply-adds (R independent chains also hide the FMA latency).
+// rows' multiply-adds. The R tiles are R T / (vector width) independent chains of
+// multiply-adds; when that is under eight (short tiles, one row), the head dimension is
+// split into partial sums as well, so the FMA latency, not their count, does not bound it.
 template <class S, int T, int R>
-void score_tile(const S* kt, int64_t padded, int64_t j0, int64_t hd, const S* qs,
-                std::array<Eigen::Array<S, T, 1>, R>& s) {
+[[gnu::always_inline]] inline void score_tile(const S* kt, int64_t padded, int64_t j0, int64_t hd,
+                                              const S* qs,
+                                              std::array<Eigen::Array<S, T, 1>, R>& s) {
   using Tile = Eigen::Array<S, T, 1>;
-  for (int r = 0; r < R; ++r) s[r].setZero();
-  for (int64_t d = 0; d < hd; ++d) {
+  constexpr int kChains = R * T * static_cast<int>(sizeof(S)) / 64;
+  constexpr int kSplit = kChains >= 8 ? 1 : kChains >= 4 ? 2 : 4;
+  std::array<std::array<Tile, R>, kSplit> part;
+  for (auto& p : part)
+    for (Tile& t : p) t.setZero();
+  int64_t d = 0;
+  for (; d + kSplit <= hd; d += kSplit)
+    for (int h = 0; h < kSplit; ++h) {
+      const Eigen::Map<const Tile> kd(kt + (d + h) * padded + j0);
+      for (int r = 0; r < R; ++r) part[h][r] += qs[r * hd + d + h] * kd;
+    }
+  for (; d < hd; ++d) {
     const Eigen::Map<const Tile> kd(kt + d * padded + j0);
-    for (int r = 0; r < R; ++r) s[r] += qs[r * hd + d] * kd;
+    for (int r = 0; r < R; ++r) part[0][r] += qs[r * hd + d] * kd;
+  }
+  for (int r = 0; r < R; ++r) {
+    s[r] = part[0][r];
+    for (int h = 1; h < kSplit; ++h) s[r] += part[h][r];
   }
 }
 
@@ -81,6 +98,7 @@ void attend_argmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, in
   const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
   const int64_t padded = (keys + T - 1) / T * T;
   const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
+  const Eigen::Array<S, T, 1> lanes = Eigen::Array<S, T, 1>::LinSpaced(T, S(0), S(T - 1));
   w.qs.resize(static_cast<std::size_t>(R * hd));
   S* __restrict qs = w.qs.data();
   for (int64_t i0 = 0; i0 < len; i0 += R) {
@@ -95,12 +113,17 @@ void attend_argmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, in
       for (int r = 0; r < R; ++r) {
         const int64_t n = std::min<int64_t>(T, visible[r] - j0);
         if (n <= 0) continue;
-        for (int64_t j = n; j < T; ++j) s[r](j) = -std::numeric_limits<S>::infinity();
-        const S top = s[r].template maxCoeff<Eigen::PropagateNaN>();
-        if (std::isnan(top)) {  // the explicit attention's scan, which skips NaN scores
+        // The explicit attention's scan (which also skips NaN scores) for a short tile or
+        // one with NaN scores; else one vector maximum, then its first index.
+        const bool scan = T <= 16 || (s[r] != s[r]).any();
+        if (scan) {
           for (int64_t j = 0; j < n; ++j)
             if (best[r] < 0 || s[r](j) > best_score[r]) best_score[r] = s[r](j), best[r] = j0 + j;
-        } else if (best[r] < 0 || top > best_score[r]) {  // the first index of the maximum
+          continue;
+        }
+        if (n < T) s[r] = (lanes < S(n)).select(s[r], -std::numeric_limits<S>::infinity());
+        const S top = s[r].maxCoeff();
+        if (best[r] < 0 || top > best_score[r]) {  // the first index of the maximum
           int64_t j = 0;
           while (s[r](j) != top) ++j;
           best_score[r] = top;
@@ -131,6 +154,7 @@ void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, i
   const int64_t padded = (keys + T - 1) / T * T;
   const S minus_inf = -std::numeric_limits<S>::infinity();
   const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
+  const Tile lanes = Tile::LinSpaced(T, S(0), S(T - 1));  // masks the keys past the visible
   w.qs.resize(static_cast<std::size_t>(R * hd));
   w.acc.resize(static_cast<std::size_t>(R * dv));
   S* __restrict qs = w.qs.data();
@@ -148,7 +172,7 @@ void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, i
       score_tile<S, T, R>(kt, padded, j0, hd, qs, s);
       const int64_t n = std::min<int64_t>(T, most - j0);
       for (int r = 0; r < R; ++r) {
-        for (int64_t j = std::max<int64_t>(0, visible[r] - j0); j < T; ++j) s[r](j) = minus_inf;
+        if (visible[r] - j0 < T) s[r] = (lanes < S(visible[r] - j0)).select(s[r], minus_inf);
         if (visible[r] <= j0) {  // this row sees no key of the tile: weight 0 everywhere
           s[r].setZero();
           continue;
@@ -165,13 +189,25 @@ void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, i
       const S* vt = v + j0 * vr;
       int64_t c = 0;
       for (; c + W <= dv; c += W) {
-        std::array<Vec, R> sum;
-        for (int r = 0; r < R; ++r) sum[r] = Eigen::Map<const Vec>(acc + r * dv + c);
-        for (int64_t j = 0; j < n; ++j) {
-          const Eigen::Map<const Vec> vj(vt + j * vr + c);
-          for (int r = 0; r < R; ++r) sum[r] += s[r](j) * vj;
+        // Even and odd keys in separate sums: 2 R independent chains of multiply-adds.
+        std::array<Vec, R> sum, odd;
+        for (int r = 0; r < R; ++r) {
+          sum[r] = Eigen::Map<const Vec>(acc + r * dv + c);
+          odd[r].setZero();
         }
-        for (int r = 0; r < R; ++r) Eigen::Map<Vec>(acc + r * dv + c) = sum[r];
+        int64_t j = 0;
+        for (; j + 2 <= n; j += 2) {
+          const Eigen::Map<const Vec> v0(vt + j * vr + c), v1(vt + (j + 1) * vr + c);
+          for (int r = 0; r < R; ++r) {
+            sum[r] += s[r](j) * v0;
+            odd[r] += s[r](j + 1) * v1;
+          }
+        }
+        if (j < n) {
+          const Eigen::Map<const Vec> v0(vt + j * vr + c);
+          for (int r = 0; r < R; ++r) sum[r] += s[r](j) * v0;
+        }
+        for (int r = 0; r < R; ++r) Eigen::Map<Vec>(acc + r * dv + c) = sum[r] + odd[r];
       }
       for (; c < dv; ++c)
         for (int r = 0; r < R; ++r) {
@@ -195,7 +231,7 @@ template <class S>
 void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
                 int64_t vr, S* out, int64_t outr, Work<S>& w) {
   constexpr int kRows = sizeof(S) == 4 ? 4 : 2;
-  constexpr int kShortRows = 2;  // short sequences: fewer rows lost to a partial last block
+  constexpr int kShortRows = 1;  // short sequences: fewer rows lost to a partial last block
   if (a.weighting == PP_SDPA_ARGMAX) {
     if (a.kv_len <= 16)
       attend_argmax<S, 16, kShortRows>(a, q, qr, k, kr, v, vr, out, outr, w);

@@ -400,3 +400,34 @@ TEST_CASE("a damaged checkpoint is an error and not a crash", "[train][checkpoin
 }
 
 }  // namespace polyprobe
+
+namespace polyprobe {
+
+TEST_CASE("evaluate_model gives the same result on any thread count", "[train]") {
+  const DataSplits data = small_digits();  // 400 training rows: seven chunks of 64 and a tail
+  Model model = linear_model();
+  const std::unique_ptr<Loss> loss = make_loss("cross_entropy");
+  for (const DType dtype : {DType::f32, DType::f64}) {
+    const EvaluationResult one = evaluate_model(model, *loss, data.train, dtype, 1);
+    const EvaluationResult two = evaluate_model(model, *loss, data.train, dtype, 2);
+    const EvaluationResult all = evaluate_model(model, *loss, data.train, dtype, 0);
+    CHECK(one.samples == 400);
+    CHECK(one.loss == two.loss);
+    CHECK(one.loss == all.loss);
+    CHECK(one.accuracy == two.accuracy);
+    CHECK(one.accuracy == all.accuracy);
+    // And it is the mean over the rows: the model's own forward of all of them at once.
+    const Matrix<double> out = model.forward<double>(data.train.features);
+    int64_t right = 0;
+    for (Eigen::Index i = 0; i < out.rows(); ++i) {
+      Eigen::Index best = 0;
+      for (Eigen::Index c = 1; c < out.cols(); ++c)
+        if (out(i, c) > out(i, best)) best = c;
+      right += best == data.train.labels[static_cast<std::size_t>(i)];
+    }
+    CHECK(one.accuracy ==
+          Approx(static_cast<double>(right) / 400.0).margin(dtype == DType::f32 ? 0.01 : 1e-12));
+  }
+}
+
+}  // namespace polyprobe
