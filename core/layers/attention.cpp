@@ -5,6 +5,9 @@
 // out_proj.weight [E, E], out_proj.bias [E]. attention = "softmax" is PyTorch's layer;
 // attention = "argmax" replaces each row of attention weights by the one-hot of its largest
 // score (the first one on ties, as torch.argmax): hard attention, not differentiable.
+// causal = true lets position i attend to positions j <= i only (PyTorch's is_causal, the
+// top-left mask), for softmax and argmax alike: the masked scores take no part in the
+// maximum or the normalisation, and their weights are zero.
 //
 // The attention itself (softmax(scale Q K^T) V per head) runs as the "sdpa" operation when a
 // plugin offers one for the CPU and the dtype (attention_sdpa: fused, no L x L scores), else
@@ -14,6 +17,8 @@
 
 #include <polyprobe/operations.hpp>
 #include <polyprobe/plugin/plugin.hpp>
+
+#include <algorithm>
 
 namespace polyprobe {
 namespace {
@@ -25,7 +30,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
   SelfAttention(const nlohmann::json& attrs, const Shape& input,
                 std::shared_ptr<const OperationTable> operations)
       : input_(input), operations_(std::move(operations)) {
-    check_attribute_names(attrs, "self_attention", {"num_heads", "attention", "bias"});
+    check_attribute_names(attrs, "self_attention", {"num_heads", "attention", "bias", "causal"});
     if (input.dims.size() != 2)
       throw Error("layer 'self_attention' needs a per-sample input of shape [L, E], got " +
                   input.str());
@@ -33,6 +38,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
     embed_ = input.dims[1];
     heads_ = attr_required<int64_t>(attrs, "self_attention", "num_heads");
     bias_ = attr_or<bool>(attrs, "self_attention", "bias", true);
+    causal_ = attr_or<bool>(attrs, "self_attention", "causal", false);
     const auto weighting = attr_or<std::string>(attrs, "self_attention", "attention", "softmax");
     if (weighting == "softmax")
       weighting_ = Weighting::softmax;
@@ -49,7 +55,8 @@ class SelfAttention final : public LayerBase<SelfAttention> {
   nlohmann::json attributes() const override {
     return {{"num_heads", heads_},
             {"attention", weighting_ == Weighting::softmax ? "softmax" : "argmax"},
-            {"bias", bias_}};
+            {"bias", bias_},
+            {"causal", causal_}};
   }
   const Shape& input_shape() const override { return input_; }
   const Shape& output_shape() const override { return input_; }
@@ -134,6 +141,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
     a.struct_size = sizeof(a);
     a.dtype = pp::dtype_of<S>();
     a.weighting = weighting_ == Weighting::argmax ? PP_SDPA_ARGMAX : PP_SDPA_SOFTMAX;
+    a.causal = causal_ ? 1 : 0;
     a.b0 = 1, a.b1 = batch, a.heads = heads_;
     a.q_len = a.kv_len = len, a.head_dim = a.v_dim = hd;
     a.scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -158,14 +166,17 @@ class SelfAttention final : public LayerBase<SelfAttention> {
     return true;
   }
 
-  // Turns each row of scores into attention weights: softmax, or the one-hot of its argmax.
+  // Turns each row of scores into attention weights: softmax, or the one-hot of its argmax,
+  // over the keys the row sees (all, or j <= r when causal; the others get weight 0).
   template <class S>
   void weigh_rows(Matrix<S>& scores) const {
     for (Eigen::Index r = 0; r < scores.rows(); ++r) {
-      auto row = scores.row(r);
+      const Eigen::Index visible = causal_ ? std::min(r + 1, scores.cols()) : scores.cols();
+      auto row = scores.row(r).head(visible);
       Eigen::Index best = 0;
-      for (Eigen::Index c = 1; c < row.size(); ++c)
+      for (Eigen::Index c = 1; c < visible; ++c)
         if (row(c) > row(best)) best = c;
+      scores.row(r).tail(scores.cols() - visible).setZero();
       if (weighting_ == Weighting::argmax) {
         row.setZero();
         row(best) = S(1);
@@ -179,7 +190,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
 
   Shape input_;
   int64_t length_ = 0, embed_ = 0, heads_ = 1;
-  bool bias_ = true;
+  bool bias_ = true, causal_ = false;
   Weighting weighting_ = Weighting::softmax;
   std::shared_ptr<const OperationTable> operations_;  // never null; may be empty
 };
@@ -193,7 +204,8 @@ void register_attention(LayerFactory& factory) {
          return std::make_shared<const SelfAttention>(attrs, input, operations);
        },
        "multi-head self-attention on [L, E] (nn.MultiheadAttention); attributes "
-       "num_heads, attention (softmax, or argmax: hard, not differentiable), bias",
+       "num_heads, attention (softmax, or argmax: hard, not differentiable), bias, causal "
+       "(position i sees positions j <= i)",
        "core"});
 }
 

@@ -121,6 +121,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
     out.attention.heads = a.value("num_heads", int64_t{1});
     out.attention.bias = a.value("bias", true) ? 1 : 0;
     out.attention.argmax = a.value("attention", std::string("softmax")) == "argmax" ? 1 : 0;
+    out.attention.causal = a.value("causal", false) ? 1 : 0;
     return PP_OP_SELF_ATTENTION;
   }
   if (kind == "moe") {

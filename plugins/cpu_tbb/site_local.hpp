@@ -35,6 +35,7 @@ struct SiteLayer {
   // out_proj.weight [E, E], out_proj.bias [E] (biases when `bias`).
   int64_t length = 0, embed = 0, heads = 1;
   bool argmax = false;
+  bool causal = false;  // position i attends to positions j <= i only
   int64_t head_dim() const { return embed / heads; }
   int64_t out_weight_offset() const { return 3 * embed * embed + (bias ? 3 * embed : 0); }
 

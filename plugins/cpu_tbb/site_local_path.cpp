@@ -91,14 +91,17 @@ void conv_apply(const SiteLayer& L, int64_t batch, const SiteWork<S>& w, S* out)
 
 // --- self-attention
 
-// Turns each row of scores into attention weights, as the layer does.
+// Turns each row of scores into attention weights, as the layer does: over the keys the
+// row sees (all, or j <= r when causal; the others get weight 0).
 template <class S>
 void weigh_rows(const SiteLayer& L, typename SiteWork<S>::M& scores) {
   for (Eigen::Index r = 0; r < scores.rows(); ++r) {
-    auto row = scores.row(r);
+    const Eigen::Index visible = L.causal ? std::min(r + 1, scores.cols()) : scores.cols();
+    auto row = scores.row(r).head(visible);
     Eigen::Index best = 0;
-    for (Eigen::Index c = 1; c < row.size(); ++c)
+    for (Eigen::Index c = 1; c < visible; ++c)
       if (row(c) > row(best)) best = c;
+    scores.row(r).tail(scores.cols() - visible).setZero();
     if (L.argmax) {
       row.setZero();
       row(best) = S(1);
@@ -233,6 +236,7 @@ void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const 
     a.struct_size = sizeof(a);
     a.dtype = pp::dtype_of<S>();
     a.weighting = L.argmax ? PP_SDPA_ARGMAX : PP_SDPA_SOFTMAX;
+    a.causal = L.causal ? 1 : 0;
     a.b0 = n, a.b1 = batch, a.heads = 1;
     a.q_len = a.kv_len = len, a.head_dim = a.v_dim = hd;
     a.scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -398,6 +402,7 @@ std::string parse_attention(const pp_layer_view& v, const nlohmann::json& attrs,
   if (weighting != "softmax" && weighting != "argmax")
     return "attention weighting '" + weighting + "'";
   L.argmax = weighting == "argmax";
+  L.causal = attrs.value("causal", false);
   if (L.heads <= 0 || L.embed % L.heads != 0) return "attributes out of range";
   if (numel(v.out_ndim, v.out_shape) != L.length * L.embed)
     return "an output shape that differs from the input's";

@@ -5,7 +5,10 @@
 #include "launch.cuh"
 #include "layer_ops.cuh"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace polyprobe::cuda {
 namespace {
@@ -177,7 +180,8 @@ __global__ void attention_project_kernel(LayerOp op, LayerIo<S> io) {
 }
 
 // 2: a thread per (sample, head, query): scores, softmax or the one-hot of the first largest
-// (the core's weigh_rows), the weighted values.
+// (the core's weigh_rows), the weighted values; over the keys the query sees (all, or j <= i
+// when causal).
 template <class S>
 __global__ void attention_mix_kernel(LayerOp op, LayerIo<S> io) {
   const int64_t L = op.attention.length, E = op.attention.embed, H = op.attention.heads;
@@ -188,10 +192,11 @@ __global__ void attention_mix_kernel(LayerOp op, LayerIo<S> io) {
     const S* qkv = io.scratch + r * (per + L * E);
     S* mixed = io.scratch + r * (per + L * E) + per + i * E + h * hd;
     const S* q = qkv + i * 3 * E + h * hd;
+    const int64_t visible = op.attention.causal ? i + 1 : L;
     // Pass 1: the row's largest score (first one wins).
     int64_t best = 0;
     S top = 0;
-    for (int64_t j = 0; j < L; ++j) {
+    for (int64_t j = 0; j < visible; ++j) {
       const S* k = qkv + j * 3 * E + E + h * hd;
       S s = 0;
       for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
@@ -204,13 +209,13 @@ __global__ void attention_mix_kernel(LayerOp op, LayerIo<S> io) {
       continue;
     }
     S total = 0;
-    for (int64_t j = 0; j < L; ++j) {
+    for (int64_t j = 0; j < visible; ++j) {
       const S* k = qkv + j * 3 * E + E + h * hd;
       S s = 0;
       for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
       total += exp(s - top);
     }
-    for (int64_t j = 0; j < L; ++j) {
+    for (int64_t j = 0; j < visible; ++j) {
       const S* k = qkv + j * 3 * E + E + h * hd;
       S s = 0;
       for (int64_t c = 0; c < hd; ++c) s += (q[c] * scale) * k[c];
@@ -237,6 +242,48 @@ __global__ void attention_out_kernel(LayerOp op, LayerIo<S> io) {
   }
 }
 
+// 2 with the "sdpa" operation: the scratch of sample r holds its q|k|v rows [L, 3E] and
+// then its mixed rows [L, E], so every (sample, head) is one problem of the operation with
+// b1 = samples (stride 4 L E) and the head's columns (stride hd). The operation serves at most
+// kMaxProblems problems a call, so a large chunk goes in slices of samples. False (nothing
+// queued) when the operation declines the arguments, with its reason in `why`.
+constexpr int64_t kMaxProblems = 65535;
+
+template <class S>
+bool attention_mix_sdpa(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
+                        std::string& why) {
+  const int64_t L = op.attention.length, E = op.attention.embed, H = op.attention.heads;
+  const int64_t hd = E / H, per_sample = 4 * L * E;
+  const int64_t slice = std::max<int64_t>(1, kMaxProblems / H);
+  for (int64_t first = 0; first < io.rows; first += slice) {
+    S* base = io.scratch + first * per_sample;
+    pp_sdpa_args a{};
+    a.struct_size = sizeof(a);
+    a.dtype = sizeof(S) == sizeof(float) ? PP_DTYPE_F32 : PP_DTYPE_F64;
+    a.weighting = op.attention.argmax ? PP_SDPA_ARGMAX : PP_SDPA_SOFTMAX;
+    a.causal = op.attention.causal ? 1 : 0;
+    a.b0 = 1, a.b1 = std::min(slice, io.rows - first), a.heads = H;
+    a.q_len = a.kv_len = L, a.head_dim = a.v_dim = hd;
+    a.scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    const int64_t in_strides[4] = {0, per_sample, hd, 3 * E},
+                  out_strides[4] = {0, per_sample, hd, E};
+    for (int d = 0; d < 4; ++d)
+      a.q_strides[d] = a.k_strides[d] = a.v_strides[d] = in_strides[d],
+      a.out_strides[d] = out_strides[d];
+    a.q = base, a.k = base + E, a.v = base + 2 * E, a.out = base + 3 * L * E;
+    a.stream = stream;
+    pp_error err{};
+    const int status = op.sdpa->run(&a, &err);
+    if (status == PP_UNSUPPORTED && first == 0) {
+      why = err.message[0] != '\0' ? err.message : "no reason given";
+      return false;
+    }
+    if (status != PP_OK)
+      throw std::runtime_error(std::string("the sdpa operation failed: ") + err.message);
+  }
+  return true;
+}
+
 }  // namespace
 
 int64_t scratch_per_sample(const LayerOp& op) {
@@ -246,7 +293,8 @@ int64_t scratch_per_sample(const LayerOp& op) {
 }
 
 template <class S>
-void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream) {
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
+                     std::string* declined) {
   switch (op.kind) {
     case PP_OP_LAYER_NORM:
       layer_norm_kernel<S>
@@ -268,9 +316,13 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
       const int64_t L = op.attention.length, E = op.attention.embed;
       attention_project_kernel<S><<<grid(io.rows * L * 3 * E), kThreads, 0, stream>>>(op, io);
       check(cudaGetLastError(), "attention projection kernel");
-      attention_mix_kernel<S>
-          <<<grid(io.rows * op.attention.heads * L), kThreads, 0, stream>>>(op, io);
-      check(cudaGetLastError(), "attention kernel");
+      std::string why;
+      if (op.sdpa == nullptr || !attention_mix_sdpa<S>(op, io, stream, why)) {
+        if (op.sdpa != nullptr && declined != nullptr) *declined = why;
+        attention_mix_kernel<S>
+            <<<grid(io.rows * op.attention.heads * L), kThreads, 0, stream>>>(op, io);
+        check(cudaGetLastError(), "attention kernel");
+      }
       attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
       break;
     }
@@ -280,7 +332,9 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
   check(cudaGetLastError(), "layer kernel");
 }
 
-template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cudaStream_t);
-template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cudaStream_t);
+template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cudaStream_t,
+                                     std::string*);
+template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cudaStream_t,
+                                      std::string*);
 
 }  // namespace polyprobe::cuda

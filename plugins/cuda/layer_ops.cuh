@@ -1,15 +1,20 @@
 // The layer kinds beyond linear and elementwise activations on the device: layer norm,
 // conv (1-D and 2-D, stride, padding, dilation, groups), max/avg pooling, LIF, hard top-1
-// MoE and multi-head self-attention (softmax or argmax), each as the core's forward
-// (core/layers/) computes it. They serve the session's dense and materialised paths: one
-// launch runs a chunk of candidates, each with its own parameter block, or the incumbent.
+// MoE and multi-head self-attention (softmax or argmax, causal or not), each as the core's
+// forward (core/layers/) computes it. They serve the session's dense and materialised paths:
+// one launch runs a chunk of candidates, each with its own parameter block, or the incumbent.
+// Attention mixes its values with the host's "sdpa" operation (operations.h) when the session
+// was offered one for the GPU, else with this file's kernel.
 #pragma once
 
+#include <polyprobe/plugin/abi.h>
+#include <polyprobe/plugin/operations.h>
 #include <polyprobe/plugin/ops.h>
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 namespace polyprobe::cuda {
 
@@ -23,6 +28,9 @@ struct LayerOp {
   pp_attention_attrs attention{};
   pp_moe_attrs moe{};
   pp_lif_attrs lif{};
+  // Attention: the host's "sdpa" operation for the GPU and the session's dtype, or null for
+  // this file's kernel. Not owned (it lives as long as the process).
+  const pp_sdpa_table* sdpa = nullptr;
 };
 
 // A chunk: sample r of `rows` (count x batch, candidate-major) reads
@@ -43,7 +51,13 @@ struct LayerIo {
 // Scratch values per sample (attention: its q, k, v and mixed rows).
 int64_t scratch_per_sample(const LayerOp& op);
 
+// Queues the op over the chunk on `stream`. Attention with op.sdpa set runs the operation,
+// over every (sample, head) of the chunk; when the operation declines the arguments
+// (PP_UNSUPPORTED), this file's kernel runs instead and *declined (when not null) gets the
+// operation's reason, else it is left alone. Throws std::runtime_error when a launch or the
+// operation fails.
 template <class S>
-void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream);
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
+                     std::string* declined = nullptr);
 
 }  // namespace polyprobe::cuda

@@ -141,6 +141,7 @@ class DeviceSession final : public Session {
     }
     ops_d_.upload(ops.data(), ops.size(), stream_.get());
     owner_d_.upload(plan_.owner.data(), plan_.owner.size(), stream_.get());
+    attach_sdpa(PP_HAS_FIELD(&options, pp_session_options, host) ? options.host : nullptr);
     plan_tails();
     theta_d_.resize(sz(plan_.n_params));
     eff_d_.resize(sz(plan_.n_params));
@@ -618,7 +619,9 @@ class DeviceSession final : public Session {
              "weights (Q(w+d)-Q(w)) x; later layers one cuBLAS GEMM over the chunk";
       else
         j << "elementwise, exact f(z + dz) on the corrected pre-activations";
-      j << "\"}";
+      j << "\"";
+      if (op.op == PP_OP_SELF_ATTENTION) j << ",\"attention\":\"" << attention_[i] << "\"";
+      j << "}";
     }
     j << "],\"declined\":{";
     if (!dense)
@@ -644,6 +647,49 @@ class DeviceSession final : public Session {
     return index;
   }
   void use_device() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  // Hands every attention op the host's "sdpa" operation for the GPU and T when `host` (may be
+  // null) offers one, and says in attention_ which attention each op runs, for explain.
+  void attach_sdpa(const pp_host_api* host) {
+    const int32_t dtype = sizeof(T) == 4 ? PP_DTYPE_F32 : PP_DTYPE_F64;
+    const std::string kind = std::string("cuda, ") + (sizeof(T) == 4 ? "float32" : "float64");
+    const pp_operation* sdpa = nullptr;
+    if (host != nullptr && host->find_operation != nullptr)
+      sdpa = host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CUDA, dtype);
+    attention_.assign(plan_.ops.size(), "");
+    for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
+      if (plan_.ops[i].op != PP_OP_SELF_ATTENTION) continue;
+      if (sdpa == nullptr) {
+        attention_[i] = "explicit: the plugin's kernel (no sdpa operation loaded for " + kind + ")";
+        continue;
+      }
+      plan_.ops[i].layer.sdpa = static_cast<const pp_sdpa_table*>(sdpa->table);
+      const char* provider =
+          host->operation_provider != nullptr ? host->operation_provider(host->ctx, sdpa) : nullptr;
+      attention_[i] = "sdpa (" + kind + ") from " + (provider != nullptr ? provider : "the host") +
+                      ", every (candidate, sample, head) of a chunk batched";
+    }
+  }
+
+  // Runs a layer_ops.cuh op; an sdpa operation that declines op i's arguments is noted in
+  // attention_[i] (the plugin's kernel then runs, now and later).
+  void layer_op(std::size_t i, const LayerIo<T>& io, cudaStream_t s) {
+    std::string declined;
+    launch_layer_op<T>(plan_.ops[i].layer, io, s, &declined);
+    if (!declined.empty()) {
+      plan_.ops[i].layer.sdpa = nullptr;
+      attention_[i] =
+          "explicit: the plugin's kernel (the sdpa operation declined: " + json_safe(declined) +
+          ")";
+    }
+  }
+
+  // `text` with the characters a JSON string cannot hold raw replaced.
+  static std::string json_safe(const std::string& text) {
+    std::string out;
+    for (const char c : text) out += c == '"' || c == '\\' ? '\'' : (c < 0x20 && c >= 0 ? ' ' : c);
+    return out;
+  }
   std::string device_name() const {
     cudaDeviceProp prop{};
     if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess)
@@ -735,7 +781,7 @@ class DeviceSession final : public Session {
                             0,
                             acts_[i + 1].data(),
                             scratch_.data()};
-        launch_layer_op<T>(op.layer, io, s);
+        layer_op(i, io, s);
       }
     }
     if (!plan_.layered_kinds) refresh_fused_inputs();
@@ -888,7 +934,7 @@ class DeviceSession final : public Session {
       if (op.op != PP_OP_LINEAR) {
         const LayerIo<T> io{x,      shared ? 1 : 0, batch_, rows,
                             params, param_stride,   other,  scratch_.data()};
-        launch_layer_op<T>(op.layer, io, s);
+        layer_op(i, io, s);
       } else if (changed || shared) {
         // Each candidate's weights (or the incumbent's, on the shared input): one strided
         // batched GEMM over the candidates, `positions` rows per sample.
@@ -1217,6 +1263,7 @@ class DeviceSession final : public Session {
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;
   std::string explain_;
+  std::vector<std::string> attention_;  // per op: which attention a self_attention op runs
 
   // The fused tail.
   std::vector<TailPlan> tails_;                // per op

@@ -189,14 +189,15 @@ TEST_CASE("self_attention: the same output with the sdpa operation as explicitly
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
-  for (int trial = 0; trial < 40; ++trial) {
+  for (int trial = 0; trial < 60; ++trial) {
     const int64_t heads = pick(1, 4), len = pick(1, 70), embed = heads * pick(1, 8);
     const std::string weighting = trial % 2 == 0 ? "softmax" : "argmax";
-    const bool bias = trial % 3 != 0;
+    const bool bias = trial % 3 != 0, causal = trial % 4 >= 2;
     const Layers layers{
-        {"self_attention", {{"num_heads", heads}, {"attention", weighting}, {"bias", bias}}}};
+        {"self_attention",
+         {{"num_heads", heads}, {"attention", weighting}, {"bias", bias}, {"causal", causal}}}};
     INFO("trial " << trial << ": L " << len << " E " << embed << " heads " << heads << " "
-                  << weighting << (bias ? "" : " no bias"));
+                  << weighting << (bias ? "" : " no bias") << (causal ? " causal" : ""));
     const Model plain = build(factory(false), Shape{{len, embed}}, layers, DType::f64, trial);
     const Model fused = build(factory(true), Shape{{len, embed}}, layers, DType::f64, trial);
     Matrix<double> x(pick(1, 5), len * embed);
@@ -211,55 +212,69 @@ TEST_CASE("self_attention: the same output with the sdpa operation as explicitly
   }
 }
 
-// A sequence model with two attention layers: every evaluator's losses with the plugin
-// loaded are those without it.
+// A sequence model with two attention layers (both causal when `causal`): every
+// evaluator's losses with the plugin loaded are those without it, and the causal model's
+// differ from the full one's (the mask is applied).
 TEST_CASE("attention models: the same losses with attention_sdpa on the plugin path or removed",
           "[attention_sdpa]") {
   for (const std::string weighting : {"softmax", "argmax"})
     for (const DType dtype : {DType::f64, DType::f32}) {
-      INFO(weighting << ", " << to_string(dtype));
-      const Layers layers{{"self_attention", {{"num_heads", 2}, {"attention", weighting}}},
-                          {"gelu", {}},
-                          {"self_attention", {{"num_heads", 4}}},
-                          {"flatten", {}},
-                          {"linear", {{"out_features", 3}}}};
-      std::vector<double> first;
-      for (const bool with : {true, false}) {
-        const Model model = build(factory(with), Shape{{6, 8}}, layers, dtype, 4);
-        const auto loss = make_loss("cross_entropy", 1e-3);
-        Batch batch;
-        std::mt19937_64 rng(5);
-        std::normal_distribution<double> gauss;
-        batch.inputs.resize(5, 48);
-        for (Eigen::Index i = 0; i < batch.inputs.size(); ++i) batch.inputs.data()[i] = gauss(rng);
-        for (int r = 0; r < 5; ++r) batch.targets.labels.push_back(r % 3);
-        ParticleMap particles = ParticleMap::contiguous(model.num_parameters(), 2);
-        std::vector<int64_t> particle;
-        std::vector<double> displacement;
-        std::normal_distribution<double> step(0.0, 0.2);
-        for (int64_t p = 0; p < particles.count(); p += 7)
-          for (int v = 0; v < 3; ++v) {
-            particle.push_back(p);
-            displacement.push_back(step(rng));
-            displacement.push_back(step(rng));
+      std::vector<double> full;  // the non-causal model's losses
+      for (const bool causal : {false, true}) {
+        INFO(weighting << ", " << to_string(dtype) << (causal ? ", causal" : ""));
+        const Layers layers{
+            {"self_attention", {{"num_heads", 2}, {"attention", weighting}, {"causal", causal}}},
+            {"gelu", {}},
+            {"self_attention", {{"num_heads", 4}, {"causal", causal}}},
+            {"flatten", {}},
+            {"linear", {{"out_features", 3}}}};
+        std::vector<double> first;
+        for (const bool with : {true, false}) {
+          const Model model = build(factory(with), Shape{{6, 8}}, layers, dtype, 4);
+          const auto loss = make_loss("cross_entropy", 1e-3);
+          Batch batch;
+          std::mt19937_64 rng(5);
+          std::normal_distribution<double> gauss;
+          batch.inputs.resize(5, 48);
+          for (Eigen::Index i = 0; i < batch.inputs.size(); ++i)
+            batch.inputs.data()[i] = gauss(rng);
+          for (int r = 0; r < 5; ++r) batch.targets.labels.push_back(r % 3);
+          ParticleMap particles = ParticleMap::contiguous(model.num_parameters(), 2);
+          std::vector<int64_t> particle;
+          std::vector<double> displacement;
+          std::normal_distribution<double> step(0.0, 0.2);
+          for (int64_t p = 0; p < particles.count(); p += 7)
+            for (int v = 0; v < 3; ++v) {
+              particle.push_back(p);
+              displacement.push_back(step(rng));
+              displacement.push_back(step(rng));
+            }
+          std::vector<double> losses;
+          for (const std::string backend : {"reference", "cpu_tbb"}) {
+            EvaluatorRequest request;
+            request.backend = backend;
+            request.options.dtype = dtype;
+            auto evaluator = registry(with).make_evaluator(model, *loss, request);
+            evaluator->register_batch(batch);
+            std::vector<double> got(particle.size());
+            evaluator->evaluate(model.parameters(), {&particles, particle, displacement}, got);
+            if (first.empty()) first = got;
+            const double tol = dtype == DType::f64 ? 1e-10 : 1e-5;
+            for (std::size_t i = 0; i < got.size(); ++i)
+              CHECK(std::abs(got[i] - first[i]) <= tol * std::max(1.0, std::abs(first[i])));
+            if (backend == "cpu_tbb") {
+              const std::string dump = evaluator->explain().dump();
+              CHECK((dump.find("attention_sdpa") != std::string::npos) == with);
+            }
           }
-        std::vector<double> losses;
-        for (const std::string backend : {"reference", "cpu_tbb"}) {
-          EvaluatorRequest request;
-          request.backend = backend;
-          request.options.dtype = dtype;
-          auto evaluator = registry(with).make_evaluator(model, *loss, request);
-          evaluator->register_batch(batch);
-          std::vector<double> got(particle.size());
-          evaluator->evaluate(model.parameters(), {&particles, particle, displacement}, got);
-          if (first.empty()) first = got;
-          const double tol = dtype == DType::f64 ? 1e-10 : 1e-5;
-          for (std::size_t i = 0; i < got.size(); ++i)
-            CHECK(std::abs(got[i] - first[i]) <= tol * std::max(1.0, std::abs(first[i])));
-          if (backend == "cpu_tbb") {
-            const std::string dump = evaluator->explain().dump();
-            CHECK((dump.find("attention_sdpa") != std::string::npos) == with);
-          }
+        }
+        if (!causal) {
+          full = first;
+        } else {
+          double apart = 0;
+          for (std::size_t i = 0; i < first.size(); ++i)
+            apart = std::max(apart, std::abs(first[i] - full[i]));
+          CHECK(apart > 1e-3);
         }
       }
     }

@@ -132,15 +132,18 @@ TEST_CASE("cpu_tbb: site-local, conv1d with stride, padding, dilation, groups", 
   check_site_local(depthwise, {"conv1d"});
 }
 
-TEST_CASE("cpu_tbb: site-local, self-attention, softmax and argmax, 2 heads", "[cpu_tbb]") {
-  for (const char* weighting : {"softmax", "argmax"}) {
-    INFO(weighting);
-    const Model model = spatial_model(
-        Shape{{5, 8}}, {{"self_attention", {{"num_heads", 2}, {"attention", weighting}}},
-                        {"flatten", {}},
-                        {"linear", {{"out_features", 3}}}});
-    check_site_local(model, {"self_attention"});
-  }
+TEST_CASE("cpu_tbb: site-local, self-attention, softmax and argmax, causal or not, 2 heads",
+          "[cpu_tbb]") {
+  for (const char* weighting : {"softmax", "argmax"})
+    for (const bool causal : {false, true}) {
+      INFO(weighting << (causal ? ", causal" : ""));
+      const Model model = spatial_model(
+          Shape{{5, 8}},
+          {{"self_attention", {{"num_heads", 2}, {"attention", weighting}, {"causal", causal}}},
+           {"flatten", {}},
+           {"linear", {{"out_features", 3}}}});
+      check_site_local(model, {"self_attention"});
+    }
   const Model no_bias =
       spatial_model(Shape{{4, 6}}, {{"self_attention", {{"num_heads", 2}, {"bias", false}}},
                                     {"relu", {}},
@@ -194,22 +197,24 @@ TEST_CASE("cpu_tbb: site-local, attention particles across q/k/v rows, heads and
       for (int k = 0; k < 3; ++k)
         cands.displacement.push_back(0.4 * std::sin(static_cast<double>(7 * p + 3 * v + k)));
     }
-  for (const char* weighting : {"softmax", "argmax"}) {
-    const Model model = spatial_model(
-        Shape{{5, 8}}, {{"self_attention", {{"num_heads", 2}, {"attention", weighting}}},
-                        {"flatten", {}},
-                        {"linear", {{"out_features", 3}}}});
-    REQUIRE(model.layer_offset(1) == 288);
-    const auto loss = make_loss("cross_entropy", 1e-3);
-    const Batch batch = make_batch(model, 6);
-    const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
-    for (const DType dtype : {DType::f64, DType::f32}) {
-      INFO(weighting << ", " << to_string(dtype));
-      const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype));
-      CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
-      CHECK(candidates_on(got.explain, "site-local") == 9);
+  for (const char* weighting : {"softmax", "argmax"})
+    for (const bool causal : {false, true}) {
+      const Model model = spatial_model(
+          Shape{{5, 8}},
+          {{"self_attention", {{"num_heads", 2}, {"attention", weighting}, {"causal", causal}}},
+           {"flatten", {}},
+           {"linear", {{"out_features", 3}}}});
+      REQUIRE(model.layer_offset(1) == 288);
+      const auto loss = make_loss("cross_entropy", 1e-3);
+      const Batch batch = make_batch(model, 6);
+      const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
+      for (const DType dtype : {DType::f64, DType::f32}) {
+        INFO(weighting << (causal ? ", causal, " : ", ") << to_string(dtype));
+        const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", dtype));
+        CHECK(max_rel_diff(got.losses, ref.losses) < tolerance(dtype));
+        CHECK(candidates_on(got.explain, "site-local") == 9);
+      }
     }
-  }
 }
 
 // Delegates to a real conv2d, then bends the output: the per-site computation cannot match.

@@ -18,6 +18,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 
@@ -289,6 +290,13 @@ std::vector<Case> layer_kind_cases(std::mt19937_64& rng) {
         {"flatten", json::object()},
         {"linear", {{"out_features", 3}}}},
        "per-position linear, self_attention argmax, layer_norm"},
+      {{5, 8},
+       {{"self_attention", {{"num_heads", 2}, {"causal", true}}},
+        {"gelu", json::object()},
+        {"self_attention", {{"num_heads", 4}, {"attention", "argmax"}, {"causal", true}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "self_attention causal softmax, causal argmax"},
   };
   std::vector<Case> cases;
   for (const Spec& spec : specs) {
@@ -328,6 +336,144 @@ TEST_CASE("cuda: every layer kind of the dense path agrees with the reference", 
           const auto got = run(*cuda, c, cands);
           CHECK(max_relative_error(got, want) <= (dtype == DType::f64 ? 1e-12 : 1e-5));
         }
+}
+
+namespace {
+
+// The plugins of the build tree but attention_sdpa (as if removed from the plugin path): the
+// cuda plugin then has no sdpa operation and mixes attention with its own kernel.
+PluginRegistry& registry_without_sdpa() {
+  static PluginRegistry* r = [] {
+    auto* reg = new PluginRegistry();
+    for (const auto& entry :
+         std::filesystem::directory_iterator(PluginRegistry::executable_plugin_dir()))
+      if (entry.path().filename() != "libpolyprobe_attention_sdpa.so")
+        reg->load_library(entry.path());
+    return reg;
+  }();
+  return *r;
+}
+
+// An attention model: two self_attention layers of `weighting`, causal or not, on [L, 8].
+Case attention_case(const std::string& weighting, bool causal, int64_t len, int64_t rows,
+                    uint64_t seed) {
+  const LayerFactory& f = backends().factory;
+  Case c{Model(Shape{{len, 8}}),
+         make_loss("cross_entropy", 1e-3),
+         {},
+         weighting + (causal ? " causal" : "") + " L " + std::to_string(len)};
+  using nlohmann::json;
+  c.model.add(f.create("self_attention",
+                       {{"num_heads", 2}, {"attention", weighting}, {"causal", causal}},
+                       c.model.output_shape()));
+  c.model.add(f.create("gelu", json::object(), c.model.output_shape()));
+  c.model.add(
+      f.create("self_attention", {{"num_heads", 4}, {"causal", causal}}, c.model.output_shape()));
+  c.model.add(f.create("flatten", json::object(), c.model.output_shape()));
+  c.model.add(f.create("linear", {{"out_features", 3}}, c.model.output_shape()));
+  c.model.initialize(seed);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal;
+  c.batch.inputs = Matrix<double>::NullaryExpr(rows, len * 8, [&] { return normal(rng); });
+  for (int64_t r = 0; r < rows; ++r) c.batch.targets.labels.push_back(r % 3);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: attention through the sdpa operation and through the plugin's kernel", "[cuda]") {
+  require_device();
+  const PluginInfo* sdpa = backends().registry.find("attention_sdpa");
+  REQUIRE(sdpa != nullptr);
+  REQUIRE(sdpa->available);
+  REQUIRE(backends().registry.operations().find("sdpa", PP_DEVICE_CUDA, PP_DTYPE_F32) != nullptr);
+  REQUIRE(registry_without_sdpa().operations().find("sdpa", PP_DEVICE_CUDA, PP_DTYPE_F32) ==
+          nullptr);
+  std::mt19937_64 rng(31);
+  for (const std::string weighting : {"softmax", "argmax"})
+    for (const bool causal : {false, true})
+      for (const DType dtype : {DType::f64, DType::f32})
+        for (const std::string path : {"auto", "materialised"}) {
+          const Case c = attention_case(weighting, causal, 7, 6, rng() % 1000);
+          const Candidates cands = random_candidates(rng, c.model.num_parameters(), 2, 2);
+          const char* kind = dtype == DType::f64 ? "cuda, float64" : "cuda, float32";
+          INFO(c.description << " " << to_string(dtype) << " path " << path);
+          auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+          const auto want = run(*reference, c, cands);
+          const double tolerance = dtype == DType::f64 ? 1e-12 : 1e-5;
+          std::vector<double> with;
+          for (const bool use_sdpa : {true, false}) {
+            PluginRegistry& registry = use_sdpa ? backends().registry : registry_without_sdpa();
+            auto cuda =
+                registry.make_evaluator(c.model, *c.loss, cuda_request(dtype, nullptr, 0, path));
+            const auto got = run(*cuda, c, cands);
+            CHECK(max_relative_error(got, want) <= tolerance);
+            if (use_sdpa)
+              with = got;
+            else
+              CHECK(max_relative_error(got, with) <= tolerance);
+            const nlohmann::json layers = cuda->explain()["plugin"]["layers"];
+            INFO(layers.dump());
+            for (const std::size_t l : {std::size_t{0}, std::size_t{2}}) {
+              const std::string attention = layers.at(l).at("attention").get<std::string>();
+              if (use_sdpa)
+                CHECK(attention.rfind(std::string("sdpa (") + kind + ") from attention_sdpa", 0) ==
+                      0);
+              else
+                CHECK(attention.rfind(std::string("explicit: the plugin's kernel (no sdpa "
+                                                  "operation loaded for ") +
+                                          kind + ")",
+                                      0) == 0);
+            }
+            CHECK_FALSE(layers.at(1).contains("attention"));
+          }
+        }
+}
+
+TEST_CASE("cuda: causal attention changes the losses, with or without the sdpa operation",
+          "[cuda]") {
+  require_device();
+  for (const bool use_sdpa : {true, false}) {
+    PluginRegistry& registry = use_sdpa ? backends().registry : registry_without_sdpa();
+    std::vector<double> full;
+    for (const bool causal : {false, true}) {
+      const Case c = attention_case("softmax", causal, 6, 5, 17);
+      std::mt19937_64 rng(3);
+      const Candidates cands = random_candidates(rng, c.model.num_parameters(), 2, 1);
+      auto cuda = registry.make_evaluator(c.model, *c.loss, cuda_request(DType::f64));
+      const auto got = run(*cuda, c, cands);
+      if (!causal) {
+        full = got;
+        continue;
+      }
+      double apart = 0;
+      for (std::size_t i = 0; i < got.size(); ++i)
+        apart = std::max(apart, std::abs(got[i] - full[i]));
+      INFO((use_sdpa ? "with" : "without") << " sdpa");
+      CHECK(apart > 1e-3);
+    }
+  }
+}
+
+TEST_CASE("cuda: a chunk of more attention problems than one sdpa call takes", "[cuda]") {
+  require_device();
+  // 1100 candidates x 32 samples x 2 heads = 70400 problems in the first layer's call, more
+  // than the operation's 65535: the plugin slices the chunk's samples.
+  const Case c = attention_case("softmax", true, 3, 32, 9);
+  std::mt19937_64 rng(4);
+  const Candidates cands = random_candidates(rng, c.model.num_parameters(), 2, 11, 0.1);
+  REQUIRE(cands.particle.size() >= 1100);
+  auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+  const auto want = run(*reference, c, cands);
+  for (const bool use_sdpa : {true, false}) {
+    PluginRegistry& registry = use_sdpa ? backends().registry : registry_without_sdpa();
+    auto cuda = registry.make_evaluator(c.model, *c.loss, cuda_request(DType::f64));
+    const auto got = run(*cuda, c, cands);
+    const nlohmann::json plugin = cuda->explain()["plugin"];
+    INFO((use_sdpa ? "with" : "without") << " sdpa; chunk " << plugin["chunk"].dump());
+    CHECK(max_relative_error(got, want) <= 1e-12);
+    CHECK((plugin["layers"][0]["attention"].get<std::string>().rfind("sdpa", 0) == 0) == use_sdpa);
+  }
 }
 
 TEST_CASE("cuda: full space float64 to 1e-12 with discontinuous models", "[cuda]") {

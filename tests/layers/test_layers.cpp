@@ -77,6 +77,7 @@ TEST_CASE("forward is const and gives the same result from many threads", "[laye
       {"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}, Shape{{2, 6, 6}}},
       {"self_attention", {{"num_heads", 2}}, Shape{{5, 8}}},
       {"self_attention", {{"num_heads", 2}, {"attention", "argmax"}}, Shape{{5, 8}}},
+      {"self_attention", {{"num_heads", 2}, {"causal", true}}, Shape{{5, 8}}},
       {"moe", {{"num_experts", 3}}, Shape{{6}}},
       {"cheri_block", {{"dilation", 2}}, Shape{{9, 4}}},
       {"layer_norm", {}, Shape{{4, 6}}},
@@ -96,6 +97,44 @@ TEST_CASE("forward is const and gives the same result from many threads", "[laye
       for (auto& thread : threads) thread.join();
       for (const auto& r : results) CHECK(r == expected);
     }
+  }
+}
+
+TEST_CASE("causal self-attention: position i depends on positions j <= i only",
+          "[layers][attention]") {
+  for (const std::string weighting : {"softmax", "argmax"}) {
+    INFO(weighting);
+    const int64_t len = 6, embed = 8;
+    const auto causal =
+        make("self_attention", {{"num_heads", 2}, {"attention", weighting}, {"causal", true}},
+             Shape{{len, embed}});
+    const auto full =
+        make("self_attention", {{"num_heads", 2}, {"attention", weighting}}, Shape{{len, embed}});
+    CHECK(causal->attributes().at("causal") == true);
+    CHECK(full->attributes().at("causal") == false);
+    const auto params = initial_params(*causal, 3);
+    const Matrix<double> x = random_matrix(3, len * embed, 4);
+    for (int64_t moved = 0; moved < len; ++moved) {
+      Matrix<double> bent = x;  // position `moved` changed in every sample
+      bent.middleCols(moved * embed, embed).array() += 1.5;
+      const Matrix<double> before = run(*causal, x, params), after = run(*causal, bent, params);
+      for (int64_t i = 0; i < len; ++i) {
+        INFO("moved position " << moved << ", output position " << i);
+        const double change =
+            (after.middleCols(i * embed, embed) - before.middleCols(i * embed, embed))
+                .cwiseAbs()
+                .maxCoeff();
+        if (i < moved)
+          CHECK(change == 0.0);
+        else if (i == moved && (weighting == "softmax" || i == 0))
+          CHECK(change > 0.0);  // its own query and value moved (argmax may pick another)
+      }
+    }
+    // Position 0 sees only itself: its mix is its own value, so the causal layer differs from
+    // the full one there (the full layer mixes in the later positions).
+    const Matrix<double> yc = run(*causal, x, params), yf = run(*full, x, params);
+    CHECK((yc - yf).cwiseAbs().maxCoeff() > 1e-6);
+    CHECK((yc.rightCols(embed) - yf.rightCols(embed)).cwiseAbs().maxCoeff() == 0.0);
   }
 }
 
@@ -139,6 +178,10 @@ TEST_CASE("bad layer attributes are errors that say what to fix", "[layers][erro
         "unknown attribute 'strid'");
   fails("self_attention", {{"num_heads", 3}}, Shape{{4, 8}}, "divide");
   fails("self_attention", {{"num_heads", 2}, {"attention", "hard"}}, Shape{{4, 8}}, "argmax");
+  fails("self_attention", {{"num_heads", 2}, {"causal", 1}}, Shape{{4, 8}},
+        "attribute 'causal' has the wrong type (1)");
+  fails("self_attention", {{"num_heads", 2}, {"casual", true}}, Shape{{4, 8}},
+        "unknown attribute 'casual'");
   fails("layer_norm", {{"normalized_dims", 3}}, Shape{{4, 8}}, "normalized_dims");
   fails("moe", {{"num_experts", 0}}, Shape{{4}}, "num_experts");
   fails("lif", {{"beta", 2.0}}, Shape{{4}}, "beta");

@@ -96,6 +96,7 @@ typedef struct pp_attention_attrs {
   int64_t length, embed, heads;
   int32_t bias;
   int32_t argmax; /* 1: one-hot of each row's first largest score instead of softmax */
+  int32_t causal; /* 1: position i attends to positions j <= i only (is_causal); 0: to all */
 } pp_attention_attrs;
 
 /* Hard top-1 mixture over the last dimension: router [E, D] + [E], then per expert
