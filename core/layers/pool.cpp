@@ -8,7 +8,9 @@
 #include "layers/builtin.hpp"
 #include "layers/ops.hpp"
 
+#include <algorithm>
 #include <limits>
+#include <vector>
 
 namespace polyprobe {
 namespace {
@@ -31,6 +33,16 @@ class Pool final : public LayerBase<Pool> {
         throw Error(std::string("layer '") + kind + "': padding must be at most half of " +
                     "kernel_size (as in PyTorch)");
     output_ = layers::spatial_shape(channels_, window_.out, dims);
+    pairs_ = window_.kernel[1] == 2 && window_.stride[1] == 2 && window_.padding[1] == 0 &&
+             window_.kernel[0] == window_.stride[0] && window_.kernel[0] <= 2 &&
+             window_.padding[0] == 0;
+    // Output columns oj whose tap kj falls inside a row: 0 <= oj s + kj - p < width.
+    const int64_t s1 = window_.stride[1];
+    for (int64_t kj = 0; kj < window_.kernel[1]; ++kj) {
+      const int64_t shift = kj - window_.padding[1];
+      taps_.push_back({shift, shift >= 0 ? 0 : (-shift + s1 - 1) / s1,
+                       std::min<int64_t>(window_.out[1], (window_.in[1] - shift + s1 - 1) / s1)});
+    }
   }
 
   std::string kind() const override { return kind_; }
@@ -47,31 +59,62 @@ class Pool final : public LayerBase<Pool> {
 
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S>, MatrixRef<S> y) const {
+    // Candidates' suffixes run through here once per candidate and sample, so the taps are
+    // visited row by row with the output positions of a row innermost: independent
+    // accumulators, bounds clamped once per tap (not tested per value), and a comparison
+    // that keeps NaN (as PyTorch does) without a branch, so the loop vectorises.
+    if (op_ == PoolOp::max && pairs_) {
+      max_pool_pairs(x, y);
+      return;
+    }
     const Window& w = window_;
     const S window_size = static_cast<S>(w.kernel[0] * w.kernel[1]);
+    const int64_t height = w.in[0], width = w.in[1], out_h = w.out[0], out_w = w.out[1];
+    const int64_t s1 = w.stride[1];
     for (Eigen::Index b = 0; b < x.rows(); ++b) {
       const S* in = layers::sample_in(x, b);
       S* out = layers::sample_out(y, b);
-      for (int64_t c = 0; c < channels_; ++c)
-        for (int64_t oi = 0; oi < w.out[0]; ++oi)
-          for (int64_t oj = 0; oj < w.out[1]; ++oj) {
-            S acc = op_ == PoolOp::max ? -std::numeric_limits<S>::infinity() : S(0);
-            for (int64_t ki = 0; ki < w.kernel[0]; ++ki) {
-              const int64_t i = oi * w.stride[0] + ki - w.padding[0];
-              if (i < 0 || i >= w.in[0]) continue;
-              for (int64_t kj = 0; kj < w.kernel[1]; ++kj) {
-                const int64_t j = oj * w.stride[1] + kj - w.padding[1];
-                if (j < 0 || j >= w.in[1]) continue;
-                const S v = in[(c * w.in[0] + i) * w.in[1] + j];
-                // NaN propagates through max pooling, as in PyTorch.
-                if (op_ == PoolOp::average)
-                  acc += v;
-                else if (v > acc || std::isnan(v))
-                  acc = v;
-              }
+      for (int64_t c = 0; c < channels_; ++c, in += height * width)
+        for (int64_t oi = 0; oi < out_h; ++oi, out += out_w) {
+          std::fill(out, out + out_w,
+                    op_ == PoolOp::max ? -std::numeric_limits<S>::infinity() : S(0));
+          const int64_t top = oi * w.stride[0] - w.padding[0];
+          for (int64_t i = std::max<int64_t>(top, 0);
+               i < std::min<int64_t>(top + w.kernel[0], height); ++i)
+            for (const ColumnTap& tap : taps_) {
+              const int64_t first = tap.first, last = tap.last;
+              const S* row = in + i * width + tap.shift;
+              if (op_ == PoolOp::average)
+                for (int64_t oj = first; oj < last; ++oj) out[oj] += row[oj * s1];
+              else
+                for (int64_t oj = first; oj < last; ++oj) {
+                  const S v = row[oj * s1];
+                  out[oj] = (v > out[oj] || v != v) ? v : out[oj];
+                }
             }
-            *out++ = op_ == PoolOp::average ? acc / window_size : acc;
-          }
+          if (op_ == PoolOp::average)
+            for (int64_t oj = 0; oj < out_w; ++oj) out[oj] /= window_size;
+        }
+    }
+  }
+
+  // 2 x 2 max pooling with stride 2 and no padding (and its 1-D form, 1 x 2), the usual
+  // case: each output reads two adjacent values of one or two rows.
+  template <class S>
+  void max_pool_pairs(ConstMatrixRef<S> x, MatrixRef<S> y) const {
+    const auto pick = [](S a, S v) { return (v > a || v != v) ? v : a; };  // keeps NaN
+    const int64_t width = window_.in[1], out_h = window_.out[0], out_w = window_.out[1];
+    const int64_t rows = window_.kernel[0], plane = window_.in[0] * width;
+    for (Eigen::Index b = 0; b < x.rows(); ++b) {
+      const S* in = layers::sample_in(x, b);
+      S* out = layers::sample_out(y, b);
+      for (int64_t c = 0; c < channels_; ++c, in += plane)
+        for (int64_t oi = 0; oi < out_h; ++oi, out += out_w) {
+          const S* r0 = in + oi * rows * width;
+          const S* r1 = rows == 2 ? r0 + width : r0;
+          for (int64_t oj = 0; oj < out_w; ++oj)
+            out[oj] = pick(pick(pick(r0[2 * oj], r0[2 * oj + 1]), r1[2 * oj]), r1[2 * oj + 1]);
+        }
     }
   }
 
@@ -82,6 +125,11 @@ class Pool final : public LayerBase<Pool> {
   Shape input_, output_;
   int64_t channels_ = 0;
   Window window_;
+  struct ColumnTap {
+    int64_t shift, first, last;  // tap kj reads column oj s + shift for oj in [first, last)
+  };
+  std::vector<ColumnTap> taps_;  // one per kernel column
+  bool pairs_ = false;           // max_pool_pairs serves this window
 };
 
 class Flatten final : public LayerBase<Flatten> {

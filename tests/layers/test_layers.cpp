@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -136,6 +138,67 @@ TEST_CASE("causal self-attention: position i depends on positions j <= i only",
     CHECK((yc - yf).cwiseAbs().maxCoeff() > 1e-6);
     CHECK((yc.rightCols(embed) - yf.rightCols(embed)).cwiseAbs().maxCoeff() == 0.0);
   }
+}
+
+// Pooling by its definition: every window scanned tap by tap, padding skipped (max) or
+// counted as zeros (average), NaN anywhere in a max window giving NaN.
+Matrix<double> pool_by_definition(const Matrix<double>& x, int64_t channels, int64_t h, int64_t w,
+                                  int64_t k, int64_t stride, int64_t pad, bool max) {
+  const int64_t oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+  Matrix<double> y(x.rows(), channels * oh * ow);
+  for (Eigen::Index b = 0; b < x.rows(); ++b)
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t oi = 0; oi < oh; ++oi)
+        for (int64_t oj = 0; oj < ow; ++oj) {
+          double acc = max ? -std::numeric_limits<double>::infinity() : 0.0;
+          for (int64_t ki = 0; ki < k; ++ki)
+            for (int64_t kj = 0; kj < k; ++kj) {
+              const int64_t i = oi * stride + ki - pad, j = oj * stride + kj - pad;
+              if (i < 0 || i >= h || j < 0 || j >= w) continue;
+              const double v = x(b, (c * h + i) * w + j);
+              acc = max ? (std::isnan(acc) || std::isnan(v) ? NAN : std::max(acc, v)) : acc + v;
+            }
+          y(b, (c * oh + oi) * ow + oj) = max ? acc : acc / static_cast<double>(k * k);
+        }
+  return y;
+}
+
+TEST_CASE("pooling agrees with its definition on every window form, NaN propagates",
+          "[layers][pool]") {
+  struct Form {
+    int64_t h, w, k, stride, pad;
+  };
+  // 2 x 2 stride 2 without padding has its own loop; the others the general one.
+  const std::vector<Form> forms = {{8, 8, 2, 2, 0}, {7, 9, 2, 2, 0}, {8, 8, 3, 1, 1},
+                                   {9, 7, 3, 2, 1}, {6, 6, 2, 1, 1}, {5, 8, 4, 3, 2}};
+  for (const Form& f : forms)
+    for (const bool max : {true, false}) {
+      CAPTURE(f.h, f.w, f.k, f.stride, f.pad, max);
+      const int64_t channels = 3;
+      const auto layer = make(max ? "max_pool2d" : "avg_pool2d",
+                              {{"kernel_size", f.k}, {"stride", f.stride}, {"padding", f.pad}},
+                              Shape{{channels, f.h, f.w}});
+      Matrix<double> x = random_matrix(5, channels * f.h * f.w, 17);
+      x(1, 4) = NAN;
+      x(3, x.cols() - 1) = NAN;
+      const Matrix<double> want =
+          pool_by_definition(x, channels, f.h, f.w, f.k, f.stride, f.pad, max);
+      const Matrix<double> got = run(*layer, x, {});
+      REQUIRE(got.cols() == want.cols());
+      Matrix<float> xf = x.cast<float>(), yf(x.rows(), want.cols());
+      layer->forward(xf, {}, yf);
+      for (Eigen::Index i = 0; i < want.size(); ++i) {
+        const double a = want.data()[i];
+        if (std::isnan(a)) {
+          REQUIRE(std::isnan(got.data()[i]));
+          REQUIRE(std::isnan(yf.data()[i]));
+        } else {
+          REQUIRE(got.data()[i] == Approx(a).margin(1e-12));
+          REQUIRE(yf.data()[i] == Approx(a).epsilon(1e-6).margin(1e-6));
+        }
+      }
+      if (max) REQUIRE(got.array().isNaN().count() > 0);
+    }
 }
 
 TEST_CASE("parameters carry PyTorch's names and shapes", "[layers][names]") {
