@@ -543,13 +543,9 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
             rows.col(s.units[k]) +=
                 s.sparse.row(static_cast<int64_t>(k)).segment(i * batch, batch).transpose();
       }
-      for (std::size_t m = l; m < n_layers; ++m) {
-        forward_layer(ctx_.plan.layers[m], s.stack, ctx_.inc.eff.data(), s.stack_next);
-        s.stack.swap(s.stack_next);
-      }
+      const Mat<S>& out = forward_suffix(ctx_.plan, l, s.stack, ctx_.inc.eff.data(), s.suffix);
       for (int64_t i = 0; i < n; ++i)
-        losses[g.begin + i] =
-            ctx_.rows_loss(s.stack, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
+        losses[g.begin + i] = ctx_.rows_loss(out, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
       return;
     }
   }

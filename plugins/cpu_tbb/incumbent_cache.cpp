@@ -37,6 +37,18 @@ void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Ma
 }
 
 template <class S>
+const Mat<S>& forward_suffix(const ModelPlan& plan, std::size_t from, const Mat<S>& in,
+                             const S* params, std::vector<Mat<S>>& outputs) {
+  outputs.resize(plan.layers.size());
+  const Mat<S>* h = &in;
+  for (std::size_t m = from; m < plan.layers.size(); ++m) {
+    forward_layer(plan.layers[m], *h, params, outputs[m]);
+    h = &outputs[m];
+  }
+  return *h;
+}
+
+template <class S>
 void IncumbentCache<S>::set_batch(const pp_batch_view& view, int64_t in_features) {
   const auto inputs = pp::as_span<const double>(view.inputs);
   const int64_t rows = pp::rows(view.inputs), cols = pp::row_size(view.inputs);
@@ -160,5 +172,10 @@ template void forward_layer<float>(const LayerPlan&, const Mat<float>&, const fl
                                    bool);
 template void forward_layer<double>(const LayerPlan&, const Mat<double>&, const double*,
                                     Mat<double>&, bool);
+template const Mat<float>& forward_suffix<float>(const ModelPlan&, std::size_t, const Mat<float>&,
+                                                 const float*, std::vector<Mat<float>>&);
+template const Mat<double>& forward_suffix<double>(const ModelPlan&, std::size_t,
+                                                   const Mat<double>&, const double*,
+                                                   std::vector<Mat<double>>&);
 
 }  // namespace polyprobe::cpu_tbb

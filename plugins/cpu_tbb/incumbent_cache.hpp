@@ -27,6 +27,15 @@ template <class S>
 void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
                    bool host_only = false);
 
+// Layers [from, plan.layers.size()) on sample-major rows `in`, on the incumbent's effective
+// parameters; returns the last layer's output. Each layer writes its own matrix of
+// `outputs` (one per layer of the plan, kept by the caller's scratch), so a group of the same
+// size as the last one reuses every buffer: two matrices swapped between layers of different
+// widths would reallocate (and fault in) megabytes per group.
+template <class S>
+const Mat<S>& forward_suffix(const ModelPlan& plan, std::size_t from, const Mat<S>& in,
+                             const S* params, std::vector<Mat<S>>& outputs);
+
 template <class S>
 struct IncumbentCache {
   // The batch. Throws std::invalid_argument for an empty batch or a width other than

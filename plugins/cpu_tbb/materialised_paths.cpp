@@ -57,12 +57,9 @@ void MaterialisedPaths<S>::evaluate_dense(const Candidates& c, const Group& g, S
       s.eff[static_cast<std::size_t>(t)] = ctx_.inc.eff[static_cast<std::size_t>(t)];
   }
   // Later layers share the incumbent's weights: one GEMM over the whole group.
-  for (std::size_t l = last + 1; l < ctx_.plan.layers.size(); ++l) {
-    forward_layer(ctx_.plan.layers[l], s.stack, ctx_.inc.eff.data(), s.stack_next);
-    s.stack.swap(s.stack_next);
-  }
+  const Mat<S>& out = forward_suffix(ctx_.plan, last + 1, s.stack, ctx_.inc.eff.data(), s.suffix);
   for (int64_t i = 0; i < n; ++i)
-    losses[g.begin + i] = ctx_.rows_loss(s.stack, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
+    losses[g.begin + i] = ctx_.rows_loss(out, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
 }
 
 template <class S>

@@ -31,7 +31,8 @@ struct WorkerScratch {
   uint64_t generation = 0, raw_generation = 0;
   std::vector<double> row_losses;
   std::vector<Mat<S>> hidden;
-  Mat<S> stack, stack_next;
+  Mat<S> stack;                  // a group's rows entering the suffix
+  std::vector<Mat<S>> suffix;    // each later layer's output (forward_suffix)
   std::vector<int64_t> touched;  // parameters a group changes
   std::vector<double> coef;      // [touched * d]: d(param) / d(displacement component)
   std::vector<double> raw;       // [touched] per candidate

@@ -655,12 +655,9 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     }
   }
   // The suffix shares the incumbent's weights: once over the whole group.
-  for (std::size_t m = l + 1; m < ctx_.plan.layers.size(); ++m) {
-    forward_layer(ctx_.plan.layers[m], s.stack, ctx_.inc.eff.data(), s.stack_next);
-    s.stack.swap(s.stack_next);
-  }
+  const Mat<S>& out = forward_suffix(ctx_.plan, l + 1, s.stack, ctx_.inc.eff.data(), s.suffix);
   for (int64_t i = 0; i < n; ++i)
-    losses[g.begin + i] = ctx_.rows_loss(s.stack, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
+    losses[g.begin + i] = ctx_.rows_loss(out, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
 }
 
 #define POLYPROBE_INSTANTIATE(S)                                                               \
