@@ -43,16 +43,72 @@ extern "C" void request_stop(int) {
   std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process at once
 }
 
-// The default model: flatten, one hidden ReLU layer, one output per class.
-ModelFile default_model(const Dataset& data, const LayerFactory& factory, int64_t hidden) {
-  const nlohmann::json doc = {{"polyprobe_model", 1},
-                              {"input_shape", data.sample_shape.dims},
-                              {"layers",
-                               {{{"kind", "flatten"}},
-                                {{"kind", "linear"}, {"out_features", hidden}},
-                                {{"kind", "relu"}},
-                                {{"kind", "linear"}, {"out_features", data.num_classes}}}}};
-  return parse_model_file(doc.dump(), "the default MLP", factory);
+// The built-in model (no --model) and the schedule defaults that go with it. `cnn` is the
+// default on digits: it generalises where the MLP overfits (98.5 % test against 95.9 % on the
+// no-argument split, in about 2 s on 2 cores: docs/training.md "Quality bars"); `mlp`
+// elsewhere, whose larger images would make the conv's candidates costly.
+struct BuiltinModel {
+  std::string arch;   // "cnn", "mlp", or empty: a --model file
+  int64_t width = 0;  // cnn: channels; mlp: hidden units
+  int64_t batch = 128, epochs = 20;
+};
+
+BuiltinModel builtin_model(const po::variables_map& vm) {
+  const bool hidden = vm.count("hidden") != 0, channels = vm.count("channels") != 0;
+  if (vm.count("model")) {
+    for (const char* name : {"arch", "hidden", "channels"})
+      if (vm.count(name))
+        throw UsageError(std::string("--") + name +
+                         " describes the built-in model; it has no effect with --model");
+    return {};
+  }
+  BuiltinModel m;
+  if (vm.count("arch"))
+    m.arch = vm["arch"].as<std::string>();
+  else
+    m.arch = hidden                                     ? "mlp"
+             : channels                                 ? "cnn"
+             : vm["data"].as<std::string>() == "digits" ? "cnn"
+                                                        : "mlp";
+  if (m.arch != "cnn" && m.arch != "mlp")
+    throw UsageError("--arch must be cnn or mlp, got '" + m.arch + "'");
+  if (m.arch == "cnn" && hidden)
+    throw UsageError("--hidden sizes --arch mlp; the cnn is sized by --channels");
+  if (m.arch == "mlp" && channels)
+    throw UsageError("--channels sizes --arch cnn; the mlp is sized by --hidden");
+  m.width = m.arch == "cnn" ? (channels ? vm["channels"].as<int64_t>() : 16)
+                            : (hidden ? vm["hidden"].as<int64_t>() : 32);
+  if (m.width <= 0)
+    throw UsageError(std::string(m.arch == "cnn" ? "--channels" : "--hidden") +
+                     " must be positive");
+  if (m.arch == "cnn") m.batch = 32, m.epochs = 4;
+  return m;
+}
+
+// cnn: conv2d 3x3 (padding 1) with `width` channels, ReLU, 2x2 max-pool, linear; mlp:
+// flatten, linear(width), ReLU, linear. One output per class.
+ModelFile make_builtin_model(const BuiltinModel& m, const Dataset& data,
+                             const LayerFactory& factory) {
+  nlohmann::json layers;
+  std::vector<int64_t> shape = data.sample_shape.dims;
+  if (m.arch == "cnn") {
+    if (shape.size() == 2) shape.insert(shape.begin(), 1);
+    if (shape.size() != 3 || shape[1] < 2 || shape[2] < 2)
+      throw UsageError(
+          "--arch cnn needs image samples ([channels, height, width], at least 2 x "
+          "2); this data's samples have shape " +
+          data.sample_shape.str() + ": use --arch mlp or a --model file");
+    layers = {{{"kind", "conv2d"}, {"out_channels", m.width}, {"kernel_size", 3}, {"padding", 1}},
+              {{"kind", "relu"}},
+              {{"kind", "max_pool2d"}, {"kernel_size", 2}},
+              {{"kind", "flatten"}}};
+  } else {
+    layers = {
+        {{"kind", "flatten"}}, {{"kind", "linear"}, {"out_features", m.width}}, {{"kind", "relu"}}};
+  }
+  layers.push_back({{"kind", "linear"}, {"out_features", data.num_classes}});
+  const nlohmann::json doc = {{"polyprobe_model", 1}, {"input_shape", shape}, {"layers", layers}};
+  return parse_model_file(doc.dump(), "the built-in " + m.arch, factory);
 }
 
 // The model file written beside a weights file: weights.safetensors -> weights.json.
@@ -403,9 +459,10 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   const po::variables_map& vm = ctx.vm;
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
 
+  const BuiltinModel builtin = builtin_model(vm);
   TrainOptions options;
-  options.epochs = vm["epochs"].as<int64_t>();
-  options.batch_size = vm["batch"].as<int64_t>();
+  options.epochs = vm.count("epochs") ? vm["epochs"].as<int64_t>() : builtin.epochs;
+  options.batch_size = vm.count("batch") ? vm["batch"].as<int64_t>() : builtin.batch;
   options.seed = seed;
   options.patience = vm["patience"].as<int64_t>();
   options.validate_every = vm["validate-every"].as<int64_t>();
@@ -416,8 +473,6 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   if (options.patience < 0) throw UsageError("--patience must be >= 0 (0: never stop early)");
   if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
     throw UsageError("--time-limit must be a number of seconds >= 0 (0: none)");
-  if (!vm.count("model") && vm["hidden"].as<int64_t>() <= 0)
-    throw UsageError("--hidden must be positive");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
   options.record_test = vm["metrics-test"].as<bool>();
   if (options.record_test && options.metrics_path.empty())
@@ -445,9 +500,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   const DataSplits& splits = data.splits;
   check_splits(splits, split, options.batch_size, *ctx.err);
 
-  ModelFile spec = vm.count("model")
-                       ? read_model_file(vm["model"].as<std::string>(), ctx.layers)
-                       : default_model(splits.train, ctx.layers, vm["hidden"].as<int64_t>());
+  ModelFile spec = vm.count("model") ? read_model_file(vm["model"].as<std::string>(), ctx.layers)
+                                     : make_builtin_model(builtin, splits.train, ctx.layers);
   if (vm.count("loss")) spec.loss = vm["loss"].as<std::string>();
   if (vm.count("l2")) spec.l2 = vm["l2"].as<double>();
   Model& model = spec.model;
@@ -640,11 +694,12 @@ int run(Context& ctx) {
 Command train_command() {
   Command c;
   c.name = "train";
-  c.summary = "train a model without gradients (no arguments: an MLP on the embedded digits)";
+  c.summary = "train a model without gradients (no arguments: a small CNN on the embedded digits)";
   c.description =
-      "Trains a model file (--model; default: an MLP with one hidden ReLU layer) on a data set\n"
-      "(--data: digits, fashion-mnist, a .csv/.csv.gz file or an IDX images file), with the\n"
-      "polytope optimizer and the chosen evaluator backend. Features are standardised with\n"
+      "Trains a model file (--model; default: a built-in CNN on digits, an MLP elsewhere) on a\n"
+      "data set (--data: digits, fashion-mnist, a .csv/.csv.gz file or an IDX images file),\n"
+      "with the polytope optimizer and the chosen evaluator backend. Features are standardised "
+      "with\n"
       "statistics of the training split; validation runs after every epoch (or every\n"
       "--validate-every steps) and when --time-limit ends the run, and the best validation\n"
       "state is restored at the end. The last line is the test accuracy.\n\n"
@@ -654,6 +709,7 @@ Command train_command() {
       "the rule. Flags: --momentum alone, or --momentum=off.\n\n"
       "examples:\n"
       "  polyprobe train\n"
+      "  polyprobe train --arch mlp --hidden 64 --epochs 40\n"
       "  polyprobe train --subspace hybrid --subspace-rank 4 --step-radius 1\n"
       "  polyprobe train --num-probe 2 --polytope orthoplex --blocks per_layer\n"
       "  polyprobe train --momentum --radius-model fixed\n"
@@ -668,13 +724,21 @@ Command train_command() {
         "data", po::value<std::string>()->default_value("digits"),
         "data set: digits (embedded), fashion-mnist, a .csv/.csv.gz file, or an IDX images file")(
         "model", po::value<std::string>()->value_name("FILE"),
-        "JSON model file (docs/models.md); default: flatten, linear(--hidden), relu, linear")(
-        "hidden", po::value<int64_t>()->default_value(32), "hidden units of the default MLP")(
+        "JSON model file (docs/models.md); default: the built-in --arch")(
+        "arch", po::value<std::string>()->value_name("NAME"),
+        "built-in model: cnn (conv2d 3x3 with --channels, relu, 2x2 max-pool, linear; image "
+        "data) or mlp (flatten, linear(--hidden), relu, linear). Default: cnn on digits, else "
+        "mlp")("channels", po::value<int64_t>()->value_name("N"),
+               "channels of the built-in cnn (default 16)")(
+        "hidden", po::value<int64_t>()->value_name("N"),
+        "hidden units of the built-in mlp (default 32; alone, it selects the mlp)")(
         "loss", po::value<std::string>(),
         "cross_entropy, mse, hinge or zero_one (default: the model file's, else cross_entropy)")(
         "l2", po::value<double>(), "weight of l2 * |theta|^2 in the objective")(
-        "epochs", po::value<int64_t>()->default_value(20), "passes over the training split")(
-        "batch", po::value<int64_t>()->default_value(128), "minibatch size")(
+        "epochs", po::value<int64_t>()->value_name("N"),
+        "passes over the training split (default: 4 for the built-in cnn, else 20)")(
+        "batch", po::value<int64_t>()->value_name("N"),
+        "minibatch size (default: 32 for the built-in cnn, else 128)")(
         "seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")(
         "patience", po::value<int64_t>()->default_value(0),
         "stop after this many validations without gain (0: never)")(

@@ -314,13 +314,48 @@ TEST_CASE("help prints number defaults as typed") {
                            !Catch::Contains("0.1499999"));
 }
 
+TEST_CASE(
+    "train's built-in model: cnn on digits, mlp with --hidden, refused where it cannot apply") {
+  // Default on digits: conv, relu, max-pool, flatten, linear with 16 channels (2730 parameters).
+  const auto cnn = polyprobe("train --epochs 1 --threads 1");
+  REQUIRE(cnn.exit_code == 0);
+  CHECK_THAT(cnn.out, Catch::Contains("model: 5 layers, 2730 parameters"));
+  CHECK_THAT(cnn.out, Catch::Contains("trained 41 steps"));  // batch 32: ceil(1298 / 32)
+  const auto mlp = polyprobe("train --epochs 1 --threads 1 --hidden 8");
+  REQUIRE(mlp.exit_code == 0);
+  CHECK_THAT(mlp.out, Catch::Contains("model: 4 layers, 610 parameters"));
+  CHECK_THAT(mlp.out, Catch::Contains("trained 11 steps"));  // batch 128
+  std::string table = "f1,f2,label\n";                       // samples of shape [2]: no image
+  for (int i = 0; i < 40; ++i)
+    table +=
+        std::to_string(i % 7) + "," + std::to_string(i % 3) + "," + std::to_string(i % 2) + "\n";
+  const std::string flat = write_file("flat.csv", table);
+  struct Bad {
+    std::string args;
+    const char* says;
+  };
+  for (const Bad& bad : {
+           Bad{"--arch rnn", "--arch must be cnn or mlp, got 'rnn'"},
+           Bad{"--arch cnn --hidden 8", "--hidden sizes --arch mlp"},
+           Bad{"--arch mlp --channels 8", "--channels sizes --arch cnn"},
+           Bad{"--channels 0", "--channels must be positive"},
+           Bad{"--model m.json --channels 8", "--channels describes the built-in model"},
+           Bad{"--arch cnn --data " + flat, "--arch cnn needs image samples"},
+       }) {
+    INFO(bad.args);
+    const auto r = polyprobe("train " + bad.args);
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(bad.says));
+  }
+}
+
 TEST_CASE("the training summary names the epoch the progress line showed last") {
   // --patience 1 stops at a validation: with --validate-every 4 at the end of epoch 4 (44 =
-  // 4 x 11 steps), with 5 one step into epoch 5.
+  // 4 x 11 steps of the mlp's batch of 128), with 5 one step into epoch 5.
   for (const char* every : {"4", "5"}) {
     INFO("--validate-every " << every);
-    const auto r =
-        polyprobe(std::string("train --epochs 20 --patience 1 --validate-every ") + every);
+    const auto r = polyprobe(
+        std::string("train --arch mlp --epochs 20 --patience 1 --validate-every ") + every);
     REQUIRE(r.exit_code == 0);
     // Without a terminal the progress is one line per validation: "epoch E/N  step S/T ...".
     const std::string last = r.err.substr(r.err.rfind("epoch ", r.err.size() - 2));
