@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Regenerates docs/models.md's table of the non-differentiable example models.
 
-Trains the default MLP and every examples/models/*.json with the built `polyprobe` on the
+Trains the built-in models (the default cnn and the mlp) and every examples/models/*.json with the built `polyprobe` on the
 embedded digits data (seed 0, the defaults otherwise, plus EXTRAS below) and writes one
 table row per model: its description, parameter count, test accuracy and training time as
 polyprobe reports them, between the two markers in docs/models.md. Python 3 standard
@@ -29,7 +29,9 @@ BEGIN = "<!-- models_table.py: begin (generated; edit scripts/models_table.py) -
 END = "<!-- models_table.py: end -->"
 # Options a model needs beyond the defaults, and why, shown in the table's "command extras".
 EXTRAS = {"hard_moe.json": ["--epochs", "10"]}  # every candidate is a full forward: halve it
-DEFAULT_ROW = "(default MLP, ReLU)"
+# The built-in models of `polyprobe train` (no --model): name, what, options.
+BUILTIN = [("(default: built-in cnn)", "nothing: the baseline, conv 3x3 (16 channels), ReLU, max-pool", []),
+           ("(built-in mlp, ReLU)", "nothing: the previous default", ["--arch", "mlp"])]
 
 
 def fail(message):
@@ -82,21 +84,20 @@ def table(polyprobe, smoke):
         "test accuracy | training time |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
-    runs = [(None, DEFAULT_ROW, "nothing: the baseline")]
+    runs = [(None, name, what, extras) for name, what, extras in BUILTIN]
     for path in models:
         try:
             description = json.loads(path.read_text()).get("description", "")
         except json.JSONDecodeError as e:
             fail(f"'{path}', line {e.lineno}: {e.msg}")
-        runs.append((path, f"`{path.name}`", description.rstrip(".")))
+        runs.append((path, f"`{path.name}`", description.rstrip("."), EXTRAS.get(path.name, [])))
     evaluators = set()
-    for path, name, what in runs:
-        extras = EXTRAS.get(path.name, []) if path else []
+    for path, name, what, extras in runs:
         parameters, accuracy, seconds, evaluator = train(polyprobe, path, extras, smoke)
         evaluators.add(evaluator)
-        shown = "(none: `polyprobe train`)" if path is None else " ".join(extras)
-        if path is not None and extras:
-            shown = f"`{shown}`"
+        shown = f"`{' '.join(extras)}`" if extras else ""
+        if path is None:
+            shown = f"`polyprobe train {' '.join(extras)}`".replace(" `", "`")
         rows.append(f"| {name} | {what} | {parameters} | {shown} | {accuracy:.1f} % | "
                     f"{seconds:.1f} s |")
         print(rows[-1], file=sys.stderr, flush=True)
