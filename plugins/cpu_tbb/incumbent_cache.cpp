@@ -129,8 +129,14 @@ void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
           Eigen::Map<const Mat<S>>(eff.data() + layer.offset, layer.out, layer.in).transpose();
   }
   v_src.resize(static_cast<int64_t>(dense_v.size()), batch);
+  v_src.setZero();
   for (std::size_t j = 0; j < dense_v.size(); ++j) {
-    const Mat<S>& a = acts[static_cast<std::size_t>(dense_v_layer[j])];
+    // v^T x is what the delta path reads for an affine layer's coordinate, whose v spans the
+    // layer's input. A conv weight's v spans one filter (c_in kh kw values, not the input
+    // width): such coordinates go to the site-local or dense paths, which never read this row.
+    const auto l = static_cast<std::size_t>(dense_v_layer[j]);
+    if (plan.layers[l].op != LayerOp::affine) continue;
+    const Mat<S>& a = acts[l];
     const Eigen::Matrix<S, Eigen::Dynamic, 1> v =
         Eigen::Map<const Eigen::VectorXd>(dense_v[j], a.cols()).template cast<S>();
     v_src.row(static_cast<int64_t>(j)) = (a * v).transpose();
