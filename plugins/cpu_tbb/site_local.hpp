@@ -3,10 +3,13 @@
 // layer's own forward on a probe.
 #pragma once
 
+#include "channel_tail.hpp"
 #include "model_plan.hpp"
 
 #include <Eigen/Core>
+#include <nlohmann/json_fwd.hpp>
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,6 +31,15 @@ struct SiteLayer {
   // tap[k * oh * ow + p]: for kernel tap k = ki * kw + kj and output position p, the
   // spatial input index it reads, or -1 in the padding.
   std::vector<int32_t> tap;
+  // The same table as runs, per tap k: runs[run_begin[k] .. run_begin[k + 1]) cover the
+  // positions in order; a run reads input src + j sw for position first + j (j < length),
+  // or is padding (src = -1). Gathering a tap's input then copies runs, not indices.
+  struct TapRun {
+    int32_t first, length, src;
+  };
+  std::vector<TapRun> runs;
+  std::vector<std::size_t> run_begin;
+  ChannelTail tail;  // the layers after the conv that act per channel (usable or why not)
   int64_t patch() const { return c_in / groups * kh * kw; }
   int64_t positions() const { return oh * ow; }
 
@@ -55,16 +67,27 @@ struct SiteWork {
   std::vector<S> delta;        // per moved parameter: one candidate's change
   std::vector<int64_t> heads;  // attention: the heads whose q/k/v rows move, ascending
   std::vector<char> head_moved;
-  M cols;    // conv: per moved weight, its shifted input [moves, batch * positions]
-  M qkv;     // attention: one head's q | k | v [length, 3 head_dim]
-  M scores;  // [length, length]
-  M mix;     // the moved heads' new mix [length, embed] (other columns unused)
-  M diff;    // [length, head_dim]
+  M cols;  // conv: per moved weight, its shifted input [moves, batch * positions]
+  std::vector<int64_t> channels;  // conv: the output channels the particle moves, ascending
+  M chan, chan_b;  // conv with a tail: one channel of a few samples [block, positions]
+  M slice_diff;    // its change at the affine layer's input [batch, slice]
+  M qkv;           // attention: one head's q | k | v [length, 3 head_dim]
+  M scores;        // [length, length]
+  M mix;           // the moved heads' new mix [length, embed] (other columns unused)
+  M diff;          // [length, head_dim]
   // attention with the sdpa operation, all candidates of a group at once:
   std::vector<S> deltas;    // [candidates, moves]
   std::vector<S> parts;     // the moved q/k/v parts of one head [candidates, batch * L, hd]
   std::vector<S> head_mix;  // per moved head [candidates, batch * L, hd]
 };
+
+// The number of values of a tensor shape.
+int64_t numel(int32_t ndim, const int64_t* shape);
+// An attribute that is an integer or a list of `dims` integers, as [height, width] (a 1-D
+// layer has height 1 and `fallback_h` for its height); `fallback` when absent. Throws
+// std::invalid_argument for anything else.
+std::array<int64_t, 2> spatial_attribute(const nlohmann::json& attrs, const char* name, int dims,
+                                         int64_t fallback, int64_t fallback_h);
 
 // Parses the layer (kind, attributes, shapes, parameter count) and probes the per-site
 // computation against its host forward; never throws (a failure is a note). For attention,

@@ -15,6 +15,10 @@
 //     "sdpa" operation (operations.h; the attention_sdpa plugin), a group's candidates go
 //     through it together: per moved head, one fused call over (candidate, sample) in which
 //     the q/k/v parts the particle does not move are the incumbent's, shared (stride 0).
+// A conv with a channel-local tail (channel_tail.hpp: ReLU, pooling, flatten, then an affine
+// layer) carries each moved channel alone through the tail, a few samples at a time, and adds
+// (slice_new - slice_old) W[:, slice]^T to the affine layer's incumbent output, so the
+// channels the particle does not move are never recomputed.
 // The rest of the model then runs once over the group's candidates stacked as
 // [candidates * batch, features] rows (one GEMM per affine layer, host forwards otherwise),
 // and each candidate's loss comes from its rows, plus the l2 term.
@@ -57,34 +61,53 @@ void conv_gather(const SiteLayer& L, const S* x, int64_t batch, SiteWork<S>& w) 
     if (p >= weights) continue;  // a bias: no input
     const int64_t o = p / patch, rem = p % patch, c = rem / taps, k = rem % taps;
     const int64_t channel = (o / group_out) * group_in + c;
-    const int32_t* tap = L.tap.data() + k * positions;
-    S* dst = w.cols.row(static_cast<int64_t>(t)).data();
+    const SiteLayer::TapRun* first = L.runs.data() + L.run_begin[static_cast<std::size_t>(k)];
+    const SiteLayer::TapRun* last = L.runs.data() + L.run_begin[static_cast<std::size_t>(k) + 1];
     for (int64_t b = 0; b < batch; ++b) {
       const S* src = x + b * in_features + channel * L.h * L.w;
-      for (int64_t q = 0; q < positions; ++q) *dst++ = tap[q] >= 0 ? src[tap[q]] : S(0);
+      S* dst = w.cols.row(static_cast<int64_t>(t)).data() + b * positions;
+      for (const SiteLayer::TapRun* run = first; run != last; ++run) {
+        S* out = dst + run->first;
+        if (run->src < 0)
+          std::fill_n(out, run->length, S(0));
+        else if (L.sw == 1)
+          std::copy_n(src + run->src, run->length, out);
+        else
+          for (int32_t j = 0; j < run->length; ++j) out[j] = src[run->src + j * L.sw];
+      }
     }
   }
 }
 
+// The output channel a moved conv parameter (weight or bias) belongs to.
+int64_t conv_channel(const SiteLayer& L, int64_t param) {
+  const int64_t weights = L.c_out * L.patch();
+  return param >= weights ? param - weights : param / L.patch();
+}
+
 // out [batch, c_out * P] holds the incumbent's output; adds the moved parameters' change.
+// With `only` >= 0, out [count, P] holds channel `only` of samples [first, first + count)
+// alone, and only that channel's parameters apply.
 template <class S>
-void conv_apply(const SiteLayer& L, int64_t batch, const SiteWork<S>& w, S* out) {
-  const int64_t positions = L.positions(), patch = L.patch(), weights = L.c_out * patch;
-  const int64_t out_features = L.c_out * positions;
+void conv_apply(const SiteLayer& L, int64_t batch, const SiteWork<S>& w, S* out, int64_t only = -1,
+                int64_t first = 0) {
+  const int64_t positions = L.positions(), weights = L.c_out * L.patch();
+  const int64_t row = only < 0 ? L.c_out * positions : positions;
   for (std::size_t t = 0; t < w.param.size(); ++t) {
     const int64_t p = w.param[t];
     const S delta = w.delta[t];
-    if (delta == S(0)) continue;
+    const int64_t o = conv_channel(L, p);
+    if (delta == S(0) || (only >= 0 && o != only)) continue;
     const bool is_bias = p >= weights;
-    const int64_t o = is_bias ? p - weights : p / patch;
     for (int64_t b = 0; b < batch; ++b) {
-      Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>> dst(out + b * out_features + o * positions,
-                                                         positions);
+      Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>> dst(
+          out + b * row + (only < 0 ? o * positions : 0), positions);
       if (is_bias)
         dst += delta;
       else
-        dst += delta * Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(
-                           w.cols.row(static_cast<int64_t>(t)).data() + b * positions, positions);
+        dst += delta *
+               Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(
+                   w.cols.row(static_cast<int64_t>(t)).data() + (first + b) * positions, positions);
     }
   }
 }
@@ -323,7 +346,9 @@ void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const 
   }
 }
 
-// --- planning and the probe
+}  // namespace
+
+// --- attribute helpers (site_local.hpp)
 
 int64_t numel(int32_t ndim, const int64_t* shape) {
   int64_t n = 1;
@@ -331,10 +356,8 @@ int64_t numel(int32_t ndim, const int64_t* shape) {
   return n;
 }
 
-// An attribute that is an integer or a list of `dims` integers, as [height, width]
-// (a 1-D layer has height 1 and `fallback_h` for its height).
-std::array<int64_t, 2> spatial(const nlohmann::json& attrs, const char* name, int dims,
-                               int64_t fallback, int64_t fallback_h) {
+std::array<int64_t, 2> spatial_attribute(const nlohmann::json& attrs, const char* name, int dims,
+                                         int64_t fallback, int64_t fallback_h) {
   std::array<int64_t, 2> v{dims == 1 ? fallback_h : fallback, fallback};
   if (!attrs.contains(name)) return v;
   const nlohmann::json& a = attrs.at(name);
@@ -350,6 +373,10 @@ std::array<int64_t, 2> spatial(const nlohmann::json& attrs, const char* name, in
   return v;
 }
 
+namespace {
+
+// --- planning and the probe
+
 // Fills the conv geometry from the attributes; empty or why not.
 std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int dims,
                        SiteLayer& L) {
@@ -360,10 +387,10 @@ std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int 
   L.c_out = attrs.at("out_channels").get<int64_t>();
   L.groups = attrs.value("groups", int64_t{1});
   L.bias = attrs.value("bias", true);
-  const auto kernel = spatial(attrs, "kernel_size", dims, 0, 1);
-  const auto stride = spatial(attrs, "stride", dims, 1, 1);
-  const auto padding = spatial(attrs, "padding", dims, 0, 0);
-  const auto dilation = spatial(attrs, "dilation", dims, 1, 1);
+  const auto kernel = spatial_attribute(attrs, "kernel_size", dims, 0, 1);
+  const auto stride = spatial_attribute(attrs, "stride", dims, 1, 1);
+  const auto padding = spatial_attribute(attrs, "padding", dims, 0, 0);
+  const auto dilation = spatial_attribute(attrs, "dilation", dims, 1, 1);
   L.kh = kernel[0], L.kw = kernel[1], L.sh = stride[0], L.sw = stride[1];
   L.ph = padding[0], L.pw = padding[1], L.dh = dilation[0], L.dw = dilation[1];
   if (L.groups <= 0 || L.c_out <= 0 || L.c_in % L.groups != 0 || L.c_out % L.groups != 0 ||
@@ -389,6 +416,22 @@ std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int 
           L.tap[static_cast<std::size_t>(((ki * L.kw + kj) * L.oh + oi) * L.ow + oj)] =
               inside ? static_cast<int32_t>(i * L.w + j) : -1;
         }
+  const auto positions = static_cast<int32_t>(L.positions());
+  const auto step = static_cast<int32_t>(L.sw);
+  for (int64_t k = 0; k < L.kh * L.kw; ++k) {
+    L.run_begin.push_back(L.runs.size());
+    const int32_t* tap = L.tap.data() + k * positions;
+    for (int32_t q = 0; q < positions;) {
+      int32_t end = q + 1;
+      if (tap[q] < 0)
+        while (end < positions && tap[end] < 0) ++end;
+      else
+        while (end < positions && tap[end] >= 0 && tap[end] == tap[end - 1] + step) ++end;
+      L.runs.push_back({q, end - q, tap[q]});
+      q = end;
+    }
+  }
+  L.run_begin.push_back(L.runs.size());
   return {};
 }
 
@@ -565,8 +608,12 @@ template <class S>
 SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
   site_.resize(ctx_.plan.layers.size());
   for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l)
-    if ((ctx_.plan.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0)
-      site_[l] = plan_site_layer(ctx_.plan.layers[l], ctx_.host, pp::dtype_of<S>());
+    if ((ctx_.plan.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0) {
+      SiteLayer& site = site_[l];
+      site = plan_site_layer(ctx_.plan.layers[l], ctx_.host, pp::dtype_of<S>());
+      if (site.kind == SiteLayer::Kind::conv && site.usable())
+        site.tail = plan_channel_tail(ctx_.plan, l, site.c_out, site.oh, site.ow);
+    }
 }
 
 template <class S>
@@ -623,7 +670,11 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     conv_gather(site, ctx_.inc.acts[l].data(), batch, w);
   else
     attention_setup(site, w);
-  s.stack.resize(n * batch, layer.out);
+  // The group's rows are stacked as the input of layer suffix_from: the layer after this one,
+  // or after the affine layer that the conv's channel-local tail feeds.
+  const bool through_tail = site.kind == SiteLayer::Kind::conv && site.tail.usable;
+  const std::size_t suffix_from = through_tail ? site.tail.affine + 1 : l + 1;
+  s.stack.resize(n * batch, ctx_.plan.layers[suffix_from - 1].out);
   // Candidate i's change of moved parameter t, as host layers see it: the raw parameter in S
   // (no transform) minus the incumbent's.
   auto change = [&](int64_t i, std::size_t t) {
@@ -642,6 +693,36 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     }
     attention_apply_fused(site, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
                           site_mixed_[l], n, w, s.stack.data());
+  } else if (through_tail) {
+    // Each moved channel through the tail, into the affine layer's output:
+    // y = y_incumbent + (slice_new - slice_incumbent) W[:, slice]^T.
+    const ChannelTail& tail = site.tail;
+    const std::size_t a = tail.affine;
+    w.channels.clear();
+    for (const int64_t p : w.param)
+      if (w.channels.empty() || w.channels.back() != conv_channel(site, p))
+        w.channels.push_back(conv_channel(site, p));  // w.param is ascending
+    // A few samples at a time, so one channel's maps stay in the first-level cache from the
+    // conv's change through the tail.
+    const int64_t block = std::max<int64_t>(1, 4096 / tail.positions);
+    w.slice_diff.resize(batch, tail.slice);
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      auto rows = s.stack.middleRows(i * batch, batch);
+      rows = ctx_.inc.acts[a + 1];
+      for (const int64_t o : w.channels) {
+        for (int64_t b = 0; b < batch; b += block) {
+          const int64_t count = std::min(block, batch - b);
+          w.chan = ctx_.inc.acts[l + 1].block(b, o * tail.positions, count, tail.positions);
+          conv_apply(site, count, w, w.chan.data(), o, b);
+          w.slice_diff.middleRows(b, count) =
+              run_channel_tail(tail, w.chan, w.chan_b) -
+              ctx_.inc.acts[a].block(b, o * tail.slice, count, tail.slice);
+        }
+        rows.noalias() +=
+            w.slice_diff * ctx_.inc.weights_t[a].middleRows(o * tail.slice, tail.slice);
+      }
+    }
   } else {
     for (int64_t i = 0; i < n; ++i) {
       for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
@@ -655,7 +736,8 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     }
   }
   // The suffix shares the incumbent's weights: once over the whole group.
-  const Mat<S>& out = forward_suffix(ctx_.plan, l + 1, s.stack, ctx_.inc.eff.data(), s.suffix);
+  const Mat<S>& out =
+      forward_suffix(ctx_.plan, suffix_from, s.stack, ctx_.inc.eff.data(), s.suffix);
   for (int64_t i = 0; i < n; ++i)
     losses[g.begin + i] = ctx_.rows_loss(out, i * batch) + ctx_.l2_term(c, g, g.begin + i, s);
 }

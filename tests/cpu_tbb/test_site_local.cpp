@@ -86,6 +86,64 @@ TEST_CASE("cpu_tbb: site-local, conv2d, stride 2 and padding, relu, max-pool, li
   check_site_local(model, {"conv2d"});
 }
 
+// The explain entry of the model's first layer: what the site-local path said of it.
+std::string site_local_note(const Model& model) {
+  const auto loss = make_loss("cross_entropy");
+  const Batch batch = make_batch(model, 3);
+  const Candidates cands = make_candidates(model.num_parameters(), 2, 1, 0.1);
+  const Run got = run_evaluator(model, *loss, batch, cands, request("cpu_tbb", DType::f64));
+  return got.explain["plugin"]["layers"][0]["site_local"].get<std::string>();
+}
+
+TEST_CASE("cpu_tbb: site-local, a conv's channel-local tail into the next affine layer",
+          "[cpu_tbb]") {
+  // Through tanh, padded average pooling and sign, then a suffix after the affine layer.
+  const Model avg = spatial_model(
+      Shape{{2, 7, 6}}, {{"conv2d", {{"out_channels", 4}, {"kernel_size", 3}, {"padding", 1}}},
+                         {"tanh", {}},
+                         {"avg_pool2d", {{"kernel_size", 3}, {"stride", 2}, {"padding", 1}}},
+                         {"gelu", {}},
+                         {"flatten", {}},
+                         {"linear", {{"out_features", 5}}},
+                         {"relu", {}},
+                         {"linear", {{"out_features", 3}}}});
+  check_site_local(avg, {"conv2d"});
+  CHECK(site_local_note(avg) ==
+        "yes (probed); channel-local tail through tanh, avg_pool2d, gelu, flatten, into layer 5 "
+        "(linear)");
+  // 1-D, max pooling with an odd length, straight into the last layer.
+  const Model one_d = spatial_model(
+      Shape{{3, 10}}, {{"conv1d", {{"out_channels", 3}, {"kernel_size", 2}, {"groups", 3}}},
+                       {"relu", {}},
+                       {"max_pool1d", {{"kernel_size", 2}, {"stride", 2}}},
+                       {"flatten", {}},
+                       {"linear", {{"out_features", 3}}}});
+  check_site_local(one_d, {"conv1d"});
+  CHECK(site_local_note(one_d) ==
+        "yes (probed); channel-local tail through relu, max_pool1d, flatten, into layer 4 "
+        "(linear)");
+  // A padded window wider than the map: every tap but the middle one reads padding.
+  const Model narrow = spatial_model(
+      Shape{{2, 3}}, {{"conv1d", {{"out_channels", 2}, {"kernel_size", 3}}},
+                      {"avg_pool1d", {{"kernel_size", 3}, {"stride", 1}, {"padding", 1}}},
+                      {"flatten", {}},
+                      {"linear", {{"out_features", 3}}}});
+  check_site_local(narrow, {"conv1d"});
+  CHECK(site_local_note(narrow) ==
+        "yes (probed); channel-local tail through avg_pool1d, flatten, into layer 3 (linear)");
+  // A layer that mixes channels ends the tail: the suffix runs from the conv, still exact.
+  const Model mixed = spatial_model(
+      Shape{{2, 5, 5}}, {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}},
+                         {"relu", {}},
+                         {"conv2d", {{"out_channels", 2}, {"kernel_size", 3}}},
+                         {"flatten", {}},
+                         {"linear", {{"out_features", 3}}}});
+  check_site_local(mixed, {"conv2d"});
+  CHECK(site_local_note(mixed) ==
+        "yes (probed); no channel-local tail: layer 2 (conv2d): it mixes channels or the tail "
+        "does not know it");
+}
+
 TEST_CASE("cpu_tbb: site-local, conv2d with dilation, groups, no bias, and depthwise",
           "[cpu_tbb]") {
   const Model grouped = spatial_model(Shape{{4, 7, 8}}, {{"conv2d",

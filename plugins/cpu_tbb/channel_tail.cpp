@@ -1,0 +1,246 @@
+// The channel-local tail of a convolution: planning, the probe, and one channel's pass.
+#include "channel_tail.hpp"
+
+#include "site_local.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+namespace polyprobe::cpu_tbb {
+namespace {
+
+// Fills a pooling stage from the layer's attributes (stride defaults to the kernel, as in
+// PyTorch); empty or why not.
+std::string parse_pool(const pp_layer_view& v, int dims, int64_t channels, int64_t values,
+                       TailStage& st) {
+  if (v.in_ndim != dims + 1 || v.in_shape[0] != channels)
+    return "an input other than the conv's channels";
+  const nlohmann::json attrs =
+      nlohmann::json::parse(v.attrs_json != nullptr && *v.attrs_json ? v.attrs_json : "{}");
+  st.h = dims == 1 ? 1 : v.in_shape[1];
+  st.w = v.in_shape[dims];
+  if (st.h * st.w != values) return "an input other than the conv's channels";
+  const auto kernel = spatial_attribute(attrs, "kernel_size", dims, 0, 1);
+  const auto stride = spatial_attribute(attrs, "stride", dims, 0, 1);
+  const auto padding = spatial_attribute(attrs, "padding", dims, 0, 0);
+  st.kh = kernel[0], st.kw = kernel[1];
+  st.sh = stride[0] > 0 ? stride[0] : st.kh, st.sw = stride[1] > 0 ? stride[1] : st.kw;
+  st.ph = padding[0], st.pw = padding[1];
+  if (st.kh <= 0 || st.kw <= 0 || st.ph < 0 || st.pw < 0 || 2 * st.ph > st.kh ||
+      2 * st.pw > st.kw || st.h + 2 * st.ph < st.kh || st.w + 2 * st.pw < st.kw)
+    return "pooling attributes out of range";
+  st.oh = (st.h + 2 * st.ph - st.kh) / st.sh + 1;
+  st.ow = (st.w + 2 * st.pw - st.kw) / st.sw + 1;
+  if (numel(v.out_ndim, v.out_shape) != channels * st.oh * st.ow)
+    return "an output shape that differs from the attributes";
+  for (int64_t kj = 0; kj < st.kw; ++kj) {
+    // column oj sw - pw + kj lies in [0, w) for oj in [first, last)
+    const int64_t shift = kj - st.pw;
+    const int64_t first = std::min(st.ow, shift >= 0 ? 0 : (-shift + st.sw - 1) / st.sw);
+    const int64_t last =
+        shift >= st.w ? first : std::clamp((st.w - 1 - shift) / st.sw + 1, first, st.ow);
+    st.taps.push_back({shift, first, last});
+  }
+  st.pairs = st.kw == 2 && st.sw == 2 && st.kh == (dims == 1 ? 1 : 2) && st.sh == st.kh &&
+             st.ph == 0 && st.pw == 0;
+  return {};
+}
+
+// Pools every row of `in` (one channel's [h, w] map per sample) into `out` [rows, oh * ow]:
+// max pooling pads with -infinity and keeps NaN (as PyTorch does, by a comparison without a
+// branch so the loops vectorise), average pooling counts the zero padding. This runs once per
+// conv candidate and sample, so the output positions of a row are innermost.
+template <class S>
+void pool_rows(const TailStage& st, const Mat<S>& in, Mat<S>& out) {
+  out.resize(in.rows(), st.oh * st.ow);
+  const auto pick = [](S a, S v) { return (v > a || v != v) ? v : a; };
+  const bool is_max = st.op == TailStage::Op::max_pool;
+  const S window = static_cast<S>(st.kh * st.kw);
+  for (Eigen::Index r = 0; r < in.rows(); ++r) {
+    const S* x = in.row(r).data();
+    S* y = out.row(r).data();
+    for (int64_t oi = 0; oi < st.oh; ++oi, y += st.ow) {
+      if (st.pairs) {
+        const S* r0 = x + oi * st.kh * st.w;
+        const S* r1 = st.kh == 2 ? r0 + st.w : r0;
+        for (int64_t oj = 0; oj < st.ow; ++oj)
+          y[oj] = pick(pick(pick(r0[2 * oj], r0[2 * oj + 1]), r1[2 * oj]), r1[2 * oj + 1]);
+        continue;
+      }
+      std::fill(y, y + st.ow, is_max ? -std::numeric_limits<S>::infinity() : S(0));
+      const int64_t top = oi * st.sh - st.ph;
+      for (int64_t i = std::max<int64_t>(top, 0); i < std::min(top + st.kh, st.h); ++i)
+        for (const TailStage::ColumnTap& tap : st.taps) {
+          const S* row = x + i * st.w + tap.shift;
+          if (is_max)
+            for (int64_t oj = tap.first; oj < tap.last; ++oj) y[oj] = pick(y[oj], row[oj * st.sw]);
+          else
+            for (int64_t oj = tap.first; oj < tap.last; ++oj) y[oj] += row[oj * st.sw];
+        }
+      if (!is_max)
+        for (int64_t oj = 0; oj < st.ow; ++oj) y[oj] /= window;
+    }
+  }
+}
+
+// The tail's layers [conv + 1, affine) in float64 by their own forwards.
+std::string host_tail(const ModelPlan& plan, std::size_t conv, std::size_t affine,
+                      std::vector<double> x, int64_t rows, std::vector<double>& y) {
+  const std::vector<double> none;
+  for (std::size_t m = conv + 1; m < affine; ++m) {
+    if (std::string why = host_forward(plan.layers[m], x, rows, none, y); !why.empty()) return why;
+    x.swap(y);
+  }
+  y.swap(x);
+  return {};
+}
+
+bool close(double a, double b) {
+  return (std::isnan(a) && std::isnan(b)) || std::abs(a - b) <= 1e-12 * (1.0 + std::abs(b));
+}
+
+// Empty when a perturbed channel comes out of the layers' own forwards as the tail computes
+// it and every other channel is unchanged, for the first, the last and a middle channel.
+std::string probe_tail(const ModelPlan& plan, std::size_t conv, const ChannelTail& t) {
+  std::mt19937_64 rng(0x7a11);
+  std::normal_distribution<double> gauss(0.0, 1.0);
+  const int64_t rows = 2, width = t.channels * t.positions;
+  std::vector<double> x(static_cast<std::size_t>(rows * width)), y0, y1;
+  for (double& v : x) v = gauss(rng);
+  if (std::string why = host_tail(plan, conv, t.affine, x, rows, y0); !why.empty()) return why;
+  const int64_t slices = t.channels * t.slice;
+  if (static_cast<int64_t>(y0.size()) != rows * slices) return "the layers' output size";
+  for (const int64_t o : {int64_t{0}, t.channels / 2, t.channels - 1}) {
+    std::vector<double> moved = x;
+    Mat<double> a(rows, t.positions), b;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t p = 0; p < t.positions; ++p) {
+        double& v = moved[static_cast<std::size_t>(r * width + o * t.positions + p)];
+        v += gauss(rng);
+        a(r, p) = v;
+      }
+    if (std::string why = host_tail(plan, conv, t.affine, moved, rows, y1); !why.empty())
+      return why;
+    const Mat<double>& mine = run_channel_tail(t, a, b);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < slices; ++i) {
+        const auto at = static_cast<std::size_t>(r * slices + i);
+        const int64_t in_slice = i - o * t.slice;
+        const bool ours = in_slice >= 0 && in_slice < t.slice;
+        const double expect = ours ? mine(r, in_slice) : y0[at];
+        if (!close(y1[at], expect))
+          return "value " + std::to_string(i) + " is " + std::to_string(y1[at]) + " where " +
+                 (ours ? "the tail gives " : "the unmoved channels give ") +
+                 std::to_string(expect) + " (channel " + std::to_string(o) + " moved)";
+      }
+  }
+  return {};
+}
+
+}  // namespace
+
+ChannelTail plan_channel_tail(const ModelPlan& plan, std::size_t conv, int64_t channels,
+                              int64_t height, int64_t width) {
+  ChannelTail t;
+  t.channels = channels;
+  t.positions = height * width;
+  int64_t values = t.positions;  // one channel's values after the stages so far
+  std::string through;
+  for (std::size_t m = conv + 1; m < plan.layers.size(); ++m) {
+    const LayerPlan& layer = plan.layers[m];
+    const std::string kind = layer.view->kind != nullptr ? layer.view->kind : "";
+    const std::string named = "layer " + std::to_string(m) + " (" + kind + ")";
+    if (layer.op == LayerOp::affine) {
+      if (layer.in != channels * values) {
+        t.note = "no channel-local tail: " + named + " does not take the channels' values";
+        return t;
+      }
+      t.affine = m;
+      t.slice = values;
+      through += (through.empty() ? "" : ", ") + std::string("into ") + named;
+      break;
+    }
+    TailStage st;
+    std::string why;
+    try {
+      if (kind == "flatten" && layer.in == layer.out) {  // keeps the layout: no stage
+        through += (through.empty() ? "" : ", ") + kind;
+        continue;
+      }
+      if (layer.op == LayerOp::elementwise && (layer.is_relu || layer.view->elementwise_fn)) {
+        st.op = layer.is_relu ? TailStage::Op::relu : TailStage::Op::scalar_fn;
+        st.layer = &layer;
+      } else if (kind == "max_pool2d" || kind == "avg_pool2d" || kind == "max_pool1d" ||
+                 kind == "avg_pool1d") {
+        st.op = kind.rfind("max", 0) == 0 ? TailStage::Op::max_pool : TailStage::Op::avg_pool;
+        why = parse_pool(*layer.view, kind.find("2d") != std::string::npos ? 2 : 1, channels,
+                         values, st);
+        values = st.oh * st.ow;
+      } else {
+        why = "it mixes channels or the tail does not know it";
+      }
+    } catch (const std::exception& e) {
+      why = std::string("attributes not understood (") + e.what() + ")";
+    }
+    if (!why.empty()) {
+      t.note = "no channel-local tail: " + named + ": " + why;
+      return t;
+    }
+    t.stages.push_back(st);
+    through += (through.empty() ? "" : ", ") + kind;
+  }
+  if (t.slice == 0) {
+    t.note = "no channel-local tail: no affine layer follows";
+    return t;
+  }
+  std::string why;
+  try {
+    why = probe_tail(plan, conv, t);
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  if (!why.empty()) {
+    t.note = "no channel-local tail: probe failed: " + why;
+    t.stages.clear();
+    return t;
+  }
+  t.usable = true;
+  t.note = "channel-local tail through " + through;
+  return t;
+}
+
+template <class S>
+const Mat<S>& run_channel_tail(const ChannelTail& tail, Mat<S>& a, Mat<S>& b) {
+  Mat<S>* cur = &a;
+  Mat<S>* other = &b;
+  for (const TailStage& st : tail.stages) {
+    switch (st.op) {
+      case TailStage::Op::relu:
+        *cur = cur->cwiseMax(S(0));
+        break;
+      case TailStage::Op::scalar_fn: {
+        const pp_scalar_fn fn = st.layer->view->elementwise_fn;
+        for (Eigen::Index i = 0; i < cur->size(); ++i)
+          cur->data()[i] = static_cast<S>(fn(st.layer->ctx, static_cast<double>(cur->data()[i])));
+        break;
+      }
+      case TailStage::Op::max_pool:
+      case TailStage::Op::avg_pool:
+        pool_rows(st, *cur, *other);
+        std::swap(cur, other);
+        break;
+    }
+  }
+  return *cur;
+}
+
+template const Mat<float>& run_channel_tail<float>(const ChannelTail&, Mat<float>&, Mat<float>&);
+template const Mat<double>& run_channel_tail<double>(const ChannelTail&, Mat<double>&,
+                                                     Mat<double>&);
+
+}  // namespace polyprobe::cpu_tbb
