@@ -424,7 +424,8 @@ BenchSuite step_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
-                    "mnist128-sub256, mnist64-full, conv-digits, attn-tokens, mnist128-rank8, "
+                    "mnist128-sub256, mnist64-full, conv-digits, cnn16-pool, attn-tokens, "
+                    "mnist128-rank8, "
                     "mnist128-factored-r2, mnist128-sub414, mnist128-full) "
                     "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
                               "thread counts, e.g. 1,2,all")(

@@ -21,6 +21,7 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mnist128-sub256", {784, 128, 10}, 64, 256, 8},
       {"mnist64-full", {784, 64, 10}, 64, 0, 2},
       {"conv-digits", {}, 32, 0, 2},
+      {"cnn16-pool", {}, 64, 0, 2},
       {"attn-tokens", {}, 32, 0, 2},
       {"mnist128-rank8", {784, 128, 10}, 512, kNoBudget, 8, PolytopeKind::orthoplex},
       {"mnist128-factored-r2", {784, 128, 10}, 64, 0, 8, PolytopeKind::simplex, 2},
@@ -59,6 +60,21 @@ void build_structured(Workload& w, std::mt19937_64& rng) {
     const Dataset digits = embedded_digits();
     w.batch.inputs = digits.features.topRows(batch) / 16.0;
     w.batch.targets.labels.assign(digits.labels.begin(), digits.labels.begin() + batch);
+  } else if (w.spec.name == "cnn16-pool") {
+    // The built-in cnn on Fashion-MNIST-sized images (random pixels in [0, 1]): its conv
+    // particles run through the channel-local tail (relu, pool, flatten) into the linear layer.
+    w.model = std::make_unique<Model>(Shape{{1, 28, 28}}, DType::f32);
+    add("conv2d", {{"out_channels", 16}, {"kernel_size", 3}, {"padding", 1}});
+    add("relu", nlohmann::json::object());
+    add("max_pool2d", {{"kernel_size", 2}});
+    add("flatten", nlohmann::json::object());
+    add("linear", {{"out_features", 10}});
+    std::uniform_real_distribution<double> pixel(0.0, 1.0);
+    w.batch.inputs.resize(batch, int64_t{28} * 28);
+    for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
+      w.batch.inputs.data()[i] = static_cast<float>(pixel(rng));
+    for (int64_t r = 0; r < batch; ++r)
+      w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % 10));
   } else if (w.spec.name == "attn-tokens") {
     w.model = std::make_unique<Model>(Shape{{16, 32}}, DType::f32);
     add("self_attention", {{"num_heads", 4}});
