@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Thread scaling of complete optimizer steps, one table (docs/benchmarks.md, "Every core"):
 # `bench step` on mlp256-full (step@reference, step@train) and the recommended Fashion-MNIST
-# training run (examples/configs/fashion-mnist.ini, its steps timed from the metrics file,
+# training run (examples/configs/fashion-mnist-mlp.ini, its steps timed from the metrics file,
 # validation off) at each thread count, with the speed-up over one thread.
 #
 #   scripts/bench-threads.sh [THREADS] [SECONDS] [OUT_DIR]
@@ -19,7 +19,7 @@ mkdir -p "$out"
 "$polyprobe" bench step --quiet --workloads mlp256-full --bench-threads "$threads" --no-peak \
   --regimes step@reference,step@train --repeats 9 --json "$out/step.json" > /dev/null
 for t in ${threads//,/ }; do
-  "$polyprobe" train --quiet --config examples/configs/fashion-mnist.ini --threads "$t" \
+  "$polyprobe" train --quiet --config examples/configs/fashion-mnist-mlp.ini --threads "$t" \
     --time-limit "$seconds" --validate-every 1000000 --metrics "$out/fashion-$t.jsonl" > /dev/null
 done
 "$python" - "$out" "$threads" <<'PY'
@@ -37,7 +37,7 @@ for t in threads:
     fashion[t] = statistics.median(gaps) if gaps else float("nan")
 rows = [("mlp256-full step@reference", lambda t: steps.get(("step@reference", t))),
         ("mlp256-full step@train", lambda t: steps.get(("step@train", t))),
-        ("fashion-mnist.ini train step", lambda t: fashion.get(t))]
+        ("fashion-mnist-mlp.ini train step", lambda t: fashion.get(t))]
 print("| median ms per step | " + " | ".join("%d thr" % t for t in threads) + " | speed-up at %d |" % threads[-1])
 print("|---|" + "---|" * (len(threads) + 1))
 for name, get in rows:

@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
@@ -560,6 +562,33 @@ TEST_CASE("the metrics file ends with the restored state's test result") {
   CHECK(alone.exit_code == 2);
   CHECK_THAT(alone.err,
              Catch::Contains("--metrics-test writes into the metrics file: add --metrics"));
+}
+
+// The configurations the docs recommend are files users run as they are: each must be
+// accepted whole and train (a second of it), and the recommended one is the documented cnn.
+TEST_CASE("the example configs train as the docs describe them") {
+  const char* env = std::getenv("POLYPROBE_FASHION_MNIST_DIR");
+  const std::filesystem::path data =
+      env != nullptr && *env != '\0' ? env : "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(data)) {
+    std::cerr << "skipped: the example configs train on Fashion-MNIST, not found at " << data
+              << " (Debian: apt-get install dataset-fashion-mnist)\n";
+    std::exit(77);
+  }
+  int configs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(POLYPROBE_EXAMPLE_CONFIG_DIR)) {
+    if (entry.path().extension() != ".ini") continue;
+    ++configs;
+    INFO(entry.path());
+    const auto r = polyprobe("train --quiet --config " + entry.path().string() +
+                             " --time-limit 1 --validate-every 1000000");
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.empty());
+    CHECK_THAT(r.out, Catch::Contains("test accuracy: "));
+    if (entry.path().filename() == "fashion-mnist.ini")
+      CHECK_THAT(r.out, Catch::Contains("model: 5 layers, 31530 parameters"));
+  }
+  CHECK(configs >= 3);
 }
 
 TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
