@@ -81,7 +81,7 @@ BuiltinModel builtin_model(const po::variables_map& vm) {
   if (m.width <= 0)
     throw UsageError(std::string(m.arch == "cnn" ? "--channels" : "--hidden") +
                      " must be positive");
-  if (m.arch == "cnn") m.batch = 32, m.epochs = 4;
+  if (m.arch == "cnn") m.batch = 32, m.epochs = 16;
   return m;
 }
 
@@ -736,7 +736,7 @@ Command train_command() {
         "cross_entropy, mse, hinge or zero_one (default: the model file's, else cross_entropy)")(
         "l2", po::value<double>(), "weight of l2 * |theta|^2 in the objective")(
         "epochs", po::value<int64_t>()->value_name("N"),
-        "passes over the training split (default: 4 for the built-in cnn, else 20)")(
+        "passes over the training split (default: 16 for the built-in cnn, else 20)")(
         "batch", po::value<int64_t>()->value_name("N"),
         "minibatch size (default: 32 for the built-in cnn, else 128)")(
         "seed", po::value<int64_t>()->default_value(0), "seed of initialisation, splits, batches")(
