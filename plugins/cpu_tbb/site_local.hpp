@@ -28,12 +28,9 @@ struct SiteLayer {
   int64_t c_in = 0, h = 0, w = 0, c_out = 0, groups = 1;
   int64_t kh = 1, kw = 1, sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, oh = 0, ow = 0;
   bool bias = false;
-  // tap[k * oh * ow + p]: for kernel tap k = ki * kw + kj and output position p, the
-  // spatial input index it reads, or -1 in the padding.
-  std::vector<int32_t> tap;
-  // The same table as runs, per tap k: runs[run_begin[k] .. run_begin[k + 1]) cover the
-  // positions in order; a run reads input src + j sw for position first + j (j < length),
-  // or is padding (src = -1). Gathering a tap's input then copies runs, not indices.
+  // Per kernel tap k = ki * kw + kj: runs[run_begin[k] .. run_begin[k + 1]) cover the output
+  // positions in order; a run reads spatial input index src + j sw for position first + j
+  // (j < length), or lies in the padding (src = -1). Gathering a tap's input copies runs.
   struct TapRun {
     int32_t first, length, src;
   };

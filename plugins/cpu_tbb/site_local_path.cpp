@@ -406,28 +406,30 @@ std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int 
   if (v.param_count != L.c_out * L.patch() + (L.bias ? L.c_out : 0))
     return "a parameter count that differs from the attributes";
   if (L.h * L.w > INT32_MAX) return "too large an input";
-  L.tap.resize(static_cast<std::size_t>(L.kh * L.kw * L.positions()));
+  // tap[k * oh * ow + p]: the spatial input index that tap k reads for output position p, or
+  // -1 in the padding; then cut into runs.
+  std::vector<int32_t> tap(static_cast<std::size_t>(L.kh * L.kw * L.positions()));
   for (int64_t ki = 0; ki < L.kh; ++ki)
     for (int64_t kj = 0; kj < L.kw; ++kj)
       for (int64_t oi = 0; oi < L.oh; ++oi)
         for (int64_t oj = 0; oj < L.ow; ++oj) {
           const int64_t i = oi * L.sh + ki * L.dh - L.ph, j = oj * L.sw + kj * L.dw - L.pw;
           const bool inside = i >= 0 && i < L.h && j >= 0 && j < L.w;
-          L.tap[static_cast<std::size_t>(((ki * L.kw + kj) * L.oh + oi) * L.ow + oj)] =
+          tap[static_cast<std::size_t>(((ki * L.kw + kj) * L.oh + oi) * L.ow + oj)] =
               inside ? static_cast<int32_t>(i * L.w + j) : -1;
         }
   const auto positions = static_cast<int32_t>(L.positions());
   const auto step = static_cast<int32_t>(L.sw);
   for (int64_t k = 0; k < L.kh * L.kw; ++k) {
     L.run_begin.push_back(L.runs.size());
-    const int32_t* tap = L.tap.data() + k * positions;
+    const int32_t* at = tap.data() + k * positions;
     for (int32_t q = 0; q < positions;) {
       int32_t end = q + 1;
-      if (tap[q] < 0)
-        while (end < positions && tap[end] < 0) ++end;
+      if (at[q] < 0)
+        while (end < positions && at[end] < 0) ++end;
       else
-        while (end < positions && tap[end] >= 0 && tap[end] == tap[end - 1] + step) ++end;
-      L.runs.push_back({q, end - q, tap[q]});
+        while (end < positions && at[end] >= 0 && at[end] == at[end - 1] + step) ++end;
+      L.runs.push_back({q, end - q, at[q]});
       q = end;
     }
   }
