@@ -2,6 +2,7 @@
 // thread owns each value it writes and sums in a fixed order, as the session's other
 // kernels; float64 sums for the statistics, as the core's layer norm.
 #include "device.hpp"
+#include "formulas.cuh"
 #include "launch.cuh"
 #include "layer_ops.cuh"
 
@@ -242,6 +243,101 @@ __global__ void attention_out_kernel(LayerOp op, LayerIo<S> io) {
   }
 }
 
+// The Cheri block (core/layers/cheri.cpp), in four launches over a chunk whose samples each
+// carry their own weights: the scratch of sample r holds its conv [L, C] (normalised in
+// place by the second launch), then its hidden rows [L, H].
+constexpr double kCheriEps = 1e-3;
+constexpr double kCheriResidualScale = 0.15;
+constexpr int kStatsThreads = 256;
+
+__host__ __device__ inline int64_t cheri_scratch(const pp_cheri_attrs& a) {
+  return a.length * a.channels * (1 + a.expansion);
+}
+
+// 1: h[i, c] = w0[c] x[i-d, c] + w1[c] x[i, c] + w2[c] x[i+d, c] (zero padding), a thread
+// per value, the terms added in the reference's order.
+template <class S>
+__global__ void cheri_conv_kernel(LayerOp op, LayerIo<S> io) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, d = a.dilation, per = cheri_scratch(a);
+  for (int64_t t = thread_index(); t < io.rows * L * C; t += thread_stride()) {
+    const int64_t r = t / (L * C), i = (t / C) % L, c = t % C;
+    const S* x = sample_x(io, r, op.in);
+    const S* taps = block_of(io, r);
+    S v = taps[C + c] * x[i * C + c];
+    if (i - d >= 0) v += taps[c] * x[(i - d) * C + c];
+    if (i + d < L) v += taps[2 * C + c] * x[(i + d) * C + c];
+    io.scratch[r * per + i * C + c] = v;
+  }
+}
+
+// 2: each sample's plane statistics in float64 (as layer_norm_groups), a block per sample;
+// every thread sums a fixed stride of the plane and the block adds the partial sums in a
+// fixed tree, so the result does not depend on scheduling.
+template <class S>
+__global__ void cheri_stats_kernel(LayerOp op, LayerIo<S> io) {
+  __shared__ double part[kStatsThreads];
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t n = a.length * a.channels, per = cheri_scratch(a);
+  for (int64_t r = blockIdx.x; r < io.rows; r += gridDim.x) {
+    S* h = io.scratch + r * per;
+    auto block_sum = [&](double v) {
+      part[threadIdx.x] = v;
+      __syncthreads();
+      for (int w = kStatsThreads / 2; w > 0; w /= 2) {
+        if (static_cast<int>(threadIdx.x) < w) part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+      }
+      const double total = part[0];
+      __syncthreads();
+      return total;
+    };
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += kStatsThreads) s += static_cast<double>(h[i]);
+    const double mean = block_sum(s) / static_cast<double>(n);
+    double q = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += kStatsThreads) {
+      const double dv = static_cast<double>(h[i]) - mean;
+      q += dv * dv;
+    }
+    const double var = block_sum(q) / static_cast<double>(n);
+    // The normalised plane, rounded to S as the reference rounds it before the MLP.
+    const double inv = 1.0 / sqrt(var + kCheriEps);
+    for (int64_t i = threadIdx.x; i < n; i += kStatsThreads)
+      h[i] = static_cast<S>((static_cast<double>(h[i]) - mean) * inv);
+  }
+}
+
+// 3: g[i, k] = GELU_tanh(sum_c fc1[k, c] n[i, c]), a thread per value.
+template <class S>
+__global__ void cheri_hidden_kernel(LayerOp op, LayerIo<S> io) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C, per = cheri_scratch(a);
+  for (int64_t t = thread_index(); t < io.rows * L * H; t += thread_stride()) {
+    const int64_t r = t / (L * H), i = (t / H) % L, k = t % H;
+    const S* n = io.scratch + r * per + i * C;
+    const S* w = block_of(io, r) + 3 * C + k * C;
+    S acc = 0;
+    for (int64_t c = 0; c < C; ++c) acc += n[c] * w[c];
+    io.scratch[r * per + L * C + i * H + k] = activate<S>(PP_ACT_GELU_TANH, acc, S(0));
+  }
+}
+
+// 4: y[i, c] = x[i, c] + 0.15 sum_k fc2[c, k] g[i, k], a thread per value.
+template <class S>
+__global__ void cheri_out_kernel(LayerOp op, LayerIo<S> io) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C, per = cheri_scratch(a);
+  for (int64_t t = thread_index(); t < io.rows * L * C; t += thread_stride()) {
+    const int64_t r = t / (L * C), i = (t / C) % L, c = t % C;
+    const S* g = io.scratch + r * per + L * C + i * H;
+    const S* w = block_of(io, r) + 3 * C + H * C + c * H;
+    S acc = 0;
+    for (int64_t k = 0; k < H; ++k) acc += g[k] * w[k];
+    io.y[t] = sample_x(io, r, op.in)[i * C + c] + static_cast<S>(kCheriResidualScale) * acc;
+  }
+}
+
 // 2 with the "sdpa" operation: the scratch of sample r holds its q|k|v rows [L, 3E] and
 // then its mixed rows [L, E], so every (sample, head) is one problem of the operation with
 // b1 = samples (stride 4 L E) and the head's columns (stride hd). The operation serves at most
@@ -289,6 +385,7 @@ bool attention_mix_sdpa(const LayerOp& op, const LayerIo<S>& io, cudaStream_t st
 int64_t scratch_per_sample(const LayerOp& op) {
   if (op.kind == PP_OP_SELF_ATTENTION)
     return op.attention.length * 4 * op.attention.embed;  // q, k, v, then the mixed rows
+  if (op.kind == PP_OP_CHERI_BLOCK) return cheri_scratch(op.cheri);
   return 0;
 }
 
@@ -324,6 +421,19 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
         check(cudaGetLastError(), "attention kernel");
       }
       attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
+      break;
+    }
+    case PP_OP_CHERI_BLOCK: {
+      const pp_cheri_attrs& a = op.cheri;
+      const int64_t plane = io.rows * a.length * a.channels;
+      cheri_conv_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
+      check(cudaGetLastError(), "Cheri conv kernel");
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>(io.rows, 65535));
+      cheri_stats_kernel<S><<<blocks, kStatsThreads, 0, stream>>>(op, io);
+      check(cudaGetLastError(), "Cheri statistics kernel");
+      cheri_hidden_kernel<S><<<grid(plane * a.expansion), kThreads, 0, stream>>>(op, io);
+      check(cudaGetLastError(), "Cheri hidden kernel");
+      cheri_out_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
       break;
     }
     default:

@@ -1,6 +1,8 @@
 // The layer kinds beyond linear and elementwise activations on the device: layer norm,
 // conv (1-D and 2-D, stride, padding, dilation, groups), max/avg pooling, LIF, hard top-1
-// MoE and multi-head self-attention (softmax or argmax, causal or not), each as the core's
+// MoE, multi-head self-attention (softmax or argmax, causal or not) and the Cheri block
+// (its candidate form: each candidate's own weights, in S; the fused kernel of
+// cheri_block.hpp serves one set of weights), each as the core's
 // forward (core/layers/) computes it. They serve the session's dense and materialised paths:
 // one launch runs a chunk of candidates, each with its own parameter block, or the incumbent.
 // Attention mixes its values with the host's "sdpa" operation (operations.h) when the session
@@ -28,6 +30,7 @@ struct LayerOp {
   pp_attention_attrs attention{};
   pp_moe_attrs moe{};
   pp_lif_attrs lif{};
+  pp_cheri_attrs cheri{};
   // Attention: the host's "sdpa" operation for the GPU and the session's dtype, or null for
   // this file's kernel. Not owned (it lives as long as the process).
   const pp_sdpa_table* sdpa = nullptr;
@@ -48,7 +51,8 @@ struct LayerIo {
   S* scratch;
 };
 
-// Scratch values per sample (attention: its q, k, v and mixed rows).
+// Scratch values per sample (attention: its q, k, v and mixed rows; the Cheri block: its
+// normalised conv and hidden rows).
 int64_t scratch_per_sample(const LayerOp& op);
 
 // Queues the op over the chunk on `stream`. Attention with op.sdpa set runs the operation,

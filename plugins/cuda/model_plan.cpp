@@ -74,6 +74,15 @@ std::string layer_op(const pp_layer_view& l, OpPlan& op) {
       params = 4 * a.embed * a.embed + (a.bias ? 4 * a.embed : 0);
       break;
     }
+    case PP_OP_CHERI_BLOCK: {
+      k.cheri = *static_cast<const pp_cheri_attrs*>(l.op_attrs);
+      const pp_cheri_attrs& a = k.cheri;
+      if (a.length <= 0 || a.channels <= 0 || a.expansion <= 0 || a.dilation <= 0 ||
+          op.in != a.length * a.channels || op.out != op.in)
+        return "its length, channels, expansion and dilation disagree with its shapes";
+      params = 3 * a.channels + 2 * a.expansion * a.channels * a.channels;
+      break;
+    }
     default:
       return "not a device layer kind";
   }
@@ -153,7 +162,8 @@ std::string build(const pp_model_view& model, const pp_loss_view& loss,
       op.fn = PP_ACT_IDENTITY;
     } else if (l.op_attrs != nullptr &&
                (l.op == PP_OP_LAYER_NORM || l.op == PP_OP_CONV || l.op == PP_OP_POOL ||
-                l.op == PP_OP_LIF || l.op == PP_OP_MOE || l.op == PP_OP_SELF_ATTENTION)) {
+                l.op == PP_OP_LIF || l.op == PP_OP_MOE || l.op == PP_OP_SELF_ATTENTION ||
+                l.op == PP_OP_CHERI_BLOCK)) {
       const std::string why = layer_op(l, op);
       if (!why.empty()) return where + ": " + why;
       plan.layered_kinds = true;

@@ -99,6 +99,8 @@ const char* op_name(int32_t op) {
       return "moe";
     case PP_OP_LIF:
       return "lif";
+    case PP_OP_CHERI_BLOCK:
+      return "cheri_block";
     default:
       return "?";
   }

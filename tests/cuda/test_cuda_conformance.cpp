@@ -7,6 +7,7 @@
 #include <polyprobe/accumulator.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
@@ -205,20 +206,42 @@ TEST_CASE("cuda: the plugin loads and declines cleanly without a device", "[cuda
   CHECK(sparse);
 }
 
-TEST_CASE("cuda: unsupported layers are declined with the layer named", "[cuda]") {
+namespace {
+
+// A third party's layer kind that no backend knows: y = x^2, elementwise, no parameters.
+class SquareLayer final : public LayerBase<SquareLayer> {
+ public:
+  explicit SquareLayer(Shape shape) : shape_(std::move(shape)) {}
+  std::string kind() const override { return "third_party_square"; }
+  std::vector<ParamSpec> parameters() const override { return {}; }
+  const Shape& input_shape() const override { return shape_; }
+  const Shape& output_shape() const override { return shape_; }
+  void initialize(std::span<double>, std::mt19937_64&) const override {}
+  template <class S>
+  void forward_impl(ConstMatrixRef<S> x, std::span<const S>, MatrixRef<S> y) const {
+    y = x.array().square().matrix();
+  }
+
+ private:
+  Shape shape_;
+};
+
+}  // namespace
+
+TEST_CASE("cuda: a layer kind with no device implementation is declined by name", "[cuda]") {
   require_device();
   const LayerFactory& f = backends().factory;
-  Model model(Shape{{8, 4}});
-  model.add(f.create("cheri_block", {}, model.output_shape()));
-  model.add(f.create("flatten", {}, model.output_shape()));
+  Model model(Shape{{6}});
+  model.add(f.create("linear", {{"out_features", 4}}, model.output_shape()));
+  model.add(std::make_shared<const SquareLayer>(model.output_shape()));
   model.add(f.create("linear", {{"out_features", 3}}, model.output_shape()));
   model.initialize(1);
   auto loss = make_loss("cross_entropy");
   try {
     backends().registry.make_evaluator(model, *loss, cuda_request(DType::f64));
-    FAIL("the cuda backend accepted a cheri_block");
+    FAIL("the cuda backend accepted a layer kind it has no kernel for");
   } catch (const Error& e) {
-    CHECK(std::string(e.what()).find("layer 0 (cheri_block)") != std::string::npos);
+    CHECK(std::string(e.what()).find("layer 1 (third_party_square)") != std::string::npos);
   }
 }
 
@@ -297,6 +320,18 @@ std::vector<Case> layer_kind_cases(std::mt19937_64& rng) {
         {"flatten", json::object()},
         {"linear", {{"out_features", 3}}}},
        "self_attention causal softmax, causal argmax"},
+      {{8, 4},
+       {{"cheri_block", json::object()},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "cheri_block"},
+      {{12, 6},
+       {{"cheri_block", {{"dilation", 3}, {"expansion", 3}}},
+        {"gelu", json::object()},
+        {"cheri_block", {{"dilation", 5}, {"expansion", 1}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "cheri_block dilation 3 e 3, gelu, cheri_block dilation 5 e 1"},
   };
   std::vector<Case> cases;
   for (const Spec& spec : specs) {
