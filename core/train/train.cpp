@@ -22,19 +22,22 @@ namespace {
 
 using train_detail::Checkpoint;
 
-// Rows per chunk of an evaluation. Fixed, so the chunks (and their forwards and partial sums,
-// added in chunk order) are the same for any thread count: the results do not depend on it.
-constexpr int64_t kEvaluationRows = 64;
+// Rows per chunk of an evaluation: a function of the row count alone, so the chunks (and
+// their forwards and partial sums, added in chunk order) are the same for any thread count
+// and the results do not depend on it. A minibatch (the post-step record) goes in chunks of 4
+// rows, so that its forward runs on every thread; a validation or test split in chunks of 64.
+int64_t evaluation_rows(int64_t rows) { return rows <= 256 ? 4 : 64; }
 
 template <class S>
 EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Matrix<double>& inputs,
                              const Targets& targets, const detail::StepThreads& threads) {
   const int64_t rows = inputs.rows();
-  const int64_t chunks = detail::StepThreads::chunk_count(rows, kEvaluationRows);
+  const int64_t chunk_rows = evaluation_rows(rows);
+  const int64_t chunks = detail::StepThreads::chunk_count(rows, chunk_rows);
   std::vector<double> loss_sums(static_cast<std::size_t>(chunks));
   std::vector<int64_t> correct(static_cast<std::size_t>(chunks));
   // Layers' forwards are const and may run concurrently (as evaluators already run them).
-  threads.for_chunks(rows, kEvaluationRows, [&](int64_t chunk, int64_t begin, int64_t end) {
+  threads.for_chunks(rows, chunk_rows, [&](int64_t chunk, int64_t begin, int64_t end) {
     const Matrix<S> outputs =
         model.forward<S>(inputs.middleRows(begin, end - begin).template cast<S>());
     std::vector<S> per(static_cast<std::size_t>(outputs.rows()));

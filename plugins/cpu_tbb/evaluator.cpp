@@ -140,8 +140,10 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
     throw std::invalid_argument("base parameter vector has " + std::to_string(c.n_params) +
                                 " entries, the model has " + std::to_string(ctx_.plan.n_params));
   if (ctx_.inc.stale(incumbent_version))
-    ctx_.inc.refresh(ctx_.plan, c.base_params, incumbent_version, ctx_.loss, ctx_.l2, ctx_.dense_v,
-                     ctx_.dense_v_layer);
+    ctx_.arena->execute([&] {
+      ctx_.inc.refresh(ctx_.plan, c.base_params, incumbent_version, ctx_.loss, ctx_.l2,
+                       ctx_.dense_v, ctx_.dense_v_layer);
+    });
   if (incumbent_loss != nullptr) *incumbent_loss = ctx_.inc.base_loss;
   if (c.count == 0) return;
   for (;;) {

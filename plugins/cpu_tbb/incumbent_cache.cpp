@@ -3,37 +3,71 @@
 
 #include <polyprobe/plugin/plugin.hpp>
 
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
 
 namespace polyprobe::cpu_tbb {
 
+namespace {
+
+// forward_layer on `rows` sample-major rows at `in` into `out` (rows x layer.out, allocated).
 template <class S>
-void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
-                   bool host_only) {
-  out.resize(in.rows(), layer.out);
+void forward_rows(const LayerPlan& layer, const S* in, int64_t rows, const S* params, S* out,
+                  bool host_only) {
+  const Eigen::Map<const Mat<S>> x(in, rows, layer.in);
+  Eigen::Map<Mat<S>> y(out, rows, layer.out);
   if (!host_only && layer.op == LayerOp::affine) {
     const Eigen::Map<const Mat<S>> w(params + layer.offset, layer.out, layer.in);
-    out.noalias() = in * w.transpose();
+    y.noalias() = x * w.transpose();
     if (layer.has_bias)
-      out.rowwise() += Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(
+      y.rowwise() += Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(
           params + layer.offset + layer.weight_count, layer.out);
     return;
   }
   if (!host_only && layer.op == LayerOp::elementwise && layer.is_relu) {
-    out = in.cwiseMax(S(0));
+    y = x.cwiseMax(S(0));
     return;
   }
   const int32_t dtype = pp::dtype_of<S>();
-  const int64_t in_shape[2] = {in.rows(), layer.in}, out_shape[2] = {out.rows(), layer.out},
+  const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
                 p_shape[1] = {layer.count};
-  pp_tensor tin{const_cast<S*>(in.data()), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tin{const_cast<S*>(in), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
   pp_tensor tp{const_cast<S*>(params + layer.offset), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{out.data(), dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+  pp_tensor tout{out, dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
   pp_error err{};
   if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
     throw std::runtime_error(std::string("layer '") + layer.view->kind + "': " + err.message);
+}
+
+// Rows per block of the incumbent's forward. Fixed, so the blocks (and every bit of the
+// result) are the same for any thread count.
+constexpr int64_t kIncumbentRows = 4;
+
+// forward_layer in blocks of kIncumbentRows rows on the current task arena's threads: the
+// incumbent's forward is the one serial part of a step otherwise (a conv on the whole batch).
+template <class S>
+void forward_layer_blocked(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out) {
+  out.resize(in.rows(), layer.out);
+  const int64_t blocks = (in.rows() + kIncumbentRows - 1) / kIncumbentRows;
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t b) {
+    const int64_t begin = b * kIncumbentRows, rows = std::min(kIncumbentRows, in.rows() - begin);
+    forward_rows(layer, in.data() + begin * layer.in, rows, params, out.data() + begin * layer.out,
+                 false);
+  });
+}
+
+}  // namespace
+
+template <class S>
+void forward_layer(const LayerPlan& layer, const Mat<S>& in, const S* params, Mat<S>& out,
+                   bool host_only) {
+  out.resize(in.rows(), layer.out);
+  forward_rows(layer, in.data(), in.rows(), params, out.data(), host_only);
 }
 
 template <class S>
@@ -120,8 +154,9 @@ void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
   weights_t.resize(n_layers);
   acts[0] = x;
   for (std::size_t l = 0; l < n_layers; ++l)
-    forward_layer(plan.layers[l], acts[l], eff.data(), acts[l + 1]);
-  for (std::size_t l = 0; l <= n_layers; ++l) acts_t[l] = acts[l].transpose();
+    forward_layer_blocked(plan.layers[l], acts[l], eff.data(), acts[l + 1]);
+  tbb::parallel_for(std::size_t{0}, n_layers + 1,
+                    [&](std::size_t l) { acts_t[l] = acts[l].transpose(); });
   for (std::size_t l = 0; l < n_layers; ++l) {
     const LayerPlan& layer = plan.layers[l];
     if (layer.op == LayerOp::affine)

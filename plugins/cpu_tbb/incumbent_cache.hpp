@@ -44,7 +44,8 @@ struct IncumbentCache {
   // True when the cached forward is not of incumbent `version` on the current batch.
   bool stale(uint64_t incumbent_version) const { return !ready || incumbent_version != version; }
   // The incumbent `base` [n_params] of `version`: parameters, then the forward of every layer
-  // and the loss (with l2 * |base|^2). `dense_v` / `dense_v_layer`: the subspace's dense v
+  // and the loss (with l2 * |base|^2). Runs its forward on the calling task arena's threads,
+  // with the same results for any thread count. `dense_v` / `dense_v_layer`: the subspace's dense v
   // vectors and their layers (empty in full space).
   void refresh(const ModelPlan& plan, const double* values, uint64_t incumbent_version,
                kernels::LossKind loss, double l2, const std::vector<const double*>& dense_v,
