@@ -11,6 +11,8 @@
 
 #include "context.hpp"
 
+#include <polyprobe/plugin/kernels/cgf_series.hpp>
+
 #include <cstdint>
 #include <vector>
 
@@ -54,11 +56,12 @@ class DeltaPath {
   // (feature-major [outputs, n * batch]); sums in double in sample order.
   void delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses, Scratch& s) const;
   // Cross-entropy of a rank-one logit change dl = s_b g_{u,b}: per direction u and sample
-  // b, the first four cumulants of g under the incumbent's softmax, pre-divided by n!, and
-  // the spread bound M = max_k |g_k - mean|. Float32 only.
+  // b, the cumulant series of kernels/cgf_series.hpp (coefficients of s^1 .. s^N, the label's
+  // term folded in) and the spread M = max_k |g_k - mean| that bounds its range. Float32 only.
   struct Cumulants {
     bool built = false;
-    Mat<S> c1, c2, c3, c4, spread;  // [directions, batch]
+    Mat<S> coef;    // [directions * kernels::kCgfTerms, batch]: row u * N + t holds s^(t+1)'s
+    Mat<S> spread;  // [directions, batch]
   };
   // g(u, k, b) = g[u * su + k * sk + b * sb].
   void build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su, int64_t sk,

@@ -93,65 +93,57 @@ void DeltaPath<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_los
   }
 }
 
-// Rank-one logit changes. With dl_k = s g_k and p the incumbent's softmax of one sample,
-// the loss change is K(s) - s g_y, where K(s) = log sum_k p_k exp(s g_k) is the cumulant
-// generating function of g under p: K(s) = sum_n kappa_n s^n / n!. With M = max_k
-// |g_k - kappa_1|, K(s) - kappa_1 s is analytic for |s| < pi / (2M) and bounded by
-// A = 1 - log cos 1 + pi/2 < 3.2 on |s| = 1/M, so by Cauchy's estimate the terms past the
-// fourth sum to at most A q^5 / (1 - q) with q = |s| M. For q <= kMaxSpread = 1/80 that is
-// below 1.1e-9 per sample, far under float32's rounding of the loss (~1e-7): the series
-// is exact at float32 precision. Samples beyond it make the caller take the exact route.
-namespace {
-constexpr double kMaxSpread = 1.0 / 80.0;
-}
-
+// Rank-one logit changes: the loss change is a power series in s (kernels/cgf_series.hpp),
+// certified exact at float32 precision for |s| M <= kCgfLimit; samples beyond it take the
+// exact route.
 template <class S>
 void DeltaPath<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
                                    int64_t sk, int64_t sb) const {
+  constexpr int terms = kernels::kCgfTerms;
+  constexpr int64_t width = 8;  // samples per packet of the build (float64 lanes)
+  using Lanes = Eigen::Array<double, width, 1>;
   const int64_t classes = ctx_.plan.out_features, batch = ctx_.inc.batch;
-  for (Mat<S>* m : {&table.c1, &table.c2, &table.c3, &table.c4, &table.spread})
-    m->resize(directions, batch);
-  // Class-major rows over the batch, so every loop below runs over samples in vector
-  // registers (this table is rebuilt on every call: hundreds of directions x the batch).
+  const int64_t padded = (batch + width - 1) / width * width;
+  table.coef.resize(directions * terms, batch);
+  table.spread.resize(directions, batch);
+  // Class-major rows over the batch (padded by repeating the last sample), so the series
+  // runs over a packet of samples at once.
   using Rows = Eigen::Array<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const Rows p = ctx_.inc.probs_t.template cast<double>().array();  // [classes, batch]
+  Rows p(classes, padded);
+  for (int64_t k = 0; k < classes; ++k)
+    for (int64_t b = 0; b < padded; ++b)
+      p(k, b) = static_cast<double>(ctx_.inc.probs_t(k, std::min(b, batch - 1)));
   // Directions are independent: split over threads (each row is written by one thread, so
   // the table is the same for any thread count).
   ctx_.arena->execute([&] {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, directions, 16),
-                      [&](const tbb::blocked_range<int64_t>& range) {
-                        Rows values(classes, batch);
-                        Eigen::Array<double, 1, Eigen::Dynamic> mean(batch), m2(batch), m3(batch),
-                            m4(batch), spread(batch), c(batch), pc2(batch), label_value(batch);
-                        for (int64_t u = range.begin(); u != range.end(); ++u) {
-                          for (int64_t k = 0; k < classes; ++k)
-                            for (int64_t b = 0; b < batch; ++b)
-                              values(k, b) = static_cast<double>(g[u * su + k * sk + b * sb]);
-                          mean.setZero();
-                          for (int64_t k = 0; k < classes; ++k) mean += p.row(k) * values.row(k);
-                          m2.setZero();
-                          m3.setZero();
-                          m4.setZero();
-                          spread.setZero();
-                          for (int64_t k = 0; k < classes; ++k) {
-                            c = values.row(k) - mean;
-                            pc2 = p.row(k) * c * c;
-                            m2 += pc2;
-                            m3 += pc2 * c;
-                            m4 += pc2 * c * c;
-                            spread = spread.max(c.abs());
-                          }
-                          for (int64_t b = 0; b < batch; ++b)
-                            label_value(b) =
-                                values(ctx_.inc.labels[static_cast<std::size_t>(b)], b);
-                          // kappa_1 - g_y: the label's logit term folded in (K(s) - s g_y).
-                          table.c1.row(u) = (mean - label_value).template cast<S>().matrix();
-                          table.c2.row(u) = (m2 / 2).template cast<S>().matrix();
-                          table.c3.row(u) = (m3 / 6).template cast<S>().matrix();
-                          table.c4.row(u) = ((m4 - 3 * m2 * m2) / 24).template cast<S>().matrix();
-                          table.spread.row(u) = spread.template cast<S>().matrix();
-                        }
-                      });
+    tbb::parallel_for(
+        tbb::blocked_range<int64_t>(0, directions, 16),
+        [&](const tbb::blocked_range<int64_t>& range) {
+          Rows values(classes, padded);
+          Eigen::Array<double, 1, Eigen::Dynamic> label_value(padded);
+          Lanes coef[terms];
+          for (int64_t u = range.begin(); u != range.end(); ++u) {
+            for (int64_t k = 0; k < classes; ++k)
+              for (int64_t b = 0; b < padded; ++b)
+                values(k, b) =
+                    static_cast<double>(g[u * su + k * sk + std::min(b, batch - 1) * sb]);
+            for (int64_t b = 0; b < padded; ++b)
+              label_value(b) =
+                  values(ctx_.inc.labels[static_cast<std::size_t>(std::min(b, batch - 1))], b);
+            for (int64_t b0 = 0; b0 < padded; b0 += width) {
+              const Lanes spread = kernels::cgf_series<Lanes>(
+                  classes, [&](int64_t k) { return Lanes::Map(p.row(k).data() + b0); },
+                  [&](int64_t k) { return Lanes::Map(values.row(k).data() + b0); },
+                  Lanes::Map(label_value.data() + b0), coef);
+              const int64_t n = std::min(width, batch - b0);
+              for (int t = 0; t < terms; ++t)
+                table.coef.row(u * terms + t).segment(b0, n) =
+                    coef[t].head(n).template cast<S>().transpose().matrix();
+              table.spread.row(u).segment(b0, n) =
+                  spread.head(n).template cast<S>().transpose().matrix();
+            }
+          }
+        });
   });
   table.built = true;
 }
@@ -270,12 +262,10 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
                                    int64_t n, int64_t kink_layer, double* mean_losses) const {
   constexpr int lanes = kLanes<S>;
   const int64_t batch = ctx_.inc.batch;
-  const S limit = static_cast<S>(kMaxSpread);
+  constexpr int terms = kernels::kCgfTerms;
+  const S limit = static_cast<S>(kernels::kCgfLimit);
   const S above = std::nextafter(limit, std::numeric_limits<S>::infinity());  // q > limit
-  const S* c1 = table.c1.data() + u * batch;
-  const S* c2 = table.c2.data() + u * batch;
-  const S* c3 = table.c3.data() + u * batch;
-  const S* c4 = table.c4.data() + u * batch;
+  const S* coef = table.coef.data() + u * terms * batch;  // row t: the coefficient of s^(t+1)
   const S* spread = table.spread.data() + u * batch;
   const KinkTable* kink = kink_layer >= 0 ? &kink_[static_cast<std::size_t>(kink_layer)] : nullptr;
   const S* room_up = kink != nullptr ? kink->room_up.data() + u * batch : nullptr;
@@ -295,12 +285,11 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
       const Packet<S> s = ConstPacketMap<S>(s_row + b);
       // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
       const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
-      // K(s) - s g_y = s (kappa_1 - g_y) + kappa_2 s^2/2 + kappa_3 s^3/6 + kappa_4 s^4/24
-      // (c1 holds kappa_1 - g_y, c2..c4 are pre-divided).
-      Packet<S> loss = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) +
-                       s * (ConstPacketMap<S>(c1 + b) +
-                            s * (ConstPacketMap<S>(c2 + b) +
-                                 s * (ConstPacketMap<S>(c3 + b) + s * ConstPacketMap<S>(c4 + b))));
+      // K(s) - s g_y = s (kappa_1 - g_y) + sum_n kappa_n s^n / n! (Horner, highest power first).
+      Packet<S> poly = ConstPacketMap<S>(coef + (terms - 1) * batch + b);
+      for (int t = terms - 2; t >= 0; --t)
+        poly = poly * s + ConstPacketMap<S>(coef + t * batch + b);
+      Packet<S> loss = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + s * poly;
       uint32_t crossing = 0;
       if (kink != nullptr)
         crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
