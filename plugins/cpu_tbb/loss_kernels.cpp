@@ -210,11 +210,11 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
              s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
     if (crossing != 0) {
       // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
-      // adds them (in unit order). A packet of units at a time keeps only those whose change
-      // reaches (nearly) their distance to the kink; each is then tested exactly.
+      // adds them (in unit order). A packet of units at a time is tested exactly in vector
+      // code (the same float products and sums as the scalar test), and only the units that
+      // cross are added.
       const S* w_col = ctx_.inc.weights_t[l].row(u).data();
       const int64_t mid = ctx_.inc.acts[l + 1].cols();
-      const S near = S(0.999);
       for (int lane = 0; lane < lanes; ++lane) {
         if ((crossing >> lane & 1U) == 0) continue;
         const S sv = s(lane);
@@ -235,9 +235,10 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
         };
         int64_t j0 = 0;
         for (; j0 + lanes <= mid; j0 += lanes) {
-          const Packet<S> reach =
-              (ConstPacketMap<S>(w_col + j0) * sv).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
-          for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
+          const Packet<S> before = ConstPacketMap<S>(pre + j0);
+          const Packet<S> after = before + ConstPacketMap<S>(w_col + j0) * sv;
+          for (uint32_t m = lanes_greater<S>(after, S(0)) ^ lanes_greater<S>(before, S(0)); m != 0;
+               m &= m - 1)
             add(j0 + std::countr_zero(m));
         }
         for (; j0 < mid; ++j0) add(j0);

@@ -29,21 +29,32 @@ using PacketMap = Eigen::Map<Packet<S>, Eigen::Unaligned>;
 template <class S>
 using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
 
-// Bit i set where lane i of p is >= threshold (false for NaN). Eigen's boolean arrays
-// compile to scalar code; this is one vector compare where the instruction set has it.
-template <class S>
-inline uint32_t lanes_at_least(const Packet<S>& p, S threshold) {
+// Bit i set where lane i of p compares with threshold as asked (false for NaN). Eigen's
+// boolean arrays compile to scalar code; this is one vector compare where the instruction set
+// has it.
+enum class LaneTest { at_least, greater };
+template <LaneTest test, class S>
+inline uint32_t lanes_where(const Packet<S>& p, S threshold) {
 #if defined(__AVX512F__)
+  constexpr int predicate = test == LaneTest::at_least ? _CMP_GE_OQ : _CMP_GT_OQ;
   if constexpr (std::is_same_v<S, float>)
-    return _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data()), _mm512_set1_ps(threshold), _CMP_GE_OQ);
+    return _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data()), _mm512_set1_ps(threshold), predicate);
   else
-    return _mm512_cmp_pd_mask(_mm512_loadu_pd(p.data()), _mm512_set1_pd(threshold), _CMP_GE_OQ);
+    return _mm512_cmp_pd_mask(_mm512_loadu_pd(p.data()), _mm512_set1_pd(threshold), predicate);
 #else
   uint32_t mask = 0;
   for (int i = 0; i < kLanes<S>; ++i)
-    if (p(i) >= threshold) mask |= uint32_t{1} << i;
+    if (test == LaneTest::at_least ? p(i) >= threshold : p(i) > threshold) mask |= uint32_t{1} << i;
   return mask;
 #endif
+}
+template <class S>
+inline uint32_t lanes_at_least(const Packet<S>& p, S threshold) {
+  return lanes_where<LaneTest::at_least>(p, threshold);
+}
+template <class S>
+inline uint32_t lanes_greater(const Packet<S>& p, S threshold) {
+  return lanes_where<LaneTest::greater>(p, threshold);
 }
 
 }  // namespace polyprobe::cpu_tbb
