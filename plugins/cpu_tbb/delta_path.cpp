@@ -209,7 +209,6 @@ void DeltaPath<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Sc
   Eigen::Matrix<S, Eigen::Dynamic, 1>& da = s.tmp_col;
   da.resize(mid);
   constexpr int lanes = kLanes<S>;
-  const S near = S(0.999);
   for (int64_t i = 0; i < n; ++i) {
     const auto step = s.step.row(i).array();
     for (int64_t o = 0; o < out; ++o)
@@ -220,8 +219,7 @@ void DeltaPath<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Sc
       if (room < S(0.999)) continue;
       // A ReLU unit may cross its kink: the linear response above plus, per unit that does
       // cross, its exact change minus its linear one through the next layer (a column of W
-      // each, not the whole out x mid product). A packet of units at a time keeps those whose
-      // change reaches (nearly) their distance to the kink; each is then tested exactly.
+      // each, not the whole out x mid product), found by a vector scan (for_each_crossing).
       const S* pre = ctx_.inc.acts[l + 1].row(b).data();
       const S* post = ctx_.inc.acts[l + 2].row(b).data();
       const S* uu = u.data();
@@ -242,14 +240,7 @@ void DeltaPath<S>::apply_direction(std::size_t l, int32_t u_index, int64_t n, Sc
         any = true;
         acc += ctx_.inc.weights_t[l + 2].row(j).transpose() * correction;
       };
-      int64_t j0 = 0;
-      for (; j0 + lanes <= mid; j0 += lanes) {
-        const Packet<S> reach =
-            (ConstPacketMap<S>(uu + j0) * v).abs() - ConstPacketMap<S>(pre + j0).abs() * near;
-        for (uint32_t m = lanes_at_least<S>(reach, S(0)); m != 0; m &= m - 1)
-          add(j0 + std::countr_zero(m));
-      }
-      for (; j0 < mid; ++j0) add(j0);
+      for_each_crossing(pre, uu, v, mid, add);
       if (any) s.next.col(i * batch + b) += acc;
     }
   }

@@ -210,9 +210,7 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
              s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
     if (crossing != 0) {
       // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
-      // adds them (in unit order). A packet of units at a time is tested exactly in vector
-      // code (the same float products and sums as the scalar test), and only the units that
-      // cross are added.
+      // adds them (in unit order), found by a vector scan (for_each_crossing).
       const S* w_col = ctx_.inc.weights_t[l].row(u).data();
       const int64_t mid = ctx_.inc.acts[l + 1].cols();
       for (int lane = 0; lane < lanes; ++lane) {
@@ -233,15 +231,7 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
           any = true;
           for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
         };
-        int64_t j0 = 0;
-        for (; j0 + lanes <= mid; j0 += lanes) {
-          const Packet<S> before = ConstPacketMap<S>(pre + j0);
-          const Packet<S> after = before + ConstPacketMap<S>(w_col + j0) * sv;
-          for (uint32_t m = lanes_greater<S>(after, S(0)) ^ lanes_greater<S>(before, S(0)); m != 0;
-               m &= m - 1)
-            add(j0 + std::countr_zero(m));
-        }
-        for (; j0 < mid; ++j0) add(j0);
+        for_each_crossing(pre, w_col, sv, mid, add);
         if (any)
           for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
       }

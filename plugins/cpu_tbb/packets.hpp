@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include <bit>
 #include <cstdint>
 #include <type_traits>
 
@@ -55,6 +56,24 @@ inline uint32_t lanes_at_least(const Packet<S>& p, S threshold) {
 template <class S>
 inline uint32_t lanes_greater(const Packet<S>& p, S threshold) {
   return lanes_where<LaneTest::greater>(p, threshold);
+}
+
+// Calls add(j) for the units j in [0, mid) whose pre-activation z_j changes sign (crosses a
+// ReLU kink) when moved by w_j * s, in unit order: the exact test a packet of units at a
+// time, in the float arithmetic of the scalar one (z + w * s), so the same units are found.
+// The tail past the last whole packet is passed to add unfiltered; add tests it itself.
+template <class S, class Add>
+inline void for_each_crossing(const S* z, const S* w, S s, int64_t mid, Add&& add) {
+  constexpr int lanes = kLanes<S>;
+  int64_t j0 = 0;
+  for (; j0 + lanes <= mid; j0 += lanes) {
+    const Packet<S> before = ConstPacketMap<S>(z + j0);
+    const Packet<S> after = before + ConstPacketMap<S>(w + j0) * s;
+    for (uint32_t m = lanes_greater<S>(after, S(0)) ^ lanes_greater<S>(before, S(0)); m != 0;
+         m &= m - 1)
+      add(j0 + std::countr_zero(m));
+  }
+  for (; j0 < mid; ++j0) add(j0);
 }
 
 }  // namespace polyprobe::cpu_tbb
