@@ -219,7 +219,10 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
         const int64_t sample = b + lane;
         const S* pre = ctx_.inc.acts[l + 1].row(sample).data();
         const S* post = ctx_.inc.acts[l + 2].row(sample).data();
-        // The lane's corrections add up in a contiguous row (vector code), then join its logits.
+        // The lane's corrections add up over its classes, in a register when they fit one
+        // packet (a row in memory otherwise), then join its logits.
+        const bool narrow = classes <= lanes;
+        Packet<S> acc_packet = Packet<S>::Zero();
         S acc[64];
         bool any = false;
         auto add = [&](int64_t j) {
@@ -227,12 +230,18 @@ Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int
           if ((v > S(0)) == (pre[j] > S(0))) return;
           const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
           const S* w = ctx_.inc.weights_t[l + 2].row(j).data();
-          if (!any) std::fill(acc, acc + classes, S(0));
+          if (narrow) {
+            acc_packet = load_first(w, classes) * correction + acc_packet;
+          } else {
+            if (!any) std::fill(acc, acc + classes, S(0));
+            for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
+          }
           any = true;
-          for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
         };
         for_each_crossing(pre, w_col, sv, mid, add);
-        if (any)
+        if (any && narrow)
+          for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc_packet(k);
+        else if (any)
           for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
       }
     }

@@ -58,6 +58,24 @@ inline uint32_t lanes_greater(const Packet<S>& p, S threshold) {
   return lanes_where<LaneTest::greater>(p, threshold);
 }
 
+// The first `count` (<= kLanes) values at p, zeros in the other lanes; reads nothing past them.
+template <class S>
+inline Packet<S> load_first(const S* p, int64_t count) {
+#if defined(__AVX512F__)
+  Packet<S> out;
+  const auto mask = static_cast<uint16_t>((uint32_t{1} << count) - 1);
+  if constexpr (std::is_same_v<S, float>)
+    _mm512_storeu_ps(out.data(), _mm512_maskz_loadu_ps(mask, p));
+  else
+    _mm512_storeu_pd(out.data(), _mm512_maskz_loadu_pd(static_cast<uint8_t>(mask), p));
+  return out;
+#else
+  Packet<S> out = Packet<S>::Zero();
+  for (int64_t i = 0; i < count; ++i) out(i) = p[i];
+  return out;
+#endif
+}
+
 // Calls add(j) for the units j in [0, mid) whose pre-activation z_j changes sign (crosses a
 // ReLU kink) when moved by w_j * s, in unit order: the exact test a packet of units at a
 // time, in the float arithmetic of the scalar one (z + w * s), so the same units are found.
