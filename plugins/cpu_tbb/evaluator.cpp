@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -25,6 +26,11 @@ constexpr double kWorkerBudgetBytes = 64.0 * 1024 * 1024;
 constexpr double kParamCopiesBudgetBytes = 4.0 * 1024 * 1024 * 1024;
 
 bool is(const char* a, const char* b) { return a != nullptr && std::strcmp(a, b) == 0; }
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
 
 // The forced path, checked before anything is built: "" = auto.
 std::string forced_path(const pp_session_options& options) {
@@ -102,9 +108,11 @@ void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
                       });
   });
   // In-place groups share one parameter copy: one at a time, parallel inside.
+  const auto inplace_start = Clock::now();
   Scratch& s = scratch_.local();
   for (const Group& g : planner_.groups())
     if (g.path == Path::inplace) materialised_.evaluate_inplace(c, g, s, losses);
+  last_ms_.inplace = ms_since(inplace_start);
 }
 
 template <class S>
@@ -139,15 +147,19 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
   if (c.n_params != ctx_.plan.n_params)
     throw std::invalid_argument("base parameter vector has " + std::to_string(c.n_params) +
                                 " entries, the model has " + std::to_string(ctx_.plan.n_params));
+  last_ms_ = PhaseTimes{};
+  auto start = Clock::now();
   if (ctx_.inc.stale(incumbent_version))
     ctx_.arena->execute([&] {
       ctx_.inc.refresh(ctx_.plan, c.base_params, incumbent_version, ctx_.loss, ctx_.l2,
                        ctx_.dense_v, ctx_.dense_v_layer);
     });
+  last_ms_.incumbent = ms_since(start);
   if (incumbent_loss != nullptr) *incumbent_loss = ctx_.inc.base_loss;
   if (c.count == 0) return;
   for (;;) {
     try {
+      start = Clock::now();
       const bool planned = c.structure_key != 0 && c.structure_key == planned_key_ &&
                            chunk_ == planned_chunk_ && inplace_for_dense_ == planned_inplace_;
       if (!planned) {
@@ -160,8 +172,13 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
         planned_inplace_ = inplace_for_dense_;
       }
       site_local_.prepare();
+      last_ms_.plan = ms_since(start);
+      start = Clock::now();
       delta_.build_tables();
+      last_ms_.tables = ms_since(start);
+      start = Clock::now();
       run_groups(c, losses);
+      last_ms_.groups = ms_since(start) - last_ms_.inplace;
       return;
     } catch (const std::bad_alloc&) {
       // Too much held at once: halve the chunk and run the whole set again.
@@ -227,6 +244,16 @@ const char* EvaluatorImpl<S>::explain() {
             {"dense_uses_inplace", inplace_for_dense_},
             {"prefix_reuse", ctx_.plan.no_prefix_reuse.empty() ? "yes" : ctx_.plan.no_prefix_reuse},
             {"last_call_candidates_per_path", counts},
+            {"last_call_ms",
+             {{"incumbent", last_ms_.incumbent},
+              {"plan", last_ms_.plan},
+              {"tables", last_ms_.tables},
+              {"groups", last_ms_.groups},
+              {"inplace", last_ms_.inplace},
+              {"note",
+               "wall ms of the last call: the incumbent's forward when it changed; planning the "
+               "groups and preparing site-local work; the delta tables; the groups on the "
+               "threads; in-place groups one at a time"}}},
             {"layers", layers},
             {"paths",
              {{"sparse",

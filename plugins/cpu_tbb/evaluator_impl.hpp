@@ -59,6 +59,11 @@ class EvaluatorImpl final : public CandidateEvaluator {
   int64_t chunk_halvings_ = 0;      // allocation failures survived by halving the chunk
   bool inplace_for_dense_ = false;  // per-thread parameter copies would not fit
   tbb::enumerable_thread_specific<Scratch> scratch_;
+  // The last call's wall time per phase (explain's "last_call_ms"): where a step's time goes
+  // at many threads, on hosts without a profiler.
+  struct PhaseTimes {
+    double incumbent = 0, plan = 0, tables = 0, groups = 0, inplace = 0;
+  } last_ms_;
   std::string explain_;
 };
 

@@ -5,8 +5,10 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
@@ -79,6 +81,7 @@ Candidates Session::base_candidates() const {
 }
 
 void Session::score(const pp_score_request& r, double* losses, double* incumbent_loss) {
+  last_expand_ms_ = 0;
   if (!has_incumbent_) throw std::logic_error("score before set_incumbent");
   Candidates c = base_candidates();
   if (r.form == PP_CANDIDATES_EXPLICIT) {
@@ -113,6 +116,7 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
     }
     expanded_key_ = key;
   }
+  const auto expand_start = std::chrono::steady_clock::now();
   displacement_.resize(particle_.size() * idx(d_));
   const double* directions = r.directions;
   const double radius = r.probe_radius;
@@ -132,6 +136,9 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
                         }
                       });
   });
+  last_expand_ms_ =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - expand_start)
+          .count();
   c.count = static_cast<int64_t>(particle_.size());
   c.particle = particle_.data();
   c.displacement = displacement_.data();
@@ -148,6 +155,13 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
     std::copy_n(losses_.begin() + static_cast<std::ptrdiff_t>(next), V * K, losses + i * V * K);
     next += idx(V * K);
   }
+}
+
+const char* Session::explain() {
+  nlohmann::json j = nlohmann::json::parse(evaluator_->explain());
+  if (j.contains("last_call_ms")) j["last_call_ms"]["expand"] = last_expand_ms_;
+  explain_ = j.dump();
+  return explain_.c_str();
 }
 
 void Session::read_incumbent(pp_tensor& theta) const {

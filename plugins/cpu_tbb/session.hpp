@@ -36,7 +36,8 @@ class Session {
   void move_incumbent(const double* moves);
   void score(const pp_score_request& request, double* losses, double* incumbent_loss);
   void read_incumbent(pp_tensor& theta) const;
-  const char* explain() { return evaluator_->explain(); }
+  // The evaluator's account, with the last expansion's wall time in "last_call_ms".
+  const char* explain();
 
  private:
   Candidates base_candidates() const;
@@ -59,6 +60,8 @@ class Session {
   uint64_t layout_generation_ = 1;  // bumped by set_particles: the structure key
   uint64_t expanded_key_ = 0;       // the key particle_ was built for (0: none or partial)
   std::unique_ptr<tbb::task_arena> arena_;
+  double last_expand_ms_ = 0;  // the polytope form's expansion in the last score call
+  std::string explain_;
 };
 
 }  // namespace polyprobe::cpu_tbb

@@ -3,6 +3,8 @@
 
 #include <polyprobe/subspaces.hpp>
 
+#include <chrono>
+
 namespace polyprobe::test {
 namespace {
 
@@ -225,6 +227,31 @@ TEST_CASE("cpu_tbb: the incumbent and padding-only particles", "[cpu_tbb]") {
   std::vector<double> losses(2);
   evaluator->evaluate(model.parameters(), cands.set(), losses);
   CHECK(losses[0] == Approx(objective(model, *loss, batch, model.parameters())).epsilon(1e-12));
+}
+
+TEST_CASE("cpu_tbb: explain gives the last call's time per phase, within the call's own time",
+          "[cpu_tbb]") {
+  const Model model = make_model(6, kMlp);
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const Batch batch = make_batch(model, 16);
+  const Candidates cands = make_candidates(model.num_parameters(), 2, 3, 0.3);
+  auto evaluator = cpu_registry().make_evaluator(model, *loss, request("cpu_tbb", DType::f32));
+  evaluator->register_batch(batch);
+  std::vector<double> losses(cands.particle.size());
+  const auto start = std::chrono::steady_clock::now();
+  evaluator->evaluate(model.parameters(), cands.set(), losses);
+  const double call_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const nlohmann::json phases = evaluator->explain()["plugin"]["last_call_ms"];
+  INFO(phases.dump());
+  double sum = 0;
+  for (const char* key : {"incumbent", "plan", "tables", "groups", "inplace"}) {
+    REQUIRE(phases.contains(key));
+    CHECK(phases[key].get<double>() >= 0);
+    sum += phases[key].get<double>();
+  }
+  CHECK(phases["groups"].get<double>() > 0);  // the candidates were scored in that phase
+  CHECK(sum <= call_ms);
 }
 
 }  // namespace
