@@ -97,16 +97,54 @@ double EvaluatorImpl<S>::memory_estimate_bytes() const {
 }
 
 template <class S>
+void EvaluatorImpl<S>::plan_tasks() {
+  constexpr int64_t kCandidatesPerTask = 128;
+  tasks_.clear();
+  const std::vector<Group>& groups = planner_.groups();
+  std::size_t begin = 0;
+  int64_t run = 0;  // candidates in the current run of cheap groups
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const bool cheap = groups[i].path == Path::delta || groups[i].path == Path::incumbent ||
+                       groups[i].path == Path::inplace;
+    if (cheap) {
+      run += groups[i].end - groups[i].begin;
+      if (run < kCandidatesPerTask) continue;
+      tasks_.emplace_back(begin, i + 1);
+    } else {
+      if (begin < i) tasks_.emplace_back(begin, i);  // the cheap run before it
+      tasks_.emplace_back(i, i + 1);
+    }
+    begin = i + 1;
+    run = 0;
+  }
+  if (begin < groups.size()) tasks_.emplace_back(begin, groups.size());
+}
+
+template <class S>
 void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
+  for (TaskTimes& t : task_ms_) t = TaskTimes{};
   ctx_.arena->execute([&] {
-    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, planner_.groups().size()),
-                      [&](const tbb::blocked_range<std::size_t>& range) {
-                        Scratch& s = scratch_.local();
-                        for (std::size_t i = range.begin(); i != range.end(); ++i)
-                          if (planner_.groups()[i].path != Path::inplace)
-                            evaluate_group(c, planner_.groups()[i], s, losses);
-                      });
+    tbb::parallel_for(
+        tbb::blocked_range<std::size_t>(0, tasks_.size(), 1),
+        [&](const tbb::blocked_range<std::size_t>& range) {
+          for (std::size_t t = range.begin(); t != range.end(); ++t) {
+            const auto start = Clock::now();
+            Scratch& s = scratch_.local();
+            for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i)
+              if (planner_.groups()[i].path != Path::inplace)
+                evaluate_group(c, planner_.groups()[i], s, losses);
+            TaskTimes& times = task_ms_.local();
+            const double ms = ms_since(start);
+            times.busy += ms;
+            times.longest = std::max(times.longest, ms);
+          }
+        },
+        tbb::simple_partitioner());
   });
+  for (const TaskTimes& t : task_ms_) {
+    last_ms_.busy += t.busy;
+    last_ms_.longest_task = std::max(last_ms_.longest_task, t.longest);
+  }
   // In-place groups share one parameter copy: one at a time, parallel inside.
   const auto inplace_start = Clock::now();
   Scratch& s = scratch_.local();
@@ -167,6 +205,7 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
         planner_.plan(c, chunk_, inplace_for_dense_, [this](const Group& g, bool other_forced) {
           return site_local_.decline(g, other_forced);
         });
+        plan_tasks();
         planned_key_ = c.structure_key;
         planned_chunk_ = chunk_;
         planned_inplace_ = inplace_for_dense_;
@@ -250,10 +289,13 @@ const char* EvaluatorImpl<S>::explain() {
               {"tables", last_ms_.tables},
               {"groups", last_ms_.groups},
               {"inplace", last_ms_.inplace},
+              {"groups_busy", last_ms_.busy},
+              {"longest_task", last_ms_.longest_task},
               {"note",
                "wall ms of the last call: the incumbent's forward when it changed; planning the "
                "groups and preparing site-local work; the delta tables; the groups on the "
-               "threads; in-place groups one at a time"}}},
+               "threads (groups_busy: the workers' time in them, summed; longest_task: the "
+               "slowest run of groups one worker took at once); in-place groups one at a time"}}},
             {"layers", layers},
             {"paths",
              {{"sparse",
