@@ -9,6 +9,7 @@
 #include <polyprobe/evaluator.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -374,6 +375,11 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
                 std::to_string(losses.size()));
   const bool quadratic = radius_->needs_incumbent();
   StepInfo info = scored_info();
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  auto start = Clock::now();
   // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
   // screen loss plus the particle's offset calibrated on its kept vertices. Per chunk of
   // particles the sum, count and minimum of the finite costs, added in chunk order.
@@ -436,6 +442,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   const double step_r = observe_incumbent(incumbents, reviewed, info);
   if (!quadratic) info.incumbent_loss = info.mean_cost;
 
+  info.phase_ms.cost = since(start);
+  start = Clock::now();
   // One transport problem per block; blocks run side by side (each also parallel over its
   // rows) and their results are combined in block order.
   const double temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
@@ -449,6 +457,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     info.transport_converged = info.transport_converged && r.converged;
   }
   schedule_.observe_solve(info.transport_converged);
+  info.phase_ms.transport = since(start);
+  start = Clock::now();
 
   // Barycentric move, in template space then rotated once: X_i + step_r R_i (W_i T).
   threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
@@ -461,6 +471,8 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     }
   });
 
+  info.phase_ms.move = since(start);
+  start = Clock::now();
   // Quadratic models: per block, the step length along the transport move. Each particle's
   // fit is independent; the block's slope and curvature add chunk partials in order.
   std::vector<BlockModel> models;
@@ -498,7 +510,11 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
       models.push_back(model);
     }
   }
-  return finish_tail(info, models, moves, /*host_costs=*/true);
+  info.phase_ms.fit = since(start);
+  start = Clock::now();
+  StepInfo done = finish_tail(info, models, moves, /*host_costs=*/true);
+  done.phase_ms.tail = since(start);
+  return done;
 }
 
 StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incumbents,

@@ -6,6 +6,7 @@
 #include <polyprobe/error.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <string>
 
@@ -65,7 +66,14 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
       std::copy(previous_.begin(), previous_.end(), params.begin());
     }
   }
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  auto start = Clock::now();
   engine_.plan(objective_key);
+  const double plan_ms = since(start);
+  start = Clock::now();
   const auto& reused = engine_.reused();
 
   // The evaluator keeps the incumbent as a session: bound to these particles once, synced
@@ -157,10 +165,14 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   }
   if (score_incumbent) ++evaluations_;
 
+  const double score_ms = since(start);
   const auto incumbents =
       score_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>();
   StepInfo info = offload ? engine_.finish_on(evaluator, incumbents, moves_)
                           : engine_.finish(losses_, incumbents, moves_);
+  info.phase_ms.plan = plan_ms;
+  info.phase_ms.score = score_ms;
+  start = Clock::now();
   info.candidates = scored + (with_incumbent ? 1 : 0);
   info.screened = screened;
   if (!info.reverted) {
@@ -173,6 +185,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
           eval->incumbent().size() == params.size())
         eval->move_incumbent(moves_);
   }
+  info.phase_ms.apply = since(start);
   return info;
 }
 

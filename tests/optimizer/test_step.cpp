@@ -10,6 +10,7 @@
 #include <polyprobe/registry.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -91,6 +92,27 @@ TEST_CASE("a small MLP's loss decreases under step()", "[optimizer][step]") {
   REQUIRE(info.candidates == per_step);
   REQUIRE(opt.next_step_cost() == per_step);
   REQUIRE_FALSE(opt.uses_trust_region());
+}
+
+TEST_CASE("a step reports its phases' wall time, within the step's own", "[optimizer][step]") {
+  Model model = small_mlp(3);
+  auto loss = make_loss("cross_entropy");
+  auto evaluator = make_reference_evaluator(model, *loss);
+  OptimizerConfig config;
+  config.radius.kind = RadiusModelKind::quadratic;  // the fit phase runs too
+  PolytopeOptimizer opt(model, config);
+  opt.register_evaluator(*evaluator, random_batch(4));
+  opt.step();
+  const auto start = std::chrono::steady_clock::now();
+  const StepInfo info = opt.step();
+  const double step_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const StepInfo::Phases& p = info.phase_ms;
+  for (const double ms : {p.plan, p.score, p.cost, p.transport, p.move, p.fit, p.tail, p.apply})
+    CHECK(ms >= 0);
+  CHECK(p.score > 0);
+  CHECK(p.fit > 0);
+  CHECK(p.plan + p.score + p.cost + p.transport + p.move + p.fit + p.tail + p.apply <= step_ms);
 }
 
 TEST_CASE("the same seed gives the same trajectory", "[optimizer][step]") {
