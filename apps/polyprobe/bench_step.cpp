@@ -89,15 +89,36 @@ std::vector<std::string> regime_names(const Context& ctx) {
 
 // The evaluator a step record times: the bench's backend on `device`, float32 candidates.
 EvaluatorRequest step_request(const Context& ctx, const Workload& w, const std::string& device,
-                              int threads, const std::string& path = "") {
+                              int threads, const std::string& path = "",
+                              CandidateDType candidates = CandidateDType::compute) {
   EvaluatorRequest request;
   request.backend = ctx.vm["bench-backend"].as<std::string>();
   request.device = device;
   request.options.dtype = DType::f32;
+  request.options.candidate_dtype = candidates;
   request.options.threads = threads;
   request.subspace = w.subspace.get();
   request.path = path == "auto" ? "" : path;
   return request;
+}
+
+// --candidate-dtypes: float32 ("same") and any reduced ones, timed side by side.
+std::vector<CandidateDType> candidate_dtypes(const Context& ctx) {
+  std::vector<CandidateDType> dtypes;
+  for (const std::string& name : split(ctx.vm["candidate-dtypes"].as<std::string>())) {
+    try {
+      dtypes.push_back(parse_candidate_dtype(name));
+    } catch (const Error& e) {
+      throw UsageError(std::string("--candidate-dtypes: ") + e.what());
+    }
+  }
+  if (dtypes.empty()) throw UsageError("--candidate-dtypes: name at least one (same, bf16, fp16)");
+  return dtypes;
+}
+
+// "" for float32 candidates, else "+bf16" or "+fp16": appended to a record's path.
+std::string dtype_suffix(CandidateDType dtype) {
+  return dtype == CandidateDType::compute ? "" : "+" + std::string(to_string(dtype));
 }
 
 // The median of the timed calls' thread CPU times (the last `reps` of `cpu_ms`).
@@ -207,7 +228,8 @@ namespace {
 // (rotations, the candidates, their losses and the incumbent's, the cost matrix, the
 // transport solve, the move), each timed call one more step of the same run.
 BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
-                                const std::string& device, int threads, bool host_transport) {
+                                const std::string& device, int threads, bool host_transport,
+                                CandidateDType candidates) {
   const StepRegime* mode = nullptr;
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
@@ -215,8 +237,8 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   OptimizerConfig config = complete_step_config(w, regime);
   config.device_transport = !host_transport;
   PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
-  auto evaluator =
-      ctx.registry.make_evaluator(*w.model, *w.loss, step_request(ctx, w, device, threads));
+  auto evaluator = ctx.registry.make_evaluator(
+      *w.model, *w.loss, step_request(ctx, w, device, threads, "", candidates));
   optimizer.register_evaluator(*evaluator, w.batch);
   StepInfo last;
   std::vector<double> cpu_ms;
@@ -236,7 +258,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.suite = "step";
   r.workload = name;
   r.device = device;
-  r.path = host_transport ? regime + "+host-transport" : regime;
+  r.path = (host_transport ? regime + "+host-transport" : regime) + dtype_suffix(candidates);
   r.threads = threads;
   r.candidates = last.candidates;
   r.batch = w.spec.batch;
@@ -246,6 +268,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.max_rel_diff = std::numeric_limits<double>::quiet_NaN();
   const nlohmann::json explain = evaluator->explain();
   r.extra["regime"] = regime;
+  r.extra["candidate_dtype"] = std::string(to_string(candidates));
   r.extra["what"] =
       "complete optimizer steps: rotations, candidates, losses (and the incumbent's), cost "
       "matrix, transport solve, move; constant schedule";
@@ -285,7 +308,7 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   }
   if (name == "mnist128-rank8") r.extra["polystep_h200_candidates_per_second"] = 17088 / 0.3545;
   if (!ctx.quiet)
-    *ctx.err << name << " " << regime << " " << device << " " << threads
+    *ctx.err << name << " " << r.path << " " << device << " " << threads
              << " threads: " << t.median_ms << " ms\n";
   return r;
 }
@@ -327,103 +350,108 @@ std::vector<BenchRecord> run_step(Context& ctx) {
     const std::vector<int> thread_counts =
         device == "cpu" ? bench_thread_counts(ctx) : std::vector<int>{1};
     const std::vector<std::string> regimes = regime_names(ctx);
+    const std::vector<CandidateDType> dtypes = candidate_dtypes(ctx);
     for (const std::string& regime : regimes) {
       if (regime == "evaluation") continue;
       for (const int threads : bench_thread_counts(ctx))
         for (const std::string& transport : split(ctx.vm["transports"].as<std::string>())) {
           if (transport != "device" && transport != "host")
             throw UsageError("--transports: unknown '" + transport + "' (device, host)");
-          records.push_back(
-              time_complete_steps(ctx, name, regime, device, threads, transport == "host"));
+          for (const CandidateDType dtype : dtypes)
+            records.push_back(time_complete_steps(ctx, name, regime, device, threads,
+                                                  transport == "host", dtype));
         }
     }
     if (std::find(regimes.begin(), regimes.end(), "evaluation") == regimes.end()) continue;
     for (const std::string& path : paths)
-      for (const int threads : thread_counts) {
-        auto evaluator = ctx.registry.make_evaluator(*w.model, *w.loss,
-                                                     step_request(ctx, w, device, threads, path));
-        evaluator->register_batch(w.batch);
-        std::vector<double> losses(static_cast<std::size_t>(count));
-        double base = 0;
-        std::vector<double> cpu_ms;  // the calling thread's CPU time per call
-        const Timing t = time_calls(
-            [&] {
-              const double cpu0 = thread_cpu_ms();
-              w.compute_displacements();
-              base = evaluator->evaluate_base(w.model->parameters());
-              evaluator->evaluate(w.model->parameters(), w.set(), losses);
-              cpu_ms.push_back(thread_cpu_ms() - cpu0);
-            },
-            bench_timing(ctx));
-        double worst = std::abs(base - expect_base) / std::abs(expect_base);
-        for (std::size_t i = 0; i < sample.size(); ++i)
-          worst =
-              std::max(worst, std::abs(losses[static_cast<std::size_t>(sample[i])] - expect[i]) /
-                                  std::abs(expect[i]));
-        const nlohmann::json explain = evaluator->explain();
-        BenchRecord r;
-        r.suite = "step";
-        r.workload = name;
-        r.device = device;
-        r.threads = threads;
-        r.candidates = count;
-        r.extra["regime"] = "evaluation";
-        r.extra["what"] =
-            "candidate evaluation alone (displacements, incumbent forward, every candidate's "
-            "loss) at the reference's displacement 0.5 x 1e-2, where radius-dependent "
-            "shortcuts apply; see step@train for complete steps at the radius training uses";
-        r.extra["host_peak_rss_bytes"] = peak_rss_bytes();
-        r.batch = w.spec.batch;
-        r.timing = t;
-        r.max_rel_diff = worst;
-        std::string ran = path;
-        const nlohmann::json plugin = explain.value("plugin", nlohmann::json::object());
-        if (plugin.contains("last_call_candidates_per_path")) {
-          // Every path that scored candidates, most candidates first: "site-local+sparse".
-          const auto& counts = plugin["last_call_candidates_per_path"];
-          std::vector<std::pair<int64_t, std::string>> used;
-          for (const auto& [p, n] : counts.items())
-            if (n.get<int64_t>() > 0) used.emplace_back(-n.get<int64_t>(), p);
-          std::sort(used.begin(), used.end());
-          if (!used.empty()) ran.clear();
-          for (const auto& [n, p] : used) ran += (ran.empty() ? "" : "+") + p;
-          r.extra["candidates_per_path"] = counts;
-        } else if (plugin.contains("path")) {
-          ran = plugin["path"].get<std::string>();
+      for (const int threads : thread_counts)
+        for (const CandidateDType dtype : dtypes) {
+          auto evaluator = ctx.registry.make_evaluator(
+              *w.model, *w.loss, step_request(ctx, w, device, threads, path, dtype));
+          evaluator->register_batch(w.batch);
+          std::vector<double> losses(static_cast<std::size_t>(count));
+          double base = 0;
+          std::vector<double> cpu_ms;  // the calling thread's CPU time per call
+          const Timing t = time_calls(
+              [&] {
+                const double cpu0 = thread_cpu_ms();
+                w.compute_displacements();
+                base = evaluator->evaluate_base(w.model->parameters());
+                evaluator->evaluate(w.model->parameters(), w.set(), losses);
+                cpu_ms.push_back(thread_cpu_ms() - cpu0);
+              },
+              bench_timing(ctx));
+          double worst = std::abs(base - expect_base) / std::abs(expect_base);
+          for (std::size_t i = 0; i < sample.size(); ++i)
+            worst =
+                std::max(worst, std::abs(losses[static_cast<std::size_t>(sample[i])] - expect[i]) /
+                                    std::abs(expect[i]));
+          const nlohmann::json explain = evaluator->explain();
+          BenchRecord r;
+          r.suite = "step";
+          r.workload = name;
+          r.device = device;
+          r.threads = threads;
+          r.candidates = count;
+          r.extra["regime"] = "evaluation";
+          r.extra["candidate_dtype"] = std::string(to_string(dtype));
+          r.extra["what"] =
+              "candidate evaluation alone (displacements, incumbent forward, every candidate's "
+              "loss) at the reference's displacement 0.5 x 1e-2, where radius-dependent "
+              "shortcuts apply; see step@train for complete steps at the radius training uses";
+          r.extra["host_peak_rss_bytes"] = peak_rss_bytes();
+          r.batch = w.spec.batch;
+          r.timing = t;
+          r.max_rel_diff = worst;
+          std::string ran = path;
+          const nlohmann::json plugin = explain.value("plugin", nlohmann::json::object());
+          if (plugin.contains("last_call_candidates_per_path")) {
+            // Every path that scored candidates, most candidates first: "site-local+sparse".
+            const auto& counts = plugin["last_call_candidates_per_path"];
+            std::vector<std::pair<int64_t, std::string>> used;
+            for (const auto& [p, n] : counts.items())
+              if (n.get<int64_t>() > 0) used.emplace_back(-n.get<int64_t>(), p);
+            std::sort(used.begin(), used.end());
+            if (!used.empty()) ran.clear();
+            for (const auto& [n, p] : used) ran += (ran.empty() ? "" : "+") + p;
+            r.extra["candidates_per_path"] = counts;
+          } else if (plugin.contains("path")) {
+            ran = plugin["path"].get<std::string>();
+          }
+          for (const char* key : {"chunk_size", "memory_estimate_bytes", "device_peak_bytes"})
+            if (plugin.contains(key)) r.extra[key] = plugin[key];
+          r.path = (path == "auto" ? ran : path) + dtype_suffix(dtype);
+          r.extra["evaluator"] = evaluator->name();
+          if (threads == 1) {
+            // With one thread the work runs on the calling thread: its CPU time is the call's
+            // cost without the time other processes took from it (the machine is shared).
+            r.extra["thread_cpu_median_ms"] = timed_median(cpu_ms, t.reps);
+          }
+          r.extra["parity_sample"] = sample.size();
+          r.extra["us_per_candidate"] = 1e3 * t.median_ms / static_cast<double>(count);
+          // FLOP estimates exist for the full-space paths (bench_workloads.cpp); subspace
+          // steps mix sparse and dense directions per particle and are not estimated.
+          if (!w.subspace && !w.spec.sizes.empty()) {
+            const double flops = path == "auto" ? w.delta_flops() : w.dense_flops();
+            r.extra["flops_estimate"] = flops;
+            r.extra["gflops"] = flops / (t.median_ms * 1e6);
+            r.extra["dense_path_flops"] = w.dense_flops();
+            if (peak > 0)
+              r.extra["fraction_of_single_core_peak"] =
+                  flops / (t.median_ms * 1e6) / peak / threads;
+          }
+          if (const auto it = baselines().find(name); it != baselines().end()) {
+            const double torch = threads == 1 ? it->second.torch_1 : it->second.torch_all;
+            r.extra["torch_best_ms"] = torch;
+            r.extra["speedup_vs_torch_best"] = torch / t.median_ms;
+            if (threads == 1 && it->second.seed_1 > 0)
+              r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
+          }
+          records.push_back(r);
+          if (!ctx.quiet)
+            *ctx.err << name << " " << r.path << " " << threads << " threads: " << t.median_ms
+                     << " ms\n";
         }
-        for (const char* key : {"chunk_size", "memory_estimate_bytes", "device_peak_bytes"})
-          if (plugin.contains(key)) r.extra[key] = plugin[key];
-        r.path = path == "auto" ? ran : path;
-        r.extra["evaluator"] = evaluator->name();
-        if (threads == 1) {
-          // With one thread the work runs on the calling thread: its CPU time is the call's
-          // cost without the time other processes took from it (the machine is shared).
-          r.extra["thread_cpu_median_ms"] = timed_median(cpu_ms, t.reps);
-        }
-        r.extra["parity_sample"] = sample.size();
-        r.extra["us_per_candidate"] = 1e3 * t.median_ms / static_cast<double>(count);
-        // FLOP estimates exist for the full-space paths (bench_workloads.cpp); subspace
-        // steps mix sparse and dense directions per particle and are not estimated.
-        if (!w.subspace && !w.spec.sizes.empty()) {
-          const double flops = path == "auto" ? w.delta_flops() : w.dense_flops();
-          r.extra["flops_estimate"] = flops;
-          r.extra["gflops"] = flops / (t.median_ms * 1e6);
-          r.extra["dense_path_flops"] = w.dense_flops();
-          if (peak > 0)
-            r.extra["fraction_of_single_core_peak"] = flops / (t.median_ms * 1e6) / peak / threads;
-        }
-        if (const auto it = baselines().find(name); it != baselines().end()) {
-          const double torch = threads == 1 ? it->second.torch_1 : it->second.torch_all;
-          r.extra["torch_best_ms"] = torch;
-          r.extra["speedup_vs_torch_best"] = torch / t.median_ms;
-          if (threads == 1 && it->second.seed_1 > 0)
-            r.extra["speedup_vs_seed"] = it->second.seed_1 / t.median_ms;
-        }
-        records.push_back(r);
-        if (!ctx.quiet)
-          *ctx.err << name << " " << r.path << " " << threads << " threads: " << t.median_ms
-                   << " ms\n";
-      }
   }
   return records;
 }
@@ -440,7 +468,7 @@ BenchSuite step_suite() {
                     "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
                     "mnist128-sub256, mnist64-full, conv-digits, cnn16-pool, attn-tokens, "
                     "mnist128-rank8, "
-                    "mnist128-factored-r2, mnist128-sub414, mnist128-full) "
+                    "mnist128-factored-r2, mnist128-sub414, mnist128-full, mlp256-deep) "
                     "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
                               "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
@@ -457,6 +485,9 @@ BenchSuite step_suite() {
         "transports", po::value<std::string>()->default_value("device"),
         "step: where complete steps solve the transport: device (on the backend's device when "
         "it offers it, else the host), host, or device,host for both side by side")(
+        "candidate-dtypes", po::value<std::string>()->default_value("same"),
+        "step: the candidates' precision, side by side: same (float32), bf16, fp16 "
+        "(candidate_autocast, e.g. same,bf16,fp16 with --bench-device cuda)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
         "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
         "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "

@@ -27,6 +27,7 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mnist128-factored-r2", {784, 128, 10}, 64, 0, 8, PolytopeKind::simplex, 2},
       {"mnist128-sub414", {784, 128, 10}, 64, 414, 8},
       {"mnist128-full", {784, 128, 10}, 64, 0, 2},
+      {"mlp256-deep", {64, 256, 256, 256, 10}, 32, 0, 2},
   };
   return specs;
 }

@@ -38,7 +38,9 @@ inline constexpr int64_t kNoBudget = -1;
 // hybrid subspace of rank 8 with no budget, orthoplex, d = 8. Then the factored subspace
 // against the others at equal dimension, 784-128-10, batch 64: mnist128-factored-r2 (the
 // plugin factored_subspace, rank 2: 414 coordinates, d = 8), mnist128-sub414 (hybrid, budget
-// 414, d = 8) and mnist128-full (full space, d = 2).
+// 414, d = 8) and mnist128-full (full space, d = 2). Last mlp256-deep, 64-256-256-256-10 at
+// batch 32, full space, d = 2: its first layer's candidates run two 256 x 256 layers densely
+// (no fused tail reaches that far), the GEMMs candidate_autocast takes to the tensor cores.
 const std::vector<WorkloadSpec>& reference_workloads();
 const WorkloadSpec& find_workload(const std::string& name);
 

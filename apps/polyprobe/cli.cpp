@@ -164,6 +164,10 @@ void add_backend_options(po::options_description& options) {
       "device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")(
       "dtype", po::value<std::string>()->default_value("float32"),
       "candidate compute precision: float32 or float64")(
+      "candidate-dtype", po::value<std::string>()->default_value("same"),
+      "candidate_autocast: same (the --dtype), or bf16 / fp16 to run the candidates' forwards "
+      "in that precision with float32 accumulation (the incumbent's stay in --dtype); --device "
+      "cuda --dtype float32 only, refused with the reason elsewhere")(
       "threads", po::value<int>()->default_value(0), "worker threads (0 = all cores)")(
       "explain", po::bool_switch(), "print why each component was chosen");
 }
@@ -176,6 +180,12 @@ EvaluatorRequest evaluator_request(const Context& context) {
     request.options.dtype = parse_dtype(context.vm["dtype"].as<std::string>());
   } catch (const Error& e) {
     throw UsageError(std::string("--dtype: ") + e.what());
+  }
+  try {
+    request.options.candidate_dtype =
+        parse_candidate_dtype(context.vm["candidate-dtype"].as<std::string>());
+  } catch (const Error& e) {
+    throw UsageError(std::string("--candidate-dtype: ") + e.what());
   }
   request.options.threads = context.vm["threads"].as<int>();
   if (request.options.threads < 0) throw UsageError("--threads must be >= 0");

@@ -19,6 +19,7 @@ nlohmann::json to_json(const PluginInfo& info) {
                     {"name", c.name},
                     {"device", c.device},
                     {"dtypes", c.dtypes},
+                    {"candidate_dtypes", c.candidate_dtypes},
                     {"summary", c.summary}});
   return {{"name", info.name},           {"version", info.version},
           {"vendor", info.vendor},       {"abi", info.abi},
@@ -88,6 +89,7 @@ int run(Context& ctx) {
     for (const CapabilityInfo& c : info.capabilities) {
       std::string dtypes;
       for (const auto& t : c.dtypes) dtypes += (dtypes.empty() ? "" : ",") + t;
+      for (const auto& t : c.candidate_dtypes) dtypes += "," + t + " candidates";
       // Subspace kinds and radius models run on the host: no device, no dtype.
       const bool host_side = c.component == "subspace" || c.component == "radius_model";
       out << "    " << c.component << " " << c.name

@@ -10,6 +10,25 @@
 
 namespace polyprobe {
 
+std::string_view to_string(CandidateDType dtype) {
+  switch (dtype) {
+    case CandidateDType::bf16:
+      return "bf16";
+    case CandidateDType::fp16:
+      return "fp16";
+    default:
+      return "same";
+  }
+}
+
+CandidateDType parse_candidate_dtype(std::string_view name) {
+  if (name == "same" || name.empty()) return CandidateDType::compute;
+  if (name == "bf16" || name == "bfloat16") return CandidateDType::bf16;
+  if (name == "fp16" || name == "float16" || name == "f16") return CandidateDType::fp16;
+  throw Error("unknown candidate dtype '" + std::string(name) +
+              "': use same (the compute dtype), bf16 or fp16");
+}
+
 namespace {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 }  // namespace

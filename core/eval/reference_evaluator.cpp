@@ -96,6 +96,11 @@ class ReferenceEvaluator final : public Evaluator {
 std::unique_ptr<Evaluator> make_reference_evaluator(const Model& model, const Loss& loss,
                                                     const Subspace* subspace,
                                                     EvaluatorOptions options) {
+  if (options.candidate_dtype != CandidateDType::compute)
+    throw Error("the reference evaluator computes every candidate in " +
+                std::string(to_string(options.dtype)) + "; candidate_autocast (--candidate-dtype " +
+                std::string(to_string(options.candidate_dtype)) +
+                ") needs a backend that offers it (the cuda plugin, --device cuda)");
   return std::make_unique<ReferenceEvaluator>(model, loss, subspace, options);
 }
 

@@ -353,6 +353,8 @@ pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device
   o.subspace = subspace;
   o.path = path;
   o.host = host;
+  if (options.candidate_dtype == CandidateDType::bf16) o.candidate_dtype = PP_DTYPE_BF16;
+  if (options.candidate_dtype == CandidateDType::fp16) o.candidate_dtype = PP_DTYPE_F16;
   return o;
 }
 

@@ -251,9 +251,14 @@ void PluginRegistry::load_library(const fs::path& requested) {
                      safe(cap.name),
                      detail::device_label(cap.device),
                      {},
-                     safe(cap.summary)};
+                     safe(cap.summary),
+                     {}};
     for (int32_t t = PP_DTYPE_F32; t <= PP_DTYPE_F16; ++t)
       if ((cap.dtypes & PP_DTYPE_BIT(t)) != 0) c.dtypes.push_back(detail::dtype_label(t));
+    if (cap.component == PP_COMPONENT_EVALUATOR) {
+      if ((cap.flags & PP_EVALUATOR_AUTOCAST_BF16) != 0) c.candidate_dtypes.emplace_back("bf16");
+      if ((cap.flags & PP_EVALUATOR_AUTOCAST_F16) != 0) c.candidate_dtypes.emplace_back("fp16");
+    }
     info.capabilities.push_back(std::move(c));
   }
   for (int32_t i = 0; i < desc->n_layers; ++i) {
@@ -276,7 +281,7 @@ void PluginRegistry::load_library(const fs::path& requested) {
       continue;
     }
     info.capabilities.push_back(
-        {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary)});
+        {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary), {}});
   }
   // Subspace kinds and radius models: listed like layers, their declared capability (if
   // any) completed rather than repeated.
@@ -285,7 +290,7 @@ void PluginRegistry::load_library(const fs::path& requested) {
         info.capabilities.begin(), info.capabilities.end(),
         [&](const CapabilityInfo& c) { return c.component == component && c.name == name; });
     if (declared == info.capabilities.end())
-      info.capabilities.push_back({component, name, "cpu", {}, safe(summary)});
+      info.capabilities.push_back({component, name, "cpu", {}, safe(summary), {}});
     else if (declared->summary.empty())
       declared->summary = safe(summary);
   };
@@ -404,6 +409,11 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       detail::to_pp_options(request.options, device, subspace_view.get(),
                             request.path.empty() ? nullptr : request.path.c_str());
   const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
+  const CandidateDType autocast = request.options.candidate_dtype;
+  uint32_t autocast_flag = 0;  // the capability flag a plugin must declare to be sent it
+  if (autocast == CandidateDType::bf16) autocast_flag = PP_EVALUATOR_AUTOCAST_BF16;
+  if (autocast == CandidateDType::fp16) autocast_flag = PP_EVALUATOR_AUTOCAST_F16;
+  const std::string autocast_name(to_string(autocast));
 
   struct Candidate {
     int score;
@@ -432,12 +442,13 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       if (info.name == backend) decline("it provides no evaluator");
       continue;
     }
-    bool device_ok = false, dtype_ok = false;
+    bool device_ok = false, dtype_ok = false, autocast_ok = autocast_flag == 0;
     for (int32_t c = 0; c < desc->n_caps; ++c) {
       const pp_capability& cap = desc->caps[c];
       if (cap.component != PP_COMPONENT_EVALUATOR || cap.device != device) continue;
       device_ok = true;
       dtype_ok = dtype_ok || (cap.dtypes & PP_DTYPE_BIT(dtype)) != 0;
+      autocast_ok = autocast_ok || (cap.flags & autocast_flag) != 0;
     }
     if (!device_ok) {
       decline("it has no evaluator for device " + request.device);
@@ -445,6 +456,11 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     }
     if (!dtype_ok) {
       decline("its evaluators do not compute in " + std::string(to_string(request.options.dtype)));
+      continue;
+    }
+    if (!autocast_ok) {
+      // A plugin that does not declare it would not read the field: it is never sent.
+      decline("it does not offer candidate_autocast in " + autocast_name + " on " + request.device);
       continue;
     }
     if (desc->session_supports != nullptr) {
@@ -474,6 +490,11 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
           (c.score == chosen->score && c.name < chosen->name))
         chosen = &c;
     if (chosen == nullptr) {
+      if (autocast_flag != 0)
+        throw Error("no plugin can run candidate_autocast (--candidate-dtype " + autocast_name +
+                    ") for this model on " + request.device +
+                    " (the cuda plugin offers it with --device cuda --dtype float32); "
+                    "`polyprobe explain` says why each backend declined");
       if (device != PP_DEVICE_CPU)
         throw Error("no plugin can evaluate on " + request.device +
                     "; `polyprobe plugins` lists what was found and why");

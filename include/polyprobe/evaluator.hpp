@@ -39,10 +39,19 @@ class Model;
 class Loss;
 class Subspace;
 
+// candidate_autocast (--candidate-dtype): the candidates' forwards in a reduced precision
+// with float32 accumulation, the incumbent's in the compute dtype. Only a backend that
+// declares it runs it (the cuda plugin); every other backend refuses it, never ignores it.
+enum class CandidateDType { compute, bf16, fp16 };
+std::string_view to_string(CandidateDType dtype);
+// "same" (the compute dtype), "bf16"/"bfloat16" or "fp16"/"float16"; throws Error otherwise.
+CandidateDType parse_candidate_dtype(std::string_view name);
+
 struct EvaluatorOptions {
   DType dtype = DType::f64;
   int threads = 0;         // 0 = all the process may use
   int64_t chunk_size = 0;  // candidates held at once; 0 = automatic
+  CandidateDType candidate_dtype = CandidateDType::compute;
 };
 
 // A step's candidates as the optimizer produces them: particle i (unless active[i] == 0) at

@@ -39,6 +39,8 @@ struct CapabilityInfo {
   std::string device;  // "cpu", "cuda"
   std::vector<std::string> dtypes;
   std::string summary;
+  // An evaluator's reduced candidate dtypes (candidate_autocast): "bf16", "fp16" or none.
+  std::vector<std::string> candidate_dtypes;
 };
 
 struct PluginInfo {

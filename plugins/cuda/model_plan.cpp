@@ -139,7 +139,10 @@ std::string build(const pp_model_view& model, const pp_loss_view& loss,
       op.positions = op.in / a.in_features;
       op.in = a.in_features;
       op.out = a.out_features;
-      if (op.positions > 1) plan.layered_kinds = true;
+      if (op.positions > 1 && !plan.layered_kinds) {
+        plan.layered_kinds = true;
+        plan.layered_where = where;
+      }
       const int64_t count = a.out_features * a.in_features + (a.bias ? a.out_features : 0);
       if (l.param_count != count)
         return where + ": its parameter range does not match out x in (+ out)";
@@ -166,6 +169,7 @@ std::string build(const pp_model_view& model, const pp_loss_view& loss,
                 l.op == PP_OP_CHERI_BLOCK)) {
       const std::string why = layer_op(l, op);
       if (!why.empty()) return where + ": " + why;
+      if (!plan.layered_kinds) plan.layered_where = where;
       plan.layered_kinds = true;
       for (int64_t p = 0; p < l.param_count; ++p)
         plan.owner[static_cast<std::size_t>(l.param_offset + p)] = i;
@@ -180,6 +184,22 @@ std::string build(const pp_model_view& model, const pp_loss_view& loss,
                    [](const OpPlan& op) { return op.op == PP_OP_LINEAR; }))
     return "the model has no linear layer: nothing to search";
   plan.out_features = width;
+  plan.autocast =
+      PP_HAS_FIELD(&options, pp_session_options, candidate_dtype) ? options.candidate_dtype : 0;
+  if (plan.autocast != 0) {
+    if (plan.autocast != PP_DTYPE_BF16 && plan.autocast != PP_DTYPE_F16)
+      return "candidate dtype " + std::to_string(plan.autocast) +
+             ": candidate_autocast runs bf16 or fp16";
+    if (options.dtype != PP_DTYPE_F32)
+      return "candidate_autocast runs a float32 session's candidates in bf16 or fp16: use "
+             "--dtype float32";
+    if (plan.layered_kinds)
+      return "candidate_autocast runs the changes of linear + activation MLPs through "
+             "tensor-core GEMMs; " +
+             plan.layered_where +
+             " runs on the dense path, whose layer kernels compute in float32 (drop "
+             "--candidate-dtype)";
+  }
   return "";
 }
 

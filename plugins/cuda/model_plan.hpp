@@ -42,6 +42,9 @@ struct ModelPlan {
   // Some op is a layer_ops.cuh kind or a linear op per position: only the dense and
   // materialised paths serve the model.
   bool layered_kinds = false;
+  std::string layered_where;  // "layer i (kind)": the first such op
+  // candidate_autocast: PP_DTYPE_BF16 or PP_DTYPE_F16, 0 = off (autocast.cuh).
+  int32_t autocast = 0;
 };
 
 // The features an op writes per sample.

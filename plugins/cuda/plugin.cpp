@@ -68,6 +68,12 @@ std::string path_reason(const char* path, const pp_session_options& options) {
                     : "";
   if (p == "subspace-delta")
     return subspace ? "" : "path 'subspace-delta' needs a subspace; in full space use 'sparse'";
+  const bool autocast =
+      PP_HAS_FIELD(&options, pp_session_options, candidate_dtype) && options.candidate_dtype != 0;
+  if (autocast && (p == "dense" || p == "materialised"))
+    return "path '" + std::string(p) +
+           "' materialises every candidate's weights in float32; candidate_autocast runs on "
+           "the layered delta path (auto, layered, sparse or subspace-delta)";
   if (p == "layered" || p == "dense" || p == "materialised") return "";
   return "unknown path '" + std::string(p) + "' (paths: " + polyprobe::cuda::kPathNames + ")";
 }
@@ -176,11 +182,12 @@ int32_t probe(pp_error* why) {
 }
 
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
+constexpr uint32_t kAutocast = PP_EVALUATOR_AUTOCAST_BF16 | PP_EVALUATOR_AUTOCAST_F16;
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CUDA, kFloats, kAutocast,
      "full space, linear + activation MLPs: a particle's change corrects its layer's output "
      "sparsely, the rest one cuBLAS GEMM over the chunk; device-resident"},
-    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, kAutocast,
      "rank-one subspace coordinates (hybrid): the rows and columns they move correct the "
      "layer's output, the rest one cuBLAS GEMM over the chunk"},
     {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CUDA, kFloats, 0,

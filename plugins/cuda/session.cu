@@ -10,6 +10,10 @@
 // a later op (a particle may straddle two layers). In a subspace the changed parameters are
 // the rows and columns of the particle's rank-one coordinates, with the same arithmetic as
 // kernels::apply_subspace_move.
+//
+// With candidate_autocast (autocast.cuh) a float32 session runs the later layers of those
+// candidates on their changes, in bf16 or fp16 GEMMs with float32 accumulation.
+#include "autocast.cuh"
 #include "device.hpp"
 #include "fused_tail.cuh"
 #include "kernels.cuh"
@@ -27,6 +31,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace polyprobe::cuda {
@@ -409,16 +414,20 @@ class DeviceSession final : public Session {
     const auto particle_of = [&](int64_t g) {
       return src.polytope ? active[sz(g / (int64_t{vertices_} * probes_))] : request.particle[g];
     };
+    autocast_candidates_ = 0;
     int64_t g = 0;
     while (g < count) {
       const int64_t cap = chunk_capacity();
       // A chunk: consecutive candidates whose first changed op is the same.
       const int32_t first = first_op_[sz(particle_of(g))];
       const int32_t mode = fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(g))];
+      // With autocast, the particles that also touch a later op (rare) run apart, in float32.
+      const bool straddles = last_op_[sz(particle_of(g))] > first;
       int32_t last = -1;
       int64_t end = g;
       while (end < count && end - g < cap && first_op_[sz(particle_of(end))] == first &&
-             (fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(end))]) == mode) {
+             (fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(end))]) == mode &&
+             (autocast_ == 0 || (last_op_[sz(particle_of(end))] > first) == straddles)) {
         last = std::max(last, last_op_[sz(particle_of(end))]);
         ++end;
       }
@@ -428,6 +437,8 @@ class DeviceSession final : public Session {
           run_fused_chunk(src, end - g, first, mode);
         else if (path_ == PathKind::dense || path_ == PathKind::materialised)
           run_dense_chunk(src, end - g, path_ == PathKind::materialised ? -1 : first, first, last);
+        else if (autocast_ != 0 && !straddles)
+          run_autocast_chunk(src, end - g, first);
         else
           run_chunk(src, end - g, first, last);
       } catch (const OutOfMemory&) {
@@ -590,14 +601,27 @@ class DeviceSession final : public Session {
                        : path_ == PathKind::materialised ? "materialised"
                        : sub                             ? "subspace-delta"
                                                          : "sparse";
-    j << "{\"evaluator\":\"cuda\",\"device\":\"" << device_name() << "\",\"dtype\":\""
-      << (sizeof(T) == 4 ? "float32" : "float64") << "\",\"path\":\"" << path << "\""
+    const char* dtype = sizeof(T) == 4 ? "float32" : "float64";
+    j << "{\"evaluator\":\"cuda\",\"device\":\"" << device_name() << "\",\"dtype\":\"" << dtype
+      << "\",\"candidate_dtype\":\""
+      << (autocast_ == PP_DTYPE_BF16  ? "bf16"
+          : autocast_ == PP_DTYPE_F16 ? "fp16"
+                                      : dtype)
+      << "\",\"path\":\"" << path << "\""
       << ",\"forced\":" << (forced_ ? "true" : "false") << ",\"chunk\":" << chunk_cap_
       << ",\"last_candidates\":" << last_count_ << ",\"device_bytes\":" << DeviceMemory::live()
       << ",\"device_peak_bytes\":" << DeviceMemory::peak()
       << ",\"device_transports\":" << device_transports_
       << ",\"step_bytes_to_device\":" << step_bytes_up_
-      << ",\"step_bytes_to_host\":" << step_bytes_down_ << ",\"layers\":[";
+      << ",\"step_bytes_to_host\":" << step_bytes_down_;
+    if (autocast_ != 0)
+      j << ",\"autocast\":{\"last_candidates\":" << autocast_candidates_
+        << ",\"what\":\"the changes of the layers after a candidate's first changed one, one "
+           "tensor-core GEMM over the chunk with float32 accumulation; the incumbent, the "
+           "first layer's sparse correction, the activations and the loss in float32\","
+           "\"declined\":\"the fused tails of sparse changes (a rank-one update costs less than "
+           "a GEMM) and particles that straddle two layers run in float32\"}";
+    j << ",\"layers\":[";
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (i > 0) j << ",";
@@ -766,6 +790,12 @@ class DeviceSession final : public Session {
     cudaStream_t s = stream_.get();
     launch_effective<T>(theta_d_.data(), owner_d_.data(), ops_d_.data(), plan_.n_params,
                         eff_d_.data(), s);
+    if constexpr (std::is_same_v<T, float>) {
+      if (autocast_ != 0) {  // the weights in the reduced dtype, once per incumbent
+        w_reduced_.resize(sz(plan_.n_params));
+        launch_to_reduced(eff_d_.data(), w_reduced_.data(), plan_.n_params, autocast_, s);
+      }
+    }
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
       if (op.op == PP_OP_LINEAR) {
@@ -795,6 +825,7 @@ class DeviceSession final : public Session {
                     elem_max_ * int64_t{sizeof(T) + sizeof(double)} + int64_t{sizeof(double)};
     if (path_ == PathKind::dense || path_ == PathKind::materialised)
       bytes += (largest_block() + elem_max_ + batch_ * largest_scratch()) * int64_t{sizeof(T)};
+    if (autocast_ != 0) bytes += batch_ * plan_.max_width * int64_t{kReducedBytes};
     return bytes;
   }
 
@@ -839,6 +870,7 @@ class DeviceSession final : public Session {
     dq_.resize(0);
     l2_terms_.resize(0);
     l2c_.resize(0);
+    x_reduced_.resize(0);
   }
 
   void run_chunk(const CandidateSource& src, int64_t count, int32_t first, int32_t last) {
@@ -877,6 +909,65 @@ class DeviceSession final : public Session {
                             labels_d_.data(), targets_d_.data(), per_.data(), s);
     launch_objective<T>(src, count, per_.data(), batch_, plan_.l2, sum_sq_, l2c_.data(),
                         losses_d_.data(), s);
+  }
+
+  // candidate_autocast (autocast.cuh): the chunk's candidates as changes from the incumbent.
+  // Op `first` is the only op they change: its change is the sparse correction alone; each
+  // activation maps the change of its input to the change of its output in float32; each
+  // later linear op is one reduced-precision GEMM of the change (no bias: it cancels).
+  void run_autocast_chunk(const CandidateSource& src, int64_t count, int32_t first) {
+    if constexpr (!std::is_same_v<T, float>) {
+      throw std::logic_error("candidate_autocast in a float64 session");
+    } else {
+      cudaStream_t s = stream_.get();
+      const int64_t rows = count * batch_;
+      buf_a_.reserve(sz(rows * plan_.max_width));
+      buf_b_.reserve(sz(rows * plan_.max_width));
+      x_reduced_.reserve(sz(rows * plan_.max_width));
+      per_.reserve(sz(rows));
+      dq_.reserve(sz(count * elem_max_));
+      l2_terms_.reserve(sz(count * elem_max_));
+      l2c_.reserve(sz(count));
+      const ParticleTable t = table();
+      launch_deltas<T>(src, t, count, theta_d_.data(), ops_d_.data(), eff_d_.data(), dq_.data(),
+                       nullptr, l2_terms_.data(), l2c_.data(), s);
+      float* cur = buf_a_.data();
+      float* other = buf_b_.data();
+      const OpPlan& f = plan_.ops[sz(first)];
+      check(cudaMemsetAsync(cur, 0, sz(rows * f.out) * sizeof(float), s), "cudaMemsetAsync");
+      launch_correct<T>(src, t, count, first, dq_.data(), acts_[sz(first)].data(), 0, f.in, cur,
+                        f.out, batch_, s);
+      bool reduced_ready = false;  // x_reduced_ holds the change `cur` in the reduced dtype
+      for (std::size_t i = sz(first) + 1; i < plan_.ops.size(); ++i) {
+        const OpPlan& op = plan_.ops[i];
+        if (op.op == PP_OP_ACTIVATION) {
+          if (op.fn == PP_ACT_IDENTITY) continue;
+          std::size_t next = i + 1;
+          while (next < plan_.ops.size() && plan_.ops[next].op == PP_OP_ACTIVATION &&
+                 plan_.ops[next].fn == PP_ACT_IDENTITY)
+            ++next;
+          // Feeding a GEMM, the change is written in the reduced dtype only.
+          reduced_ready = next < plan_.ops.size() && plan_.ops[next].op == PP_OP_LINEAR;
+          launch_activation_change(cur, acts_[i].data(), acts_[i + 1].data(), batch_ * op.out,
+                                   count, op.fn, op.step, cur,
+                                   reduced_ready ? x_reduced_.data() : nullptr, autocast_, s);
+          continue;
+        }
+        if (!reduced_ready) launch_to_reduced(cur, x_reduced_.data(), rows * op.in, autocast_, s);
+        gemm_reduced(blas_.get(), static_cast<int>(op.out), static_cast<int>(rows),
+                     static_cast<int>(op.in), w_reduced_.data() + op.param_offset,
+                     x_reduced_.data(), autocast_, other);
+        reduced_ready = false;
+        std::swap(cur, other);
+      }
+      launch_add_incumbent(cur, acts_.back().data(), batch_ * plan_.out_features, count, s);
+      launch_sample_losses<T>(cur, rows, plan_.out_features, batch_,
+                              static_cast<int32_t>(plan_.loss), labels_d_.data(), targets_d_.data(),
+                              per_.data(), s);
+      launch_objective<T>(src, count, per_.data(), batch_, plan_.l2, sum_sq_, l2c_.data(),
+                          losses_d_.data(), s);
+      autocast_candidates_ += count;
+    }
   }
 
   // The dense and materialised paths: every op from `start` on runs for each candidate with
@@ -1105,6 +1196,14 @@ class DeviceSession final : public Session {
       begin.push_back(static_cast<int64_t>(terms.size()));
     }
     if (forced_dense_) std::fill(fused_mode_.begin(), fused_mode_.end(), -1);
+    // A hidden tail of dense changes (mode 2: a subspace's dense directions) streams the
+    // whole hidden layer per candidate in float32: with autocast that layer runs as a
+    // reduced-precision GEMM over the chunk instead. Sparse changes (mode 1: a few units)
+    // stay fused: their rank-one update costs less than any GEMM (measured: routing them
+    // to the GEMMs made mlp256-full's evaluation 1.3x slower on the H200).
+    if (autocast_ != 0)
+      for (int32_t& m : fused_mode_)
+        if (m == 2) m = -1;
     cudaStream_t s = stream_.get();
     term_begin_d_.upload(begin.data(), begin.size(), s);
     terms_d_.upload(terms.data(), terms.size(), s);
@@ -1279,6 +1378,12 @@ class DeviceSession final : public Session {
   std::vector<DeviceBuffer<T>> vx_t_, acts_t_, weights_t_;
   bool forced_dense_ = false;  // path "layered": the general path only
   int64_t fused_chunks_ = 0;
+
+  // candidate_autocast: the reduced dtype (0 = off, always 0 for float64), the effective
+  // weights and a chunk's input changes in it, and the candidates the last call ran so.
+  int32_t autocast_ = std::is_same_v<T, float> ? plan_.autocast : 0;
+  DeviceBuffer<uint16_t> w_reduced_, x_reduced_;
+  int64_t autocast_candidates_ = 0;
 };
 
 }  // namespace

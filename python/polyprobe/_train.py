@@ -36,6 +36,7 @@ TRAIN_OPTIONS: Dict[str, Tuple[Any, type, str]] = {
     "backend": ("auto", str, "auto, reference, or a plugin name from polyprobe.plugins()"),
     "device": ("cpu", str, "cpu or cuda"),
     "dtype": ("float32", str, "candidate compute precision: float32 or float64"),
+    "candidate_dtype": ("same", str, "candidate_autocast: same, or bf16 / fp16 (cuda, float32)"),
     "threads": (0, int, "worker threads (0: all cores)"),
 }
 _OPTIMIZER_OPTIONS = ("step_radius", "probe_radius", "epsilon", "epsilon_final", "schedule",
@@ -151,7 +152,8 @@ def train(model: Model, x_train: Any, y_train: Any,
     patience, validate_every, time_limit, loss, l2, metrics, checkpoint, resume, the
     optimizer's step_radius=2, probe_radius=2, epsilon=0.3, epsilon_final=0.02,
     schedule="cosine", radius_model="quadratic", polytope="simplex", particle_dim=2, and
-    backend="auto", device="cpu", dtype="float32", threads=0). An unknown option is a
+    backend="auto", device="cpu", dtype="float32", candidate_dtype="same", threads=0). An
+    unknown option is a
     ValueError. ``progress``: True/"auto" (tqdm when installed, else a line per
     validation on stderr), "plain", False (silent), or a callable getting one dict per
     step. The core runs without the GIL; Ctrl-C stops between two steps and raises

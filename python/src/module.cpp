@@ -20,6 +20,7 @@ py::dict plugin_dict(const PluginInfo& info) {
     d["name"] = c.name;
     d["device"] = c.device;
     d["dtypes"] = c.dtypes;
+    d["candidate_dtypes"] = c.candidate_dtypes;
     d["summary"] = c.summary;
     caps.append(d);
   }

@@ -79,10 +79,12 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
   options.resume = opt<bool>(o, "resume");
   if (options.resume && options.checkpoint_path.empty())
     throw BadInput("train: resume=True needs checkpoint=FILE");
-  const EvaluatorRequest request =
+  EvaluatorRequest request =
       evaluator_request(opt<std::string>(o, "backend"), opt<std::string>(o, "device"),
                         opt<std::string>(o, "dtype"), opt<int>(o, "threads"));
   options.dtype = request.options.dtype;
+  request.options.candidate_dtype =
+      bad_input([&] { return parse_candidate_dtype(opt<std::string>(o, "candidate_dtype")); });
 
   const int64_t steps_per_epoch =
       (splits.train.size() + options.batch_size - 1) / options.batch_size;

@@ -58,6 +58,12 @@ def test_train_bad_input(digits):
     with pytest.raises(RuntimeError, match="no_such_plugin"):
         polyprobe.train(mlp(), x, y, validation=(x, y), epochs=1, backend="no_such_plugin",
                         progress=False)
+    with pytest.raises(ValueError, match="unknown candidate dtype 'int8'"):
+        polyprobe.train(mlp(), x, y, validation=(x, y), candidate_dtype="int8")
+    # No cpu backend runs candidate_autocast: refused, never ignored.
+    with pytest.raises(RuntimeError, match="no plugin can run candidate_autocast"):
+        polyprobe.train(mlp(), x, y, validation=(x, y), epochs=1, candidate_dtype="bf16",
+                        progress=False)
 
 
 def test_train_progress_exception_propagates(digits):

@@ -14,6 +14,8 @@
 #include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
+#include "cuda/cuda_backends.hpp"
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
@@ -24,34 +26,10 @@
 #include <string>
 
 using namespace polyprobe;
+using polyprobe::testing::backends;
+using polyprobe::testing::require_device;
 
 namespace {
-
-struct Backends {
-  PluginRegistry registry;
-  LayerFactory factory = LayerFactory::with_builtins();
-  Backends() { registry.load_directories({PluginRegistry::executable_plugin_dir()}); }
-  const PluginInfo* cuda() const {
-    for (const PluginInfo& info : registry.plugins())
-      if (info.name == "cuda") return &info;
-    return nullptr;
-  }
-};
-
-Backends& backends() {
-  static Backends b;
-  return b;
-}
-
-// Skips the calling case (exit 77, ctest's SKIP_RETURN_CODE) when no device is usable.
-void require_device() {
-  const PluginInfo* info = backends().cuda();
-  if (info != nullptr && info->available) return;
-  std::fprintf(stderr, "SKIPPED: no usable CUDA device: %s\n",
-               info == nullptr ? "the cuda plugin was not found" : info->reason.c_str());
-  std::fflush(stderr);
-  std::exit(77);
-}
 
 struct Case {
   Model model;

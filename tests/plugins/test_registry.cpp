@@ -1,6 +1,7 @@
 // The registry against real misbehaving plugins: each failure is recorded with its reason,
 // never thrown, and never stops the other plugins from loading.
 #include <polyprobe/error.hpp>
+#include <polyprobe/evaluator.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/registry.hpp>
@@ -228,6 +229,44 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
     CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
                       Catch::Contains("unknown device"));
   }
+  SECTION("candidate_autocast is refused by every backend that does not declare it") {
+    EvaluatorRequest request;
+    request.options.dtype = DType::f32;
+    request.options.candidate_dtype = CandidateDType::bf16;
+    // Automatic on the cpu: no plugin offers it, and the reference is not a silent fallback.
+    Selection sel;
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request, &sel),
+                      Catch::Contains("no plugin can run candidate_autocast") &&
+                          Catch::Contains("--candidate-dtype bf16"));
+    bool cpu_tbb_says_why = false;
+    for (const auto& r : sel.reasons)
+      cpu_tbb_says_why |= r.find(
+                              "cpu_tbb: declined: it does not offer candidate_autocast in "
+                              "bf16") != std::string::npos;
+    CHECK(cpu_tbb_says_why);
+    request.backend = "cpu_tbb";
+    request.options.candidate_dtype = CandidateDType::fp16;
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("cannot serve") &&
+                          Catch::Contains("does not offer candidate_autocast in fp16"));
+    request.backend = "reference";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("reference evaluator") &&
+                          Catch::Contains("candidate_autocast (--candidate-dtype fp16)"));
+    CHECK_THROWS_WITH(make_reference_evaluator(model, *loss, nullptr, request.options),
+                      Catch::Contains("candidate_autocast"));
+  }
+}
+
+TEST_CASE("candidate dtypes parse by their names and nothing else") {
+  CHECK(parse_candidate_dtype("same") == CandidateDType::compute);
+  CHECK(parse_candidate_dtype("bf16") == CandidateDType::bf16);
+  CHECK(parse_candidate_dtype("bfloat16") == CandidateDType::bf16);
+  CHECK(parse_candidate_dtype("fp16") == CandidateDType::fp16);
+  CHECK(parse_candidate_dtype("float16") == CandidateDType::fp16);
+  CHECK(to_string(CandidateDType::bf16) == "bf16");
+  CHECK_THROWS_WITH(parse_candidate_dtype("int8"),
+                    Catch::Contains("unknown candidate dtype 'int8'") && Catch::Contains("bf16"));
 }
 
 TEST_CASE("a plugin's own benchmark: missing, unavailable and absent ones are clear errors") {

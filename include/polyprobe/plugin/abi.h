@@ -227,7 +227,18 @@ typedef struct pp_session_options {
                        that returns results to host memory has completed its work. */
   /* --- appended: named operations (operations.h) --- */
   const pp_host_api* host; /* (optional) the host's operations; valid for the session's life */
+  /* --- appended: candidate_autocast --- */
+  /* (optional) 0 = candidates compute in `dtype`; PP_DTYPE_BF16 or PP_DTYPE_F16 = the
+   * candidates' forwards run in that precision with float32 accumulation, the incumbent's in
+   * `dtype` (candidate_autocast). The host sends it only to a plugin whose evaluator
+   * capability for the device carries the matching PP_EVALUATOR_AUTOCAST_* flag; the session
+   * declines (session_supports, with the reason) what it cannot run that way. */
+  int32_t candidate_dtype;
 } pp_session_options;
+
+/* pp_capability::flags of an evaluator: the reduced candidate dtypes it runs
+ * (pp_session_options::candidate_dtype). */
+enum { PP_EVALUATOR_AUTOCAST_BF16 = 1u << 0, PP_EVALUATOR_AUTOCAST_F16 = 1u << 1 };
 
 /* Whether the host sent an appended field of a struct (older hosts send fewer). */
 #define PP_HAS_FIELD(ptr, type, field) \
