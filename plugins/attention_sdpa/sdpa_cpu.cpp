@@ -1,11 +1,16 @@
-// Fused attention on the CPU. For each problem (b0, b1, head), K is transposed once into a
-// [head_dim, kv_len] panel so that a query row scores a tile of keys with broadcast
-// multiply-adds along the keys (fixed-size Eigen arrays: vector registers); each row keeps
-// an online softmax (running maximum m, running sum l, unnormalised output acc), rescaled
-// when a later tile raises the maximum, so no [q_len, kv_len] score matrix exists: one
-// tile of one row's scores is all that is held. Argmax weighting
-// keeps each row's first largest score over the tiles in key order instead, which is the
-// explicit attention's tie rule (strictly larger replaces).
+// Fused attention on the CPU, a panel of query rows at a time: the rows of a panel are the
+// lanes of one vector (16 floats or 8 doubles), so every per-row quantity (the running
+// maximum, the softmax sum, the argmax and its index, the causal mask) is one vector and
+// needs no horizontal reduction. The panel's scaled queries are transposed once into
+// [head_dim, lanes]; a tile of 16 keys is scored as 16 independent vectors, each a chain of
+// broadcast multiply-adds over the head dimension (Q K^T as a register-blocked product,
+// reading K in place). The scores of a chunk of keys stay in an L1 panel; then one
+// vectorised exp per key over the panel, and P V as a second register-blocked product
+// (16 of V's columns accumulated over the chunk's keys). Each chunk's maximum is exact, so
+// with up to one chunk of keys (kChunk) there is no rescaling at all; beyond, the online
+// softmax rescales the sum and the output once per chunk. No [q_len, kv_len] score matrix
+// exists. Argmax weighting keeps each row's first largest score in key order instead (a
+// later key replaces only a strictly larger one), the explicit attention's tie rule.
 #include "sdpa_cpu.hpp"
 
 #include <tbb/blocked_range.h>
@@ -25,223 +30,195 @@ namespace polyprobe::attention_sdpa {
 namespace {
 
 template <class S>
+constexpr int kLanes = 64 / static_cast<int>(sizeof(S));  // rows per panel: one 512-bit vector
+constexpr int kTile = 16;        // keys scored at once: 16 independent chains of multiply-adds
+constexpr int kColumns = 16;     // V's columns accumulated at once in P V
+constexpr int64_t kChunk = 256;  // keys whose scores a panel holds (16 KiB), a multiple of kTile
+
+template <class S>
+using Vec = Eigen::Array<S, kLanes<S>, 1>;
+
+template <class S>
 struct Work {
-  std::vector<S> kt;   // K^T [head_dim, padded kv_len], zero past kv_len
-  std::vector<S> qs;   // R scaled queries [R, head_dim]
-  std::vector<S> acc;  // R rows' unnormalised outputs [R, v_dim]
+  std::vector<S> qt;    // the panel's scaled queries, transposed [head_dim, lanes]
+  std::vector<S> st;    // the panel's scores, then weights, of one chunk [kChunk, lanes]
+  std::vector<S> acc;   // the panel's unnormalised outputs, transposed [v_dim, lanes]
+  std::vector<S> tail;  // the last partial tile of keys, zero-padded [kTile, head_dim]
 };
 
-// K^T as a [head_dim, padded] panel, zero past kv_len, padded to a whole number of tiles.
+// Rows i0 .. i0 + rows of q, scaled, transposed into w.qt; lanes past the last row are zero
+// (their results are not written).
 template <class S>
-S* transpose_keys(const S* k, int64_t kr, int64_t keys, int64_t hd, int64_t padded, Work<S>& w) {
-  w.kt.assign(static_cast<std::size_t>(hd * padded), S(0));
-  S* __restrict kt = w.kt.data();
-  for (int64_t d = 0; d < hd; ++d)  // contiguous writes
-    for (int64_t j = 0; j < keys; ++j) kt[d * padded + j] = k[j * kr + d];
-  return kt;
-}
-
-// Rows i0 .. i0 + R of q, scaled, into qs [R, head_dim]; a block past the last row repeats
-// it (its results are not written). Returns each row's visible keys (the causal mask) and
-// their maximum.
-template <class S, int R>
-int64_t load_queries(const pp_sdpa_args& a, const S* q, int64_t qr, int64_t i0, S* qs,
-                     std::array<int64_t, R>& visible) {
-  const int64_t rows = std::min<int64_t>(R, a.q_len - i0);
+void load_queries(const pp_sdpa_args& a, const S* q, int64_t qr, int64_t i0, int64_t rows,
+                  Work<S>& w) {
+  constexpr int W = kLanes<S>;
   const S scale = static_cast<S>(a.scale);
-  int64_t most = 0;
-  for (int r = 0; r < R; ++r) {
-    const int64_t i = i0 + std::min<int64_t>(r, rows - 1);
-    visible[r] = a.causal != 0 ? std::min(a.kv_len, i + 1) : a.kv_len;
-    most = std::max(most, visible[r]);
-    for (int64_t d = 0; d < a.head_dim; ++d) qs[r * a.head_dim + d] = q[i * qr + d] * scale;
-  }
-  return most;
+  w.qt.assign(static_cast<std::size_t>(a.head_dim * W), S(0));
+  S* __restrict qt = w.qt.data();
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t d = 0; d < a.head_dim; ++d) qt[d * W + r] = q[(i0 + r) * qr + d] * scale;
 }
 
-// The scores of R query rows against the tile of keys at j0: every load of the panel feeds R
-// rows' multiply-adds. The R tiles are R T / (vector width) independent chains of
-// multiply-adds; when that is under eight (short tiles, one row), the head dimension is
-// split into partial sums as well, so the FMA latency, not their count, does not bound it.
-template <class S, int T, int R>
-[[gnu::always_inline]] inline void score_tile(const S* kt, int64_t padded, int64_t j0, int64_t hd,
-                                              const S* qs,
-                                              std::array<Eigen::Array<S, T, 1>, R>& s) {
-  using Tile = Eigen::Array<S, T, 1>;
-  constexpr int kChains = R * T * static_cast<int>(sizeof(S)) / 64;
-  constexpr int kSplit = kChains >= 8 ? 1 : kChains >= 4 ? 2 : 4;
-  std::array<std::array<Tile, R>, kSplit> part;
-  for (auto& p : part)
-    for (Tile& t : p) t.setZero();
-  int64_t d = 0;
-  for (; d + kSplit <= hd; d += kSplit)
-    for (int h = 0; h < kSplit; ++h) {
-      const Eigen::Map<const Tile> kd(kt + (d + h) * padded + j0);
-      for (int r = 0; r < R; ++r) part[h][r] += qs[r * hd + d + h] * kd;
+// The scores of the panel against kTile keys (rows of k, kr apart): s[t] holds key t's score
+// for every row of the panel. Each multiply-add takes one key element broadcast from memory.
+template <class S>
+[[gnu::always_inline]] inline void score_tile(const S* k, int64_t kr, int64_t hd, const S* qt,
+                                              std::array<Vec<S>, kTile>& s) {
+  constexpr int W = kLanes<S>;
+  for (Vec<S>& t : s) t.setZero();
+  for (int64_t d = 0; d < hd; ++d) {
+    const Vec<S> qd = Eigen::Map<const Vec<S>>(qt + d * W);
+    for (int t = 0; t < kTile; ++t) s[t] += qd * k[t * kr + d];
+  }
+}
+
+// Scores keys j0 .. j0 + n of the panel at row i0, a tile at a time, with the causal mask
+// applied (-inf where a row may not see a key), and hands each key's scores to
+// use(j, scores). A partial last tile is scored from a zero-padded copy of its keys, so
+// that no read passes the last key.
+template <class S, class Use>
+void score_keys(const pp_sdpa_args& a, const S* k, int64_t kr, int64_t i0, int64_t j0, int64_t n,
+                Work<S>& w, Use&& use) {
+  const int64_t hd = a.head_dim;
+  const Vec<S> lanes = Vec<S>::LinSpaced(kLanes<S>, S(0), S(kLanes<S> - 1));
+  const S minus_inf = -std::numeric_limits<S>::infinity();
+  std::array<Vec<S>, kTile> s;
+  for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+    const int64_t count = std::min<int64_t>(kTile, n - t0);
+    const S* kt = k + (j0 + t0) * kr;
+    if (count == kTile) {
+      score_tile<S>(kt, kr, hd, w.qt.data(), s);
+    } else {
+      w.tail.assign(static_cast<std::size_t>(kTile * hd), S(0));
+      for (int64_t t = 0; t < count; ++t)
+        std::copy(kt + t * kr, kt + t * kr + hd, w.tail.data() + t * hd);
+      score_tile<S>(w.tail.data(), hd, hd, w.qt.data(), s);
     }
-  for (; d < hd; ++d) {
-    const Eigen::Map<const Tile> kd(kt + d * padded + j0);
-    for (int r = 0; r < R; ++r) part[0][r] += qs[r * hd + d] * kd;
-  }
-  for (int r = 0; r < R; ++r) {
-    s[r] = part[0][r];
-    for (int h = 1; h < kSplit; ++h) s[r] += part[h][r];
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t j = j0 + t0 + t;
+      if (a.causal != 0 && j > i0)  // row i0 + r sees keys up to i0 + r
+        s[t] = (lanes < S(j - i0)).select(minus_inf, s[t]);
+      use(j, s[t]);
+    }
   }
 }
 
-// Argmax weighting, R rows at a time: each row's output is the V row of its first largest
-// score (a later tile replaces only a strictly larger maximum; inside a tile the first index
-// that holds the maximum), the explicit attention's tie rule.
-template <class S, int T, int R>
+// The keys the panel at row i0 sees: all, or under the causal mask up to its last row's.
+inline int64_t panel_keys(const pp_sdpa_args& a, int64_t i0, int lanes) {
+  return a.causal != 0 ? std::min<int64_t>(a.kv_len, i0 + lanes) : a.kv_len;
+}
+
+// Argmax weighting: each row's output is the V row of its first largest score. Key 0 is
+// taken unconditionally (as the explicit attention's scan, so a NaN first score stays), a
+// later key only where its score is strictly larger.
+template <class S>
 void attend_argmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
                    const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
-  const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
-  const int64_t padded = (keys + T - 1) / T * T;
-  const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
-  const Eigen::Array<S, T, 1> lanes = Eigen::Array<S, T, 1>::LinSpaced(T, S(0), S(T - 1));
-  w.qs.resize(static_cast<std::size_t>(R * hd));
-  S* __restrict qs = w.qs.data();
-  for (int64_t i0 = 0; i0 < len; i0 += R) {
-    std::array<int64_t, R> visible{};
-    const int64_t most = load_queries<S, R>(a, q, qr, i0, qs, visible);
-    std::array<S, R> best_score{};
-    std::array<int64_t, R> best;
-    best.fill(-1);
-    for (int64_t j0 = 0; j0 < most; j0 += T) {
-      std::array<Eigen::Array<S, T, 1>, R> s;
-      score_tile<S, T, R>(kt, padded, j0, hd, qs, s);
-      for (int r = 0; r < R; ++r) {
-        const int64_t n = std::min<int64_t>(T, visible[r] - j0);
-        if (n <= 0) continue;
-        // The explicit attention's scan (which also skips NaN scores) for a short tile or
-        // one with NaN scores; else one vector maximum, then its first index.
-        const bool scan = T <= 16 || (s[r] != s[r]).any();
-        if (scan) {
-          for (int64_t j = 0; j < n; ++j)
-            if (best[r] < 0 || s[r](j) > best_score[r]) best_score[r] = s[r](j), best[r] = j0 + j;
-          continue;
-        }
-        if (n < T) s[r] = (lanes < S(n)).select(s[r], -std::numeric_limits<S>::infinity());
-        const S top = s[r].maxCoeff();
-        if (best[r] < 0 || top > best_score[r]) {  // the first index of the maximum
-          int64_t j = 0;
-          while (s[r](j) != top) ++j;
-          best_score[r] = top;
-          best[r] = j0 + j;
-        }
-      }
+  constexpr int W = kLanes<S>;
+  for (int64_t i0 = 0; i0 < a.q_len; i0 += W) {
+    const int64_t rows = std::min<int64_t>(W, a.q_len - i0);
+    load_queries(a, q, qr, i0, rows, w);
+    const int64_t keys = panel_keys(a, i0, W);
+    Vec<S> best = Vec<S>::Zero();
+    std::array<int64_t, W> index{};
+    // The index within a chunk is held as S (exact below 2^24); whole indices per chunk.
+    for (int64_t c0 = 0; c0 < keys; c0 += kChunk) {
+      Vec<S> at = Vec<S>::Constant(S(-1));
+      score_keys<S>(a, k, kr, i0, c0, std::min(kChunk, keys - c0), w,
+                    [&](int64_t j, const Vec<S>& s) {
+                      if (j == 0) {
+                        best = s;
+                        at.setZero();
+                        return;
+                      }
+                      at = (s > best).select(Vec<S>::Constant(S(j - c0)), at);
+                      best = (s > best).select(s, best);  // a NaN never replaces, nor is replaced
+                    });
+      for (int r = 0; r < W; ++r)
+        if (at(r) >= S(0)) index[static_cast<std::size_t>(r)] = c0 + static_cast<int64_t>(at(r));
     }
-    const int64_t rows = std::min<int64_t>(R, len - i0);
     for (int64_t r = 0; r < rows; ++r) {
-      const S* vb = v + best[static_cast<std::size_t>(r)] * vr;
-      std::copy(vb, vb + dv, out + (i0 + r) * outr);
+      const S* vb = v + index[static_cast<std::size_t>(r)] * vr;
+      std::copy(vb, vb + a.v_dim, out + (i0 + r) * outr);
     }
   }
 }
 
-// Softmax weighting, R query rows at a time: every load of a key tile or of a row of V
-// feeds R rows' multiply-adds, and p V accumulates in vector registers
-// instead of through a general matrix-vector product per tile (whose dispatch cost about as
-// much as the arithmetic at these sizes). Each row keeps its own online softmax, and its
-// own visible keys under the causal mask.
-template <class S, int T, int R>
+// acc[c, :] += sum_j p[j, :] V[j, c] for C of V's columns from c: C independent chains of
+// multiply-adds, each taking one element of V broadcast from memory.
+template <class S, int C>
+[[gnu::always_inline]] inline void weigh_values(const S* v, int64_t vr, int64_t c, int64_t n,
+                                                const S* p, S* acc) {
+  constexpr int W = kLanes<S>;
+  std::array<Vec<S>, C> sum;
+  for (int cc = 0; cc < C; ++cc) sum[cc] = Eigen::Map<const Vec<S>>(acc + (c + cc) * W);
+  for (int64_t j = 0; j < n; ++j) {
+    const Vec<S> pj = Eigen::Map<const Vec<S>>(p + j * W);
+    const S* vj = v + j * vr + c;
+    for (int cc = 0; cc < C; ++cc) sum[cc] += pj * vj[cc];
+  }
+  for (int cc = 0; cc < C; ++cc) Eigen::Map<Vec<S>>(acc + (c + cc) * W) = sum[cc];
+}
+
+// Softmax weighting, a chunk of keys at a time: scores into the panel (and their maximum),
+// the rescale of what earlier chunks summed if the maximum rose, one exp per key, P V.
+template <class S>
 void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
                     const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
-  using Tile = Eigen::Array<S, T, 1>;
-  constexpr int W = 64 / static_cast<int>(sizeof(S));  // one 512-bit vector of S
-  using Vec = Eigen::Array<S, W, 1>;
-  const int64_t len = a.q_len, keys = a.kv_len, hd = a.head_dim, dv = a.v_dim;
-  const int64_t padded = (keys + T - 1) / T * T;
+  constexpr int W = kLanes<S>;
+  const int64_t dv = a.v_dim;
   const S minus_inf = -std::numeric_limits<S>::infinity();
-  const S* kt = transpose_keys(k, kr, keys, hd, padded, w);
-  const Tile lanes = Tile::LinSpaced(T, S(0), S(T - 1));  // masks the keys past the visible
-  w.qs.resize(static_cast<std::size_t>(R * hd));
-  w.acc.resize(static_cast<std::size_t>(R * dv));
-  S* __restrict qs = w.qs.data();
+  w.st.resize(static_cast<std::size_t>(kChunk * W));
+  w.acc.resize(static_cast<std::size_t>(dv * W));
+  S* __restrict st = w.st.data();
   S* __restrict acc = w.acc.data();
-  for (int64_t i0 = 0; i0 < len; i0 += R) {
-    const int rows = static_cast<int>(std::min<int64_t>(R, len - i0));
-    std::array<int64_t, R> visible{};
-    const int64_t most = load_queries<S, R>(a, q, qr, i0, qs, visible);
-    std::array<S, R> m, l;
-    m.fill(minus_inf);
-    l.fill(S(0));
-    std::fill(acc, acc + R * dv, S(0));
-    for (int64_t j0 = 0; j0 < most; j0 += T) {
-      std::array<Tile, R> s;
-      score_tile<S, T, R>(kt, padded, j0, hd, qs, s);
-      const int64_t n = std::min<int64_t>(T, most - j0);
-      for (int r = 0; r < R; ++r) {
-        if (visible[r] - j0 < T) s[r] = (lanes < S(visible[r] - j0)).select(s[r], minus_inf);
-        if (visible[r] <= j0) {  // this row sees no key of the tile: weight 0 everywhere
-          s[r].setZero();
-          continue;
-        }
-        const S top = std::max(m[r], s[r].maxCoeff());
-        s[r] = (s[r] - top).exp();
-        const S rescale = j0 == 0 ? S(0) : std::exp(m[r] - top);
-        l[r] = l[r] * rescale + s[r].sum();
-        if (j0 > 0 && rescale != S(1))
-          for (int64_t c = 0; c < dv; ++c) acc[r * dv + c] *= rescale;
-        m[r] = top;
+  for (int64_t i0 = 0; i0 < a.q_len; i0 += W) {
+    const int64_t rows = std::min<int64_t>(W, a.q_len - i0);
+    load_queries(a, q, qr, i0, rows, w);
+    const int64_t keys = panel_keys(a, i0, W);
+    Vec<S> m = Vec<S>::Constant(minus_inf), l = Vec<S>::Zero();
+    std::fill(acc, acc + dv * W, S(0));
+    for (int64_t c0 = 0; c0 < keys; c0 += kChunk) {
+      const int64_t n = std::min(kChunk, keys - c0);
+      Vec<S> top = m;
+      score_keys<S>(a, k, kr, i0, c0, n, w, [&](int64_t j, const Vec<S>& s) {
+        Eigen::Map<Vec<S>>(st + (j - c0) * W) = s;
+        top = top.max(s);
+      });
+      if (c0 > 0) {  // key 0 is seen by every row, so m is finite here
+        const Vec<S> rescale = (m - top).exp();
+        l *= rescale;
+        for (int64_t c = 0; c < dv; ++c) Eigen::Map<Vec<S>>(acc + c * W) *= rescale;
       }
-      // acc_r += p_r V_tile, a vector of V's columns at a time.
-      const S* vt = v + j0 * vr;
+      m = top;
+      for (int64_t j = 0; j < n; ++j) {
+        Eigen::Map<Vec<S>> p(st + j * W);
+        p = (p - m).exp();
+        l += p;
+      }
+      const S* vc = v + c0 * vr;
       int64_t c = 0;
-      for (; c + W <= dv; c += W) {
-        // Even and odd keys in separate sums: 2 R independent chains of multiply-adds.
-        std::array<Vec, R> sum, odd;
-        for (int r = 0; r < R; ++r) {
-          sum[r] = Eigen::Map<const Vec>(acc + r * dv + c);
-          odd[r].setZero();
-        }
-        int64_t j = 0;
-        for (; j + 2 <= n; j += 2) {
-          const Eigen::Map<const Vec> v0(vt + j * vr + c), v1(vt + (j + 1) * vr + c);
-          for (int r = 0; r < R; ++r) {
-            sum[r] += s[r](j) * v0;
-            odd[r] += s[r](j + 1) * v1;
-          }
-        }
-        if (j < n) {
-          const Eigen::Map<const Vec> v0(vt + j * vr + c);
-          for (int r = 0; r < R; ++r) sum[r] += s[r](j) * v0;
-        }
-        for (int r = 0; r < R; ++r) Eigen::Map<Vec>(acc + r * dv + c) = sum[r] + odd[r];
-      }
-      for (; c < dv; ++c)
-        for (int r = 0; r < R; ++r) {
-          S t = acc[r * dv + c];
-          for (int64_t j = 0; j < n; ++j) t += s[r](j) * vt[j * vr + c];
-          acc[r * dv + c] = t;
-        }
+      for (; c + kColumns <= dv; c += kColumns) weigh_values<S, kColumns>(vc, vr, c, n, st, acc);
+      if (c + 8 <= dv) weigh_values<S, 8>(vc, vr, c, n, st, acc), c += 8;
+      if (c + 4 <= dv) weigh_values<S, 4>(vc, vr, c, n, st, acc), c += 4;
+      if (c + 2 <= dv) weigh_values<S, 2>(vc, vr, c, n, st, acc), c += 2;
+      if (c < dv) weigh_values<S, 1>(vc, vr, c, n, st, acc);
     }
-    for (int r = 0; r < rows; ++r) {
+    const Vec<S> inv = l.inverse();
+    for (int64_t r = 0; r < rows; ++r) {
       S* o = out + (i0 + r) * outr;
-      const S inv = S(1) / l[r];
-      for (int64_t c = 0; c < dv; ++c) o[c] = acc[r * dv + c] * inv;
+      for (int64_t c = 0; c < dv; ++c) o[c] = acc[c * W + r] * inv(r);
     }
   }
 }
 
-// The tile width for kv_len keys: one vector of floats for short sequences (where a wide
-// tile would be mostly masking), four beyond. Softmax goes R rows at a time (as many as keep
-// R tiles of scores in the 32 vector registers with a tile of keys).
 template <class S>
 void attend_any(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr, const S* v,
                 int64_t vr, S* out, int64_t outr, Work<S>& w) {
-  constexpr int kRows = sizeof(S) == 4 ? 4 : 2;
-  constexpr int kShortRows = 1;  // short sequences: fewer rows lost to a partial last block
-  if (a.weighting == PP_SDPA_ARGMAX) {
-    if (a.kv_len <= 16)
-      attend_argmax<S, 16, kShortRows>(a, q, qr, k, kr, v, vr, out, outr, w);
-    else
-      attend_argmax<S, 64, kRows>(a, q, qr, k, kr, v, vr, out, outr, w);
-  } else if (a.kv_len <= 16) {
-    attend_softmax<S, 16, kShortRows>(a, q, qr, k, kr, v, vr, out, outr, w);
-  } else {
-    attend_softmax<S, 64, kRows>(a, q, qr, k, kr, v, vr, out, outr, w);
-  }
+  if (a.weighting == PP_SDPA_ARGMAX)
+    attend_argmax<S>(a, q, qr, k, kr, v, vr, out, outr, w);
+  else
+    attend_softmax<S>(a, q, qr, k, kr, v, vr, out, outr, w);
 }
 
 template <class S>
