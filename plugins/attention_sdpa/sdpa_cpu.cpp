@@ -1,16 +1,19 @@
 // Fused attention on the CPU, a panel of query rows at a time: the rows of a panel are the
 // lanes of one vector (16 floats or 8 doubles), so every per-row quantity (the running
 // maximum, the softmax sum, the argmax and its index, the causal mask) is one vector and
-// needs no horizontal reduction. The panel's scaled queries are transposed once into
-// [head_dim, lanes]; a tile of 16 keys is scored as 16 independent vectors, each a chain of
-// broadcast multiply-adds over the head dimension (Q K^T as a register-blocked product,
-// reading K in place). The scores of a chunk of keys stay in an L1 panel; then one
-// vectorised exp per key over the panel, and P V as a second register-blocked product
-// (16 of V's columns accumulated over the chunk's keys). Each chunk's maximum is exact, so
-// with up to one chunk of keys (kChunk) there is no rescaling at all; beyond, the online
-// softmax rescales the sum and the output once per chunk. No [q_len, kv_len] score matrix
-// exists. Argmax weighting keeps each row's first largest score in key order instead (a
-// later key replaces only a strictly larger one), the explicit attention's tie rule.
+// needs no horizontal reduction. K is transposed once per problem into a [head_dim, keys]
+// panel and the panel's scaled queries into [head_dim, lanes]; a tile of 16 keys is scored
+// as 16 independent vectors, each a chain of multiply-adds over the head dimension with the
+// key element broadcast from memory (Q K^T as a register-blocked product). The scores of a
+// chunk of keys stay in an L1 panel; then one vectorised exp per key over the panel, and
+// P V as a second register-blocked product (16 of V's columns accumulated over the chunk's
+// keys). Each chunk's maximum is exact, so with up to one chunk of keys (kChunk) there is no
+// rescaling at all; beyond, the online softmax rescales the sum and the output once per
+// chunk. No [q_len, kv_len] score matrix exists. Argmax weighting keeps each row's first
+// largest score in key order instead (a later key replaces only a strictly larger one), the
+// explicit attention's tie rule. Keys a row may not see weigh exactly 0 (exp(-inf)); a
+// masked key's NaN or infinite score, which the explicit attention skips, can make a
+// softmax row NaN here (finite inputs are unaffected).
 #include "sdpa_cpu.hpp"
 
 #include <tbb/blocked_range.h>
@@ -40,11 +43,22 @@ using Vec = Eigen::Array<S, kLanes<S>, 1>;
 
 template <class S>
 struct Work {
-  std::vector<S> qt;    // the panel's scaled queries, transposed [head_dim, lanes]
-  std::vector<S> st;    // the panel's scores, then weights, of one chunk [kChunk, lanes]
-  std::vector<S> acc;   // the panel's unnormalised outputs, transposed [v_dim, lanes]
-  std::vector<S> tail;  // the last partial tile of keys, zero-padded [kTile, head_dim]
+  std::vector<S> qt;   // the panel's scaled queries, transposed [head_dim, lanes]
+  std::vector<S> st;   // the panel's scores, then weights, of one chunk [kChunk, lanes]
+  std::vector<S> acc;  // the panel's unnormalised outputs, transposed [v_dim, lanes]
+  std::vector<S> kt;   // K^T [head_dim, kv_len padded to whole tiles], zero past kv_len
 };
+
+// Eigen 3.4 vectorises neither an array comparison nor select(), so the lane selections
+// (the causal mask, the argmax update) go through its packet layer: its widest vector, any
+// width, a scalar where there is none. (As lane loops, GCC 12 left them scalar: argmax at
+// L = 128 21.4 ms instead of 18.2.)
+namespace ei = Eigen::internal;
+template <class S>
+using Packet = typename ei::packet_traits<S>::type;
+template <class S>
+constexpr int kStep = ei::packet_traits<S>::size;  // lanes per packet
+static_assert(kLanes<float> % kStep<float> == 0 && kLanes<double> % kStep<double> == 0);
 
 // Rows i0 .. i0 + rows of q, scaled, transposed into w.qt; lanes past the last row are zero
 // (their results are not written).
@@ -59,46 +73,57 @@ void load_queries(const pp_sdpa_args& a, const S* q, int64_t qr, int64_t i0, int
     for (int64_t d = 0; d < a.head_dim; ++d) qt[d * W + r] = q[(i0 + r) * qr + d] * scale;
 }
 
-// The scores of the panel against kTile keys (rows of k, kr apart): s[t] holds key t's score
+// K^T as a [head_dim, padded] panel, zero past kv_len: a tile's kTile elements of one head
+// dimension lie in one or two cache lines, all addressed from one pointer, and the last
+// partial tile reads zeros instead of past the last key.
+template <class S>
+int64_t transpose_keys(const pp_sdpa_args& a, const S* k, int64_t kr, Work<S>& w) {
+  const int64_t padded = (a.kv_len + kTile - 1) / kTile * kTile;
+  w.kt.assign(static_cast<std::size_t>(a.head_dim * padded), S(0));
+  S* __restrict kt = w.kt.data();
+  for (int64_t d = 0; d < a.head_dim; ++d)  // contiguous writes
+    for (int64_t j = 0; j < a.kv_len; ++j) kt[d * padded + j] = k[j * kr + d];
+  return padded;
+}
+
+// The scores of the panel against the kTile keys of K^T from kt: s[t] holds key t's score
 // for every row of the panel. Each multiply-add takes one key element broadcast from memory.
 template <class S>
-[[gnu::always_inline]] inline void score_tile(const S* k, int64_t kr, int64_t hd, const S* qt,
+[[gnu::always_inline]] inline void score_tile(const S* kt, int64_t padded, int64_t hd, const S* qt,
                                               std::array<Vec<S>, kTile>& s) {
   constexpr int W = kLanes<S>;
   for (Vec<S>& t : s) t.setZero();
   for (int64_t d = 0; d < hd; ++d) {
     const Vec<S> qd = Eigen::Map<const Vec<S>>(qt + d * W);
-    for (int t = 0; t < kTile; ++t) s[t] += qd * k[t * kr + d];
+    const S* kd = kt + d * padded;
+    for (int t = 0; t < kTile; ++t) s[t] += qd * kd[t];
   }
 }
 
-// Scores keys j0 .. j0 + n of the panel at row i0, a tile at a time, with the causal mask
-// applied (-inf where a row may not see a key), and hands each key's scores to
-// use(j, scores). A partial last tile is scored from a zero-padded copy of its keys, so
-// that no read passes the last key.
-template <class S, class Use>
-void score_keys(const pp_sdpa_args& a, const S* k, int64_t kr, int64_t i0, int64_t j0, int64_t n,
-                Work<S>& w, Use&& use) {
+// Scores keys j0 .. j0 + n of the panel at row i0 (K^T in w.kt) into st [n, lanes], a tile at
+// a time, with the causal mask applied (-inf where a row may not see a key).
+template <class S>
+void score_keys(const pp_sdpa_args& a, int64_t padded, int64_t i0, int64_t j0, int64_t n,
+                Work<S>& w, S* st) {
+  constexpr int W = kLanes<S>;
   const int64_t hd = a.head_dim;
-  const Vec<S> lanes = Vec<S>::LinSpaced(kLanes<S>, S(0), S(kLanes<S> - 1));
   const S minus_inf = -std::numeric_limits<S>::infinity();
   std::array<Vec<S>, kTile> s;
   for (int64_t t0 = 0; t0 < n; t0 += kTile) {
     const int64_t count = std::min<int64_t>(kTile, n - t0);
-    const S* kt = k + (j0 + t0) * kr;
-    if (count == kTile) {
-      score_tile<S>(kt, kr, hd, w.qt.data(), s);
-    } else {
-      w.tail.assign(static_cast<std::size_t>(kTile * hd), S(0));
-      for (int64_t t = 0; t < count; ++t)
-        std::copy(kt + t * kr, kt + t * kr + hd, w.tail.data() + t * hd);
-      score_tile<S>(w.tail.data(), hd, hd, w.qt.data(), s);
-    }
-    for (int64_t t = 0; t < count; ++t) {
+    score_tile<S>(w.kt.data() + j0 + t0, padded, hd, w.qt.data(), s);
+    for (int64_t t = 0; t < count; ++t) Eigen::Map<Vec<S>>(st + (t0 + t) * W) = s[t];
+    // Row i0 + r sees keys up to i0 + r: lanes r < j - i0 of key j are masked.
+    for (int64_t t = 0; a.causal != 0 && t < count; ++t) {
       const int64_t j = j0 + t0 + t;
-      if (a.causal != 0 && j > i0)  // row i0 + r sees keys up to i0 + r
-        s[t] = (lanes < S(j - i0)).select(minus_inf, s[t]);
-      use(j, s[t]);
+      if (j <= i0) continue;
+      const Packet<S> limit = ei::pset1<Packet<S>>(S(j - i0)),
+                      hidden = ei::pset1<Packet<S>>(minus_inf);
+      for (int p = 0; p < W; p += kStep<S>) {
+        S* sp = st + (t0 + t) * W + p;
+        const Packet<S> lane = ei::plset<Packet<S>>(S(p));
+        ei::pstoreu(sp, ei::pselect(ei::pcmp_lt(lane, limit), hidden, ei::ploadu<Packet<S>>(sp)));
+      }
     }
   }
 }
@@ -115,27 +140,69 @@ template <class S>
 void attend_argmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, int64_t kr,
                    const S* v, int64_t vr, S* out, int64_t outr, Work<S>& w) {
   constexpr int W = kLanes<S>;
+  w.st.resize(static_cast<std::size_t>(kChunk * W));
+  S* __restrict st = w.st.data();
+  const int64_t padded = transpose_keys(a, k, kr, w);
   for (int64_t i0 = 0; i0 < a.q_len; i0 += W) {
     const int64_t rows = std::min<int64_t>(W, a.q_len - i0);
     load_queries(a, q, qr, i0, rows, w);
     const int64_t keys = panel_keys(a, i0, W);
-    Vec<S> best = Vec<S>::Zero();
+    // Per packet of lanes: the best score so far and its index within the chunk (held as S,
+    // exact below 2^24; whole indices per chunk in index), in two chains (even and odd keys;
+    // one chain's compare and select per key measured slower than the tile's multiply-adds),
+    // merged per chunk. The odd chain starts each chunk at -inf with an index past the chunk.
+    constexpr int kPackets = W / kStep<S>;
+    Packet<S> best[kPackets], at[kPackets], odd_best[kPackets], odd_at[kPackets];
+    const Packet<S> one = ei::pset1<Packet<S>>(S(1)), two = ei::pset1<Packet<S>>(S(2));
+    auto take = [](Packet<S>& b, Packet<S>& i, const Packet<S>& s, const Packet<S>& here) {
+      const Packet<S> larger = ei::pcmp_lt(b, s);  // false for NaN either side
+      b = ei::pselect(larger, s, b);
+      i = ei::pselect(larger, here, i);
+    };
     std::array<int64_t, W> index{};
-    // The index within a chunk is held as S (exact below 2^24); whole indices per chunk.
     for (int64_t c0 = 0; c0 < keys; c0 += kChunk) {
-      Vec<S> at = Vec<S>::Constant(S(-1));
-      score_keys<S>(a, k, kr, i0, c0, std::min(kChunk, keys - c0), w,
-                    [&](int64_t j, const Vec<S>& s) {
-                      if (j == 0) {
-                        best = s;
-                        at.setZero();
-                        return;
-                      }
-                      at = (s > best).select(Vec<S>::Constant(S(j - c0)), at);
-                      best = (s > best).select(s, best);  // a NaN never replaces, nor is replaced
-                    });
+      const int64_t n = std::min(kChunk, keys - c0);
+      for (int p = 0; p < kPackets; ++p) {
+        at[p] = ei::pset1<Packet<S>>(S(-1));
+        odd_best[p] = ei::pset1<Packet<S>>(-std::numeric_limits<S>::infinity());
+        odd_at[p] = ei::pset1<Packet<S>>(S(kChunk));
+      }
+      // A tile at a time, so that its compares overlap the next tile's multiply-adds.
+      for (int64_t t0 = 0; t0 < n; t0 += kTile) {
+        const int64_t count = std::min<int64_t>(kTile, n - t0);
+        score_keys<S>(a, padded, i0, c0 + t0, count, w, st);
+        int64_t t = 0;
+        if (c0 + t0 == 0) {  // key 0
+          for (int p = 0; p < kPackets; ++p) {
+            best[p] = ei::ploadu<Packet<S>>(st + p * kStep<S>);
+            at[p] = ei::pset1<Packet<S>>(S(0));
+          }
+          t = 1;
+        }
+        Packet<S> here = ei::pset1<Packet<S>>(S(t0 + t));
+        for (; t + 2 <= count; t += 2, here = ei::padd(here, two))
+          for (int p = 0; p < kPackets; ++p) {
+            take(best[p], at[p], ei::ploadu<Packet<S>>(st + t * W + p * kStep<S>), here);
+            take(odd_best[p], odd_at[p], ei::ploadu<Packet<S>>(st + (t + 1) * W + p * kStep<S>),
+                 ei::padd(here, one));
+          }
+        if (t < count)
+          for (int p = 0; p < kPackets; ++p)
+            take(best[p], at[p], ei::ploadu<Packet<S>>(st + t * W + p * kStep<S>), here);
+      }
+      // The odd chain wins where larger, or equal at an earlier key of this chunk.
+      for (int p = 0; p < kPackets; ++p) {
+        const Packet<S> wins =
+            ei::por(ei::pcmp_lt(best[p], odd_best[p]),
+                    ei::pand(ei::pcmp_eq(best[p], odd_best[p]), ei::pcmp_lt(odd_at[p], at[p])));
+        best[p] = ei::pselect(wins, odd_best[p], best[p]);
+        at[p] = ei::pselect(wins, odd_at[p], at[p]);
+      }
+      std::array<S, W> at_lanes;
+      for (int p = 0; p < kPackets; ++p) ei::pstoreu(at_lanes.data() + p * kStep<S>, at[p]);
       for (int r = 0; r < W; ++r)
-        if (at(r) >= S(0)) index[static_cast<std::size_t>(r)] = c0 + static_cast<int64_t>(at(r));
+        if (at_lanes[r] >= S(0))
+          index[static_cast<std::size_t>(r)] = c0 + static_cast<int64_t>(at_lanes[r]);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const S* vb = v + index[static_cast<std::size_t>(r)] * vr;
@@ -172,6 +239,7 @@ void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, i
   w.acc.resize(static_cast<std::size_t>(dv * W));
   S* __restrict st = w.st.data();
   S* __restrict acc = w.acc.data();
+  const int64_t padded = transpose_keys(a, k, kr, w);
   for (int64_t i0 = 0; i0 < a.q_len; i0 += W) {
     const int64_t rows = std::min<int64_t>(W, a.q_len - i0);
     load_queries(a, q, qr, i0, rows, w);
@@ -180,11 +248,12 @@ void attend_softmax(const pp_sdpa_args& a, const S* q, int64_t qr, const S* k, i
     std::fill(acc, acc + dv * W, S(0));
     for (int64_t c0 = 0; c0 < keys; c0 += kChunk) {
       const int64_t n = std::min(kChunk, keys - c0);
-      Vec<S> top = m;
-      score_keys<S>(a, k, kr, i0, c0, n, w, [&](int64_t j, const Vec<S>& s) {
-        Eigen::Map<Vec<S>>(st + (j - c0) * W) = s;
-        top = top.max(s);
-      });
+      score_keys<S>(a, padded, i0, c0, n, w, st);
+      std::array<Vec<S>, 4> tops;  // four chains of maxima, not one
+      tops.fill(m);
+      for (int64_t j = 0; j < n; ++j)
+        tops[j & 3] = tops[j & 3].max(Eigen::Map<const Vec<S>>(st + j * W));
+      const Vec<S> top = tops[0].max(tops[1]).max(tops[2].max(tops[3]));
       if (c0 > 0) {  // key 0 is seen by every row, so m is finite here
         const Vec<S> rescale = (m - top).exp();
         l *= rescale;
