@@ -283,8 +283,8 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.extra["last_step_ms"] = last_step_ms;
   const StepInfo::Phases& ph = last.phase_ms;
   r.extra["last_step_phases_ms"] = {
-      {"plan", ph.plan}, {"score", ph.score}, {"cost", ph.cost}, {"transport", ph.transport},
-      {"move", ph.move}, {"fit", ph.fit},     {"tail", ph.tail}, {"apply", ph.apply}};
+      {"plan", ph.plan}, {"score", ph.score}, {"cost", ph.cost},  {"transport", ph.transport},
+      {"move", ph.move}, {"tail", ph.tail},   {"apply", ph.apply}};
   if (plugin.contains("last_call_ms")) r.extra["last_call_ms"] = plugin["last_call_ms"];
   if (plugin.contains("device_peak_bytes"))
     r.extra["device_peak_bytes"] = plugin["device_peak_bytes"];

@@ -46,20 +46,46 @@ ScheduleSettings schedule_settings(const OptimizerConfig& c) {
 
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 
-// Replaces non-finite costs by a finite penalty above every finite cost of the block, so a
-// diverging candidate repels mass instead of poisoning the solve. False when none is finite.
-bool penalise_nonfinite(MatrixRef<double> cost, double margin) {
-  double worst = -std::numeric_limits<double>::infinity();
-  bool any_finite = false;
-  for (Eigen::Index i = 0; i < cost.size(); ++i)
-    if (std::isfinite(cost.data()[i])) {
-      worst = std::max(worst, cost.data()[i]);
-      any_finite = true;
-    }
-  if (!any_finite) return false;
-  const double penalty = worst + margin * (1 + std::abs(worst));
-  for (Eigen::Index i = 0; i < cost.size(); ++i)
-    if (!std::isfinite(cost.data()[i])) cost.data()[i] = penalty;
+// scaled <- cost with every non-finite entry replaced by a finite penalty above every finite
+// cost of the block, so a diverging candidate repels mass instead of poisoning the solve.
+// False when none is finite. Chunks of rows in parallel: the worst cost is a maximum, exact in
+// any order, so the bits do not depend on the thread count.
+bool copy_penalised(const ConstMatrixRef<double>& cost, MatrixRef<double> scaled, double margin,
+                    const StepThreads& threads) {
+  struct Partial {
+    double worst = -std::numeric_limits<double>::infinity();
+    bool any_finite = false, any_nonfinite = false;
+  };
+  const auto cols = cost.cols();
+  std::vector<Partial> partial(idx(StepThreads::chunk_count(cost.rows(), kParticleGrain)));
+  threads.for_chunks(cost.rows(), kParticleGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    Partial& part = partial[idx(chunk)];
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (Eigen::Index v = 0; v < cols; ++v) {
+        const double c = cost(i, v);
+        scaled(i, v) = c;
+        if (std::isfinite(c)) {
+          part.worst = std::max(part.worst, c);
+          part.any_finite = true;
+        } else {
+          part.any_nonfinite = true;
+        }
+      }
+  });
+  Partial all;
+  for (const Partial& part : partial) {
+    all.worst = std::max(all.worst, part.worst);
+    all.any_finite = all.any_finite || part.any_finite;
+    all.any_nonfinite = all.any_nonfinite || part.any_nonfinite;
+  }
+  if (!all.any_finite) return false;
+  if (!all.any_nonfinite) return true;
+  const double penalty = all.worst + margin * (1 + std::abs(all.worst));
+  threads.for_chunks(cost.rows(), kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (Eigen::Index v = 0; v < cols; ++v)
+        if (!std::isfinite(scaled(i, v))) scaled(i, v) = penalty;
+  });
   return true;
 }
 
@@ -289,9 +315,9 @@ TransportResult StepEngine::solve_block(const BlockRange& block, double temperat
   const auto cost = cost_.middleRows(block.first, block.count);
   auto weights = weights_.middleRows(block.first, block.count);
   auto scaled = scaled_.middleRows(block.first, block.count);
-  scaled = cost;  // the buffer is kept: no allocation per step
   TransportResult result;
-  if (!penalise_nonfinite(scaled, config_.nonfinite_margin)) {
+  // The buffer is kept: no allocation per step.
+  if (!copy_penalised(cost, scaled, config_.nonfinite_margin, threads_)) {
     weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
     return result;
   }
@@ -460,32 +486,34 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   info.phase_ms.transport = since(start);
   start = Clock::now();
 
-  // Barycentric move, in template space then rotated once: X_i + step_r R_i (W_i T).
-  threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
-    Vector<double> m(d_);
-    for (int64_t i = begin; i < end; ++i) {
-      m.noalias() = template_.transpose() * weights_.row(i).transpose();
-      Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
-      Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
-      out.noalias() = step_r * (rot * m);
-    }
-  });
-
-  info.phase_ms.move = since(start);
-  start = Clock::now();
-  // Quadratic models: per block, the step length along the transport move. Each particle's
-  // fit is independent; the block's slope and curvature add chunk partials in order.
+  // Barycentric move, in template space then rotated once: X_i + step_r R_i (W_i T). With a
+  // quadratic radius model, each particle's fit in the same pass (it reads the move just
+  // written): per block the step length along the transport move, whose slope and curvature
+  // add chunk partials in order. Blocks tile the particles, so every particle moves.
+  const auto move_particle = [&](Vector<double>& m, int64_t i) {
+    m.noalias() = template_.transpose() * weights_.row(i).transpose();
+    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
+    Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);
+    out.noalias() = step_r * (rot * m);
+  };
   std::vector<BlockModel> models;
-  if (quadratic) {
+  if (!quadratic) {
+    threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+      Vector<double> m(d_);
+      for (int64_t i = begin; i < end; ++i) move_particle(m, i);
+    });
+  } else {
     const double scaled_radius = probe_r_ * K / (K + 1.0);
     gradients_.resize(idx(P * d_));
     std::vector<BlockModel> partial;
     for (const BlockRange& block : blocks_) {
       partial.assign(idx(StepThreads::chunk_count(block.count, kParticleGrain)), BlockModel{});
       threads_.for_chunks(block.count, kParticleGrain, [&](int64_t chunk, int64_t b, int64_t e) {
+        Vector<double> m(d_);
         std::vector<double> outer(idx(V));
         BlockModel& model = partial[idx(chunk)];
         for (int64_t i = block.first + b; i < block.first + e; ++i) {
+          move_particle(m, i);
           for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
           const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
           Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
@@ -510,7 +538,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
       models.push_back(model);
     }
   }
-  info.phase_ms.fit = since(start);
+  info.phase_ms.move = since(start);
   start = Clock::now();
   StepInfo done = finish_tail(info, models, moves, /*host_costs=*/true);
   done.phase_ms.tail = since(start);
@@ -591,8 +619,12 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
       const double a = radius_->move_scale(model);
       at_boundary = at_boundary || a >= config_.radius.quadratic_max_scale;
       predicted += a * model.slope + 0.5 * a * a * model.curvature;
-      for (int64_t c = block.first * d_; c < (block.first + block.count) * d_; ++c)
-        moves[idx(c)] *= a;
+      const int64_t first = block.first * d_;
+      threads_.for_chunks(block.count * d_, kParticleGrain * d_,
+                          [&](int64_t, int64_t begin, int64_t end) {
+                            for (int64_t c = first + begin; c < first + end; ++c)
+                              moves[idx(c)] *= a;
+                          });
     }
     info.predicted_change = predicted;
     radius_->record_prediction(predicted, at_boundary);
@@ -601,7 +633,8 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     if (config_.metric == MetricKind::bfgs) apply_metric(moves);
   }
 
-  // Momentum, then the finiteness check and the move's norm (chunk partials in order).
+  // Momentum, then the finiteness check and the move's norm (chunk partials in order); the
+  // velocity and the last move are kept in the same pass.
   const double mu = config_.momentum ? momentum_coefficient() : 0.0;
   const auto n_moves = static_cast<int64_t>(moves.size());
   std::vector<double> norm_partial(idx(StepThreads::chunk_count(n_moves, kParticleGrain * d_)));
@@ -611,8 +644,8 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     bool finite = true;
     for (int64_t c = b; c < e; ++c) {
       if (config_.momentum)
-        moves[idx(c)] = velocity_[idx(c)] =
-            mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
+        moves[idx(c)] = mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
+      velocity_[idx(c)] = last_move_[idx(c)] = moves[idx(c)];
       finite = finite && std::isfinite(moves[idx(c)]);
       norm2 += moves[idx(c)] * moves[idx(c)];
     }
@@ -625,15 +658,14 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     // A NaN step is reverted: nothing moves and the history that produced it is dropped.
     std::fill(moves.begin(), moves.end(), 0.0);
     std::fill(velocity_.begin(), velocity_.end(), 0.0);
+    std::fill(last_move_.begin(), last_move_.end(), 0.0);
     info.reverted = true;
     radius_->invalidate();
     prediction_valid_ = false;
     info.move_norm = 0;
   } else {
-    if (!config_.momentum) std::copy(moves.begin(), moves.end(), velocity_.begin());
     info.move_norm = std::sqrt(std::accumulate(norm_partial.begin(), norm_partial.end(), 0.0));
   }
-  std::copy(moves.begin(), moves.end(), last_move_.begin());
 
   if (config_.adaptive_probes && host_costs) {
     threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {

@@ -45,6 +45,8 @@ class StepEngine {
 
   // Threads for the step's own work (0 = all the process may use); results do not depend on it.
   void set_threads(int threads) { threads_.set_threads(threads); }
+  // Those threads, for the caller's own per-particle work of the step.
+  const StepThreads& threads() const { return threads_; }
 
   int32_t dim() const { return d_; }
   int64_t particle_count() const { return particles_; }

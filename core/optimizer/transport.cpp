@@ -92,31 +92,53 @@ namespace {
 // the same order for any thread count (step_threads.hpp).
 constexpr int64_t kRowGrain = 1024;
 
+// Per chunk of rows, the column maxima max_i (f_i - C_iv) and the partial column sums of
+// update_column_duals: [2 V] doubles per chunk, added in chunk order (the bits never depend
+// on the thread count).
+struct ColumnPartials {
+  std::vector<double> values;
+  int64_t chunks = 0;
+  std::size_t cols = 0;
+  void resize(int64_t rows, std::size_t v) {
+    chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
+    cols = v;
+    values.resize(2 * cols * static_cast<std::size_t>(chunks));
+  }
+  double* max_of(int64_t chunk) {
+    return values.data() + 2 * cols * static_cast<std::size_t>(chunk);
+  }
+  double* sum_of(int64_t chunk) { return max_of(chunk) + cols; }
+};
+
+// Column maxima of f_i - C_iv over the rows [begin, end) into `column_max`.
+void column_maxima(const ConstMatrixRef<double>& cost, const std::vector<double>& f,
+                   Eigen::Index begin, Eigen::Index end, double* column_max) {
+  const auto cols = static_cast<std::size_t>(cost.cols());
+  std::fill(column_max, column_max + cols, -std::numeric_limits<double>::infinity());
+  for (Eigen::Index i = begin; i < end; ++i)
+    for (std::size_t v = 0; v < cols; ++v)
+      column_max[v] = std::max(
+          column_max[v], f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)));
+}
+
 // g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
-// Per chunk of rows a column maximum and a partial sum; the partials are added in chunk order.
+// The chunks' column maxima are already in `partial` (maxima_ready) or computed first.
 void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
                          const std::vector<double>& f, std::vector<double>& g,
-                         std::vector<double>& partial, const detail::StepThreads& threads) {
+                         ColumnPartials& partial, bool maxima_ready,
+                         const detail::StepThreads& threads) {
   const auto rows = cost.rows();
   const auto cols = static_cast<std::size_t>(cost.cols());
-  const int64_t chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
-  partial.resize(2 * cols * static_cast<std::size_t>(chunks));
-  const auto at = [&](int64_t chunk) {
-    return partial.data() + 2 * cols * static_cast<std::size_t>(chunk);
-  };
-  threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    double* column_max = at(chunk);
-    std::fill(column_max, column_max + cols, -std::numeric_limits<double>::infinity());
-    for (Eigen::Index i = begin; i < end; ++i)
-      for (std::size_t v = 0; v < cols; ++v)
-        column_max[v] = std::max(
-            column_max[v], f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)));
-  });
+  if (!maxima_ready)
+    threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+      column_maxima(cost, f, begin, end, partial.max_of(chunk));
+    });
   std::vector<double> column_max(cols, -std::numeric_limits<double>::infinity());
-  for (int64_t c = 0; c < chunks; ++c)
-    for (std::size_t v = 0; v < cols; ++v) column_max[v] = std::max(column_max[v], at(c)[v]);
+  for (int64_t c = 0; c < partial.chunks; ++c)
+    for (std::size_t v = 0; v < cols; ++v)
+      column_max[v] = std::max(column_max[v], partial.max_of(c)[v]);
   threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    double* sums = at(chunk) + cols;
+    double* sums = partial.sum_of(chunk);
     std::fill(sums, sums + cols, 0.0);
     for (Eigen::Index i = begin; i < end; ++i)
       for (std::size_t v = 0; v < cols; ++v)
@@ -127,26 +149,35 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
     double sum = 0;
-    for (int64_t c = 0; c < chunks; ++c) sum += at(c)[cols + v];
+    for (int64_t c = 0; c < partial.chunks; ++c) sum += partial.sum_of(c)[v];
     g[v] = -(column_max[v] + eps * (std::log(sum) - log_rows));
   }
 }
 
-// f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P.
+// f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P. The same
+// pass leaves what the next steps would otherwise read the whole cost again for: each
+// chunk's column maxima of f_i - C_iv with the new f (the next column update's first half),
+// and the row-normalised plan for this g (solve_sinkhorn's result if g does not change
+// again), both the bits a separate pass would compute.
 void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std::vector<double>& g,
-                      std::vector<double>& f, const detail::StepThreads& threads) {
+                      std::vector<double>& f, ColumnPartials& partial, MatrixRef<double> weights,
+                      const detail::StepThreads& threads) {
   const auto cols = cost.cols();
   const double log_cols = std::log(static_cast<double>(cols));
-  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
     for (Eigen::Index i = begin; i < end; ++i) {
       double m = -std::numeric_limits<double>::infinity();
       for (Eigen::Index v = 0; v < cols; ++v)
         m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
       double s = 0;
-      for (Eigen::Index v = 0; v < cols; ++v)
-        s += std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
+      for (Eigen::Index v = 0; v < cols; ++v) {
+        weights(i, v) = std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
+        s += weights(i, v);
+      }
+      weights.row(i) /= s;
       f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
     }
+    column_maxima(cost, f, begin, end, partial.max_of(chunk));
   });
 }
 
@@ -174,18 +205,23 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (!(epsilon > 0))
     throw Error("sinkhorn: epsilon must be positive, got " + std::to_string(epsilon));
+  ColumnPartials partial;
+  partial.resize(cost.rows(), cols);
+  // After a row update, the plan for the current g and the next column maxima are known.
+  bool fresh = false;
   if (duals.f.size() != rows || duals.g.size() != cols) {
     duals.f.assign(rows, 0.0);
     duals.g.assign(cols, 0.0);
-    update_row_duals(cost, epsilon, duals.g, duals.f, threads);
+    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, threads);
+    fresh = true;
   }
   TransportResult result;
   result.converged = false;
-  std::vector<double> next_g(cols), partial;
+  std::vector<double> next_g(cols);
   for (int32_t it = 0; it < settings.max_iterations; ++it) {
     // With rows exact, the column sums times V are exp((g_v - g_v') / eps), where g' is the
     // update: the error check costs nothing extra.
-    update_column_duals(cost, epsilon, duals.f, next_g, partial, threads);
+    update_column_duals(cost, epsilon, duals.f, next_g, partial, fresh, threads);
     double error = 0;
     for (std::size_t v = 0; v < cols; ++v)
       error = std::max(error, std::abs(std::expm1((duals.g[v] - next_g[v]) / epsilon)));
@@ -196,9 +232,11 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
       break;
     }
     duals.g = next_g;
-    update_row_duals(cost, epsilon, duals.g, duals.f, threads);
+    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, threads);
+    fresh = true;
     result.iterations = it + 1;
   }
+  if (fresh) return result;  // the last row update left the plan for this g
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
     for (Eigen::Index i = begin; i < end; ++i) {

@@ -9,8 +9,14 @@
 #include <chrono>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace polyprobe::detail {
+
+namespace {
+// Coordinates per chunk of the parallel move into the parameters.
+constexpr int64_t kApplyGrain = 16384;
+}  // namespace
 
 TransportSolver resolve_solver(TransportSolver requested, bool subspace) {
   if (requested != TransportSolver::automatic) return requested;
@@ -23,7 +29,14 @@ VectorSearch::VectorSearch(const OptimizerConfig& config, ParticleMap particles,
       particles_(std::move(particles)),
       subspace_(subspace),
       engine_(config, particles_.d, particles_.count(), std::move(blocks),
-              resolve_solver(config.solver, subspace != nullptr)) {}
+              resolve_solver(config.solver, subspace != nullptr)) {
+  const auto& coords = particles_.coords;
+  const int64_t top = coords.empty() ? -1 : *std::max_element(coords.begin(), coords.end());
+  std::vector<char> seen(static_cast<std::size_t>(top + 1), 0);
+  distinct_coords_ = std::all_of(coords.begin(), coords.end(), [&](int64_t c) {
+    return c < 0 || std::exchange(seen[static_cast<std::size_t>(c)], 1) == 0;
+  });
+}
 
 int64_t VectorSearch::next_step_cost() const {
   if (!engine_.next_is_scored()) return 0;
@@ -35,10 +48,18 @@ void VectorSearch::apply(std::span<double> params, std::span<const double> moves
     subspace_->apply(particles_.coords, moves, params);
     return;
   }
-  for (std::size_t c = 0; c < particles_.coords.size(); ++c) {
-    const int64_t coord = particles_.coords[c];
-    if (coord >= 0) params[static_cast<std::size_t>(coord)] += moves[c];
-  }
+  const auto add = [&](int64_t, int64_t begin, int64_t end) {
+    for (auto c = static_cast<std::size_t>(begin); c < static_cast<std::size_t>(end); ++c) {
+      const int64_t coord = particles_.coords[c];
+      if (coord >= 0) params[static_cast<std::size_t>(coord)] += moves[c];
+    }
+  };
+  const auto n = static_cast<int64_t>(particles_.coords.size());
+  // Each coordinate is added to once, so chunks in parallel give the serial loop's bits.
+  if (distinct_coords_)
+    engine_.threads().for_chunks(n, kApplyGrain, add);
+  else
+    add(0, 0, n);
 }
 
 StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Evaluator* screen,

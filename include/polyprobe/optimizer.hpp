@@ -138,12 +138,13 @@ struct StepInfo {
   int32_t transport_iterations = 0;
   bool transport_converged = true;
   // Wall ms of this step's phases, where the step's time goes (bench step reports them):
-  // plan = rotations and directions; score = the evaluator's calls; cost, transport, move,
-  // fit = the cost matrix, the transport solves, the barycentric move, the quadratic models;
-  // tail = momentum, the finiteness check, the caches; apply = the move into the parameters
-  // and the evaluators' sessions. Zero where a phase did not run.
+  // plan = rotations and directions; score = the evaluator's calls; cost, transport, move =
+  // the cost matrix, the transport solves, the barycentric move (with a quadratic radius
+  // model, each particle's fit in the same pass); tail = momentum, the finiteness check, the
+  // caches; apply = the move into the parameters and the evaluators' sessions. Zero where a
+  // phase did not run.
   struct Phases {
-    double plan = 0, score = 0, cost = 0, transport = 0, move = 0, fit = 0, tail = 0, apply = 0;
+    double plan = 0, score = 0, cost = 0, transport = 0, move = 0, tail = 0, apply = 0;
   } phase_ms;
 };
 

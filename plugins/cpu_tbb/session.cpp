@@ -11,6 +11,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace polyprobe::cpu_tbb {
 
@@ -41,6 +42,11 @@ void Session::set_particles(const pp_particle_layout& layout) {
                                   std::to_string(limit) + ")");
   d_ = layout.d;
   coords_.assign(layout.coords, layout.coords + n);
+  std::vector<char> seen(subspace_ != nullptr ? 0 : idx(n_params_), 0);
+  distinct_coords_ =
+      subspace_ == nullptr && std::all_of(coords_.begin(), coords_.end(), [&](int64_t c) {
+        return c < 0 || std::exchange(seen[idx(c)], 1) == 0;
+      });
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;
   ++layout_generation_;
@@ -59,13 +65,24 @@ void Session::set_incumbent(const pp_tensor& theta) {
 
 void Session::move_incumbent(const double* moves) {
   if (!has_incumbent_) throw std::logic_error("move_incumbent before set_incumbent");
-  for (std::size_t c = 0; c < coords_.size(); ++c) {
-    const int64_t coord = coords_[c];
-    if (coord < 0) continue;
-    if (subspace_ != nullptr)
-      kernels::apply_subspace_move(subspace_->coords[coord], moves[c], incumbent_.data());
-    else
-      incumbent_[idx(coord)] += moves[c];
+  if (distinct_coords_) {
+    // Each entry is added to once: blocks in parallel give the serial loop's bits.
+    arena_->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, coords_.size(), 16384),
+                        [&](const tbb::blocked_range<std::size_t>& r) {
+                          for (std::size_t c = r.begin(); c != r.end(); ++c)
+                            if (coords_[c] >= 0) incumbent_[idx(coords_[c])] += moves[c];
+                        });
+    });
+  } else {
+    for (std::size_t c = 0; c < coords_.size(); ++c) {
+      const int64_t coord = coords_[c];
+      if (coord < 0) continue;
+      if (subspace_ != nullptr)
+        kernels::apply_subspace_move(subspace_->coords[coord], moves[c], incumbent_.data());
+      else
+        incumbent_[idx(coord)] += moves[c];
+    }
   }
   ++version_;
 }

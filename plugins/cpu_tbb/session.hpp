@@ -47,6 +47,9 @@ class Session {
   const pp_subspace_view* subspace_;
   int32_t d_ = 0;
   std::vector<int64_t> coords_;  // [P d]
+  // No coordinate belongs to two particles and no subspace maps them: moves are applied to
+  // the incumbent in parallel.
+  bool distinct_coords_ = false;
   int64_t vertices_ = 0;
   int32_t probes_ = 1;
   std::vector<double> incumbent_;
