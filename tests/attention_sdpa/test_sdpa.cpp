@@ -51,8 +51,10 @@ template <class S>
 void check_random_problems(double tolerance) {
   std::mt19937_64 rng(sizeof(S) * 1000 + 7);
   int argmax_with_ties = 0, causal = 0, shared = 0;
-  for (int trial = 0; trial < 312; ++trial) {
-    // The last trials are long enough for several chunks of keys in the CPU kernel (256).
+  for (int trial = 0; trial < 348; ++trial) {
+    // The last trials are long enough for several chunks of keys in the CPU kernel (256), in
+    // panels of one and of two vectors of rows (10 to 16 trials each of softmax and argmax
+    // with more than 256 keys in two-vector panels, per dtype).
     SdpaProblem<S> p = random_problem<S>(rng, trial < 280 ? 40 : trial < 300 ? 200 : 560);
     pp_sdpa_args& a = p.args;
     a.threads = trial % 2 == 0 ? 1 : 0;
