@@ -491,10 +491,12 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   // written): per block the step length along the transport move, whose slope and curvature
   // add chunk partials in order. Blocks tile the particles, so every particle moves.
   const auto move_particle = [&](Vector<double>& m, int64_t i) {
+#if !defined(__FMA__)
     if (d_ == 2) {
       // The same arithmetic as the Eigen products below, written out (they were 70 % of the
       // move's time at d = 2): m = sum_v T_v w_v from zero in vertex order, then
-      // 0 + step_r (R_j0 m_0 + R_j1 m_1).
+      // 0 + step_r (R_j0 m_0 + R_j1 m_1). Only without FMA (the core's default build), where
+      // Eigen's packet multiply-add is a multiply and an add, as here.
       const double* w = weights_.data() + i * vertices_;
       double m0 = 0, m1 = 0;
       for (int64_t v = 0; v < vertices_; ++v) {
@@ -506,6 +508,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
       moves[idx(i * 2 + 1)] = 0.0 + step_r * (r[2] * m0 + r[3] * m1);
       return;
     }
+#endif
     m.noalias() = template_.transpose() * weights_.row(i).transpose();
     Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * d_ * d_, d_, d_);
     Eigen::Map<Vector<double>> out(moves.data() + i * d_, d_);

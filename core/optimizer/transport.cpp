@@ -154,6 +154,26 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
   }
 }
 
+// Row i of the row-normalised plan for the column duals g: W_iv = exp((g_v - C_iv - m) / eps)
+// / s, with m the row's maximum of g_v - C_iv and s the sum of the exponentials (returned with
+// m: the row dual is -(m + eps (log s - log V))). The one formula of both the row update and
+// the final plan, so the plan a row update leaves is the bits of a separate pass.
+struct RowPlan {
+  double max = 0, sum = 0;
+};
+RowPlan plan_row(const ConstMatrixRef<double>& cost, const std::vector<double>& g, double eps,
+                 Eigen::Index i, MatrixRef<double>& weights) {
+  RowPlan r{-std::numeric_limits<double>::infinity(), 0.0};
+  for (Eigen::Index v = 0; v < cost.cols(); ++v)
+    r.max = std::max(r.max, g[static_cast<std::size_t>(v)] - cost(i, v));
+  for (Eigen::Index v = 0; v < cost.cols(); ++v) {
+    weights(i, v) = std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - r.max) / eps);
+    r.sum += weights(i, v);
+  }
+  weights.row(i) /= r.sum;
+  return r;
+}
+
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P. The same
 // pass leaves what the next steps would otherwise read the whole cost again for: each
 // chunk's column maxima of f_i - C_iv with the new f (the next column update's first half),
@@ -166,16 +186,8 @@ void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std:
   const double log_cols = std::log(static_cast<double>(cols));
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
     for (Eigen::Index i = begin; i < end; ++i) {
-      double m = -std::numeric_limits<double>::infinity();
-      for (Eigen::Index v = 0; v < cols; ++v)
-        m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
-      double s = 0;
-      for (Eigen::Index v = 0; v < cols; ++v) {
-        weights(i, v) = std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps);
-        s += weights(i, v);
-      }
-      weights.row(i) /= s;
-      f[static_cast<std::size_t>(i)] = -(m + eps * (std::log(s) - log_cols));
+      const RowPlan r = plan_row(cost, g, eps, i, weights);
+      f[static_cast<std::size_t>(i)] = -(r.max + eps * (std::log(r.sum) - log_cols));
     }
     column_maxima(cost, f, begin, end, partial.max_of(chunk));
   });
@@ -205,6 +217,9 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (!(epsilon > 0))
     throw Error("sinkhorn: epsilon must be positive, got " + std::to_string(epsilon));
+  // Each row update writes the plan while later passes still read the cost.
+  if (weights.data() == cost.data() && cost.size() > 0)
+    throw Error("sinkhorn: the weights must not share the cost's memory (pass another matrix)");
   ColumnPartials partial;
   partial.resize(cost.rows(), cols);
   // After a row update, the plan for the current g and the next column maxima are known.
@@ -239,17 +254,7 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   if (fresh) return result;  // the last row update left the plan for this g
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
-    for (Eigen::Index i = begin; i < end; ++i) {
-      double m = -std::numeric_limits<double>::infinity();
-      for (Eigen::Index v = 0; v < cost.cols(); ++v)
-        m = std::max(m, duals.g[static_cast<std::size_t>(v)] - cost(i, v));
-      double s = 0;
-      for (Eigen::Index v = 0; v < cost.cols(); ++v) {
-        weights(i, v) = std::exp((duals.g[static_cast<std::size_t>(v)] - cost(i, v) - m) / epsilon);
-        s += weights(i, v);
-      }
-      weights.row(i) /= s;
-    }
+    for (Eigen::Index i = begin; i < end; ++i) plan_row(cost, duals.g, epsilon, i, weights);
   });
   return result;
 }

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cmath>
 #include <string>
-#include <utility>
 
 namespace polyprobe::detail {
 
@@ -32,9 +31,12 @@ VectorSearch::VectorSearch(const OptimizerConfig& config, ParticleMap particles,
               resolve_solver(config.solver, subspace != nullptr)) {
   const auto& coords = particles_.coords;
   const int64_t top = coords.empty() ? -1 : *std::max_element(coords.begin(), coords.end());
-  std::vector<char> seen(static_cast<std::size_t>(top + 1), 0);
+  std::vector<bool> seen(static_cast<std::size_t>(top + 1), false);  // a bit per coordinate
   distinct_coords_ = std::all_of(coords.begin(), coords.end(), [&](int64_t c) {
-    return c < 0 || std::exchange(seen[static_cast<std::size_t>(c)], 1) == 0;
+    if (c < 0) return true;
+    if (seen[static_cast<std::size_t>(c)]) return false;
+    seen[static_cast<std::size_t>(c)] = true;
+    return true;
   });
 }
 

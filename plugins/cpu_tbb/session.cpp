@@ -11,7 +11,6 @@
 #include <chrono>
 #include <stdexcept>
 #include <string>
-#include <utility>
 
 namespace polyprobe::cpu_tbb {
 
@@ -42,10 +41,13 @@ void Session::set_particles(const pp_particle_layout& layout) {
                                   std::to_string(limit) + ")");
   d_ = layout.d;
   coords_.assign(layout.coords, layout.coords + n);
-  std::vector<char> seen(subspace_ != nullptr ? 0 : idx(n_params_), 0);
+  std::vector<bool> seen(subspace_ != nullptr ? 0 : idx(n_params_), false);  // a bit each
   distinct_coords_ =
       subspace_ == nullptr && std::all_of(coords_.begin(), coords_.end(), [&](int64_t c) {
-        return c < 0 || std::exchange(seen[idx(c)], 1) == 0;
+        if (c < 0) return true;
+        if (seen[idx(c)]) return false;
+        seen[idx(c)] = true;
+        return true;
       });
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kTransportThreads) transport_kernel(TransportP
   bool converged = true;
 
   if (informed) {
-    // penalise_nonfinite, then scale_cost (transport.cpp) over the block's matrix.
+    // copy_penalised (step_engine.cpp), then scale_cost (transport.cpp) over the block's matrix.
     const double penalty = worst + p.nonfinite_margin * (1 + fabs(worst));
     double abs_sum = 0, abs_max = 0, lo = kInf, hi = -kInf;
     for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)

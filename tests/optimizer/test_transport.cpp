@@ -67,6 +67,14 @@ TEST_CASE("log-domain sinkhorn stays finite at tiny epsilon", "[optimizer][trans
   REQUIRE((weights.rowwise().sum().array() - 1).abs().maxCoeff() < 1e-12);
 }
 
+TEST_CASE("sinkhorn refuses weights that share the cost's memory", "[optimizer][transport]") {
+  // Each row update writes the plan while later passes still read the cost.
+  Matrix<double> cost = random_cost(6, 3, 7);
+  SinkhornDuals duals;
+  REQUIRE_THROWS_WITH(solve_sinkhorn(cost, 0.5, {100, 1e-9}, duals, cost),
+                      Catch::Contains("must not share the cost's memory"));
+}
+
 TEST_CASE("softmax, greedy and top-k rules", "[optimizer][transport]") {
   const Matrix<double> cost = random_cost(6, 5, 9);
   Matrix<double> w(6, 5);
