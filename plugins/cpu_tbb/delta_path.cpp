@@ -20,6 +20,8 @@
 // only when more than in_l candidates would use them.
 #include "delta_path.hpp"
 
+#include "unit_change.hpp"
+
 #include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
@@ -358,15 +360,22 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
       const bool has_terms = ti < n_terms && terms[ti].layer == layer_id;
       // One unit left to change: the logits move along one direction per sample.
       const bool one_unit = state == State::sparse && s.units.size() == 1 && ti == n_terms;
+      // The rank-one shortcut: the losses are completed by finish_task.
+      const auto rank_one = [&](const Cumulants& table, int64_t kink_layer) {
+        const std::size_t first = s.exact.pending.size();
+        rank_one_losses(table, s.units[0], s.sparse, n, kink_layer, s.exact);
+        for (int64_t i = 0; i < n; ++i) {
+          typename ExactLanes<S>::Pending& p = s.exact.pending[first + static_cast<std::size_t>(i)];
+          p.loss_index = g.begin + i;
+          p.l2 = ctx_.l2_term(c, g, g.begin + i, s);
+        }
+      };
       if (one_unit && l + 1 == n_layers && last_layer_cumulants_.built) {
-        rank_one_losses(last_layer_cumulants_, s.units[0], s.sparse, n, -1, s.row_losses.data());
-        finish(s.row_losses.data());
+        rank_one(last_layer_cumulants_, -1);
         return;
       }
       if (one_unit && l + 3 == n_layers && kink_[l].built && kink_[l].cumulants.built) {
-        rank_one_losses(kink_[l].cumulants, s.units[0], s.sparse, n, static_cast<int64_t>(l),
-                        s.row_losses.data());
-        finish(s.row_losses.data());
+        rank_one(kink_[l].cumulants, static_cast<int64_t>(l));
         return;
       }
       if (state == State::sparse && kink_[l].built &&
@@ -423,6 +432,29 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
         state = State::dense;
         ti = te;
         l += 2;
+        continue;
+      }
+      if (state == State::none && te == n_terms && l + 1 < n_layers &&
+          ctx_.plan.layers[l + 1].is_relu &&
+          std::all_of(terms + ti, terms + te, [&](const Term& t) {
+            return t.row >= 0 && t.row == terms[ti].row && (t.col >= 0 || t.col == kBias);
+          })) {
+        // The group moves one unit's weights and bias, and a ReLU follows: that unit's
+        // change after the ReLU straight from the inputs, as the route below computes it.
+        // (No earlier layer changed, so this layer's terms are all of the group's: ti == 0.)
+        const int64_t unit = terms[ti].row;
+        s.inputs.clear();
+        for (int64_t t = ti; t < te; ++t)
+          s.inputs.push_back(terms[t].col == kBias ? nullptr
+                                                   : ctx_.inc.acts_t[l].row(terms[t].col).data());
+        s.units.assign(1, unit);
+        s.sparse.resize(1, nb);
+        unit_relu_change(ctx_.inc.acts_t[l + 1].row(unit).data(),
+                         ctx_.inc.acts_t[l + 2].row(unit).data(), s.inputs.data(), s.theta.data(),
+                         n_terms, n, batch, s.sparse.data());
+        state = State::sparse;
+        ti = te;
+        ++l;  // past the ReLU
         continue;
       }
       const bool sparse_out = state == State::none && one_hot;

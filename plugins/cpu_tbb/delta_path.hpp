@@ -37,8 +37,12 @@ class DeltaPath {
   bool kink_table_built(std::size_t layer) const { return kink_[layer].built; }
   double table_bytes() const;
 
-  // The losses of group g's candidates into losses[g.begin .. g.end).
+  // The losses of group g's candidates into losses[g.begin .. g.end); those of rank-one
+  // groups only once finish_task has run.
   void evaluate(const Candidates& c, const Group& g, Scratch& s, double* losses) const;
+  // Completes the rank-one losses that the worker's evaluate calls since the last
+  // finish_task left waiting in s.exact. Call it after each task's groups, on the same worker.
+  void finish_task(Scratch& s, double* losses) const;
 
  private:
   void build_kink_tables();
@@ -66,18 +70,23 @@ class DeltaPath {
   // g(u, k, b) = g[u * su + k * sk + b * sb].
   void build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su, int64_t sk,
                        int64_t sb) const;
-  // The mean losses of n candidates whose logits change by s[i, b] g_{u,b}: g is column u
-  // of the last layer's W (kink_layer < 0) or the kink response of layer kink_layer. Samples
-  // outside the certified range, or whose ReLU units may cross a kink, are computed exactly.
+  // The losses of n candidates whose logits change by s[i, b] g_{u,b}: g is column u of the
+  // last layer's W (kink_layer < 0) or the kink response of layer kink_layer. Samples outside
+  // the certified range, or whose ReLU units may cross a kink, are computed exactly: they wait
+  // in q (with their logits) for a whole packet of such samples. Appends one q.pending entry
+  // per candidate (its loss index and l2 term left for the caller to fill in).
   void rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values, int64_t n,
-                       int64_t kink_layer, double* mean_losses) const;
+                       int64_t kink_layer, ExactLanes<S>& q) const;
   // One sample's exact loss for the same change (b, s = the sample's scalar).
   S rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) const;
-  // The same for a packet of samples [b, b + kLanes) at once, the logits and the loss
-  // vectorised over the samples; the lanes whose bit is set in `crossing` may have ReLU units
-  // that cross a kink (found by a vectorised scan of the hidden units, confirmed one by one).
-  Packet<S> rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b, int64_t kink_layer,
-                                  uint32_t crossing) const;
+  // The logits x[k] (k < classes <= ExactLanes::kMaxClasses) of a packet of samples [b, b +
+  // kLanes) for the same change, vectorised over the samples, in rank_one_exact's sums; the
+  // lanes whose bit is set in `crossing` may have ReLU units that cross a kink (found by a
+  // vectorised scan of the hidden units, confirmed one by one).
+  void rank_one_logits(int64_t u, const Packet<S>& s, int64_t b, int64_t kink_layer,
+                       uint32_t crossing, Packet<S>* x) const;
+  // Computes the waiting samples' losses into q.lane_losses and empties the packet.
+  void flush_exact(ExactLanes<S>& q) const;
 
   const EvaluationContext<S>& ctx_;
   Cumulants last_layer_cumulants_;  // g = columns of the last affine layer's W

@@ -151,6 +151,7 @@ void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
             for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i)
               if (planner_.groups()[i].path != Path::inplace)
                 evaluate_group(c, planner_.groups()[i], s, losses);
+            delta_.finish_task(s, losses);
             TaskTimes& times = task_ms_.local();
             const double ms = ms_since(start);
             times.busy += ms;

@@ -184,84 +184,89 @@ S DeltaPath<S>::rank_one_exact(int64_t u, S s, int64_t b, int64_t kink_layer) co
 }
 
 template <class S>
-Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t u, const Packet<S>& s, int64_t b,
-                                              int64_t kink_layer, uint32_t crossing) const {
+void DeltaPath<S>::rank_one_logits(int64_t u, const Packet<S>& s, int64_t b, int64_t kink_layer,
+                                   uint32_t crossing, Packet<S>* x) const {
   constexpr int lanes = kLanes<S>;
   const int64_t classes = ctx_.plan.out_features, batch = ctx_.inc.batch;
-  if (classes > 64) {
-    Packet<S> out;
-    for (int lane = 0; lane < lanes; ++lane)
-      out(lane) = rank_one_exact(u, s(lane), b + lane, kink_layer);
-    return out;
-  }
-  // x[k] holds the packet's logits of class k: per lane the sums of rank_one_exact.
-  Packet<S> x[64];
   const Mat<S>& z = ctx_.inc.acts_t.back();
   if (kink_layer < 0) {
     const LayerPlan& last = ctx_.plan.layers.back();
     for (int64_t k = 0; k < classes; ++k)
       x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
              s * ctx_.inc.eff[static_cast<std::size_t>(last.offset + k * last.in + u)];
-  } else {
-    const auto l = static_cast<std::size_t>(kink_layer);
-    const KinkTable& table = kink_[l];
-    for (int64_t k = 0; k < classes; ++k)
-      x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
-             s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
-    if (crossing != 0) {
-      // ReLU units that cross their kink: exact minus linear response, as rank_one_exact
-      // adds them (in unit order), found by a vector scan (for_each_crossing).
-      const S* w_col = ctx_.inc.weights_t[l].row(u).data();
-      const int64_t mid = ctx_.inc.acts[l + 1].cols();
-      for (int lane = 0; lane < lanes; ++lane) {
-        if ((crossing >> lane & 1U) == 0) continue;
-        const S sv = s(lane);
-        const int64_t sample = b + lane;
-        const S* pre = ctx_.inc.acts[l + 1].row(sample).data();
-        const S* post = ctx_.inc.acts[l + 2].row(sample).data();
-        // The lane's corrections add up over its classes, in a register when they fit one
-        // packet (a row in memory otherwise), then join its logits.
-        const bool narrow = classes <= lanes;
-        Packet<S> acc_packet = Packet<S>::Zero();
-        S acc[64];
-        bool any = false;
-        auto add = [&](int64_t j) {
-          const S dz = w_col[j] * sv, v = pre[j] + dz;
-          if ((v > S(0)) == (pre[j] > S(0))) return;
-          const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
-          const S* w = ctx_.inc.weights_t[l + 2].row(j).data();
-          if (narrow) {
-            acc_packet = load_first(w, classes) * correction + acc_packet;
-          } else {
-            if (!any) std::fill(acc, acc + classes, S(0));
-            for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
-          }
-          any = true;
-        };
-        for_each_crossing(pre, w_col, sv, mid, add);
-        if (any && narrow)
-          for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc_packet(k);
-        else if (any)
-          for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
-      }
-    }
+    return;
   }
+  const auto l = static_cast<std::size_t>(kink_layer);
+  const KinkTable& table = kink_[l];
+  for (int64_t k = 0; k < classes; ++k)
+    x[k] = ConstPacketMap<S>(z.data() + k * batch + b) +
+           s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
+  if (crossing == 0) return;
+  // ReLU units that cross their kink: exact minus linear response, as rank_one_exact adds
+  // them (in unit order), found by a vector scan (for_each_crossing).
+  const S* w_col = ctx_.inc.weights_t[l].row(u).data();
+  const int64_t mid = ctx_.inc.acts[l + 1].cols();
+  for (int lane = 0; lane < lanes; ++lane) {
+    if ((crossing >> lane & 1U) == 0) continue;
+    const S sv = s(lane);
+    const int64_t sample = b + lane;
+    const S* pre = ctx_.inc.acts[l + 1].row(sample).data();
+    const S* post = ctx_.inc.acts[l + 2].row(sample).data();
+    // The lane's corrections add up over its classes, in a register when they fit one
+    // packet (a row in memory otherwise), then join its logits.
+    const bool narrow = classes <= lanes;
+    Packet<S> acc_packet = Packet<S>::Zero();
+    S acc[ExactLanes<S>::kMaxClasses];
+    bool any = false;
+    auto add = [&](int64_t j) {
+      const S dz = w_col[j] * sv, v = pre[j] + dz;
+      if ((v > S(0)) == (pre[j] > S(0))) return;
+      const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+      const S* w = ctx_.inc.weights_t[l + 2].row(j).data();
+      if (narrow) {
+        acc_packet = load_first(w, classes) * correction + acc_packet;
+      } else {
+        if (!any) std::fill(acc, acc + classes, S(0));
+        for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
+      }
+      any = true;
+    };
+    for_each_crossing(pre, w_col, sv, mid, add);
+    if (any && narrow)
+      for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc_packet(k);
+    else if (any)
+      for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc[k];
+  }
+}
+
+template <class S>
+void DeltaPath<S>::flush_exact(ExactLanes<S>& q) const {
+  if (q.count == 0) return;
+  const int64_t classes = ctx_.plan.out_features;
+  // Lanes nobody waits in hold zeros: a finite loss nobody reads.
+  for (int lane = q.count; lane < kLanes<S>; ++lane) {
+    for (int64_t k = 0; k < classes; ++k) q.logits[k](lane) = S(0);
+    q.picked(lane) = S(0);
+  }
+  // The cross-entropy lane by lane in vector code, so a lane's loss does not depend on which
+  // lane, or which packet, it was computed in.
+  const Packet<S>* x = q.logits;
   Packet<S> m = x[0];
   for (int64_t k = 1; k < classes; ++k) m = m.max(x[k]);
   Packet<S> sum = Packet<S>::Zero();
   for (int64_t k = 0; k < classes; ++k) sum += (x[k] - m).exp();
-  // The label's logit: one-hot rows pick it exactly (1 x_y plus zeros).
-  Packet<S> picked = Packet<S>::Zero();
-  for (int64_t k = 0; k < classes; ++k)
-    picked += ConstPacketMap<S>(ctx_.inc.one_hot_t.data() + k * batch + b) * x[k];
-  return m + sum.log() - picked;
+  const Packet<S> loss = m + sum.log() - q.picked;
+  for (int lane = 0; lane < q.count; ++lane)
+    q.lane_losses[static_cast<std::size_t>(q.target[lane])] = loss(lane);
+  q.count = 0;
 }
 
 template <class S>
 void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<S>& s_values,
-                                   int64_t n, int64_t kink_layer, double* mean_losses) const {
+                                   int64_t n, int64_t kink_layer, ExactLanes<S>& q) const {
   constexpr int lanes = kLanes<S>;
-  const int64_t batch = ctx_.inc.batch;
+  const int64_t batch = ctx_.inc.batch, classes = ctx_.plan.out_features;
+  const int64_t whole = batch / lanes * lanes;  // samples in whole packets
   constexpr int terms = kernels::kCgfTerms;
   const S limit = static_cast<S>(kernels::kCgfLimit);
   const S above = std::nextafter(limit, std::numeric_limits<S>::infinity());  // q > limit
@@ -272,16 +277,19 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
   const S* room_down = kink != nullptr ? kink->room_down.data() + u * batch : nullptr;
   // Closer than this to a kink counts as crossing (the exact route), against rounding.
   const S kink_margin = S(0.999);
+  const bool stage = classes <= ExactLanes<S>::kMaxClasses;
+  Packet<S> x[ExactLanes<S>::kMaxClasses];
+  const auto first = static_cast<int64_t>(q.lane_losses.size());
+  q.lane_losses.resize(static_cast<std::size_t>(first + n * whole));
   for (int64_t i = 0; i < n; ++i) {
     const S* s_row = s_values.data() + i * batch;
-    Eigen::Array<double, lanes, 1> partial = Eigen::Array<double, lanes, 1>::Zero();
+    const int64_t offset = first + i * whole;
     double tail = 0.0;
-    for (int64_t b = 0; b < batch; b += lanes) {
-      if (b + lanes > batch) {  // a partial packet: sample by sample, exactly
-        for (int64_t r = b; r < batch; ++r)
-          tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
-        break;
-      }
+    // The samples past the last whole packet, one by one, exactly.
+    for (int64_t r = whole; r < batch; ++r)
+      tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
+    q.pending.push_back({0, offset, tail, 0.0});
+    for (int64_t b = 0; b < whole; b += lanes) {
       const Packet<S> s = ConstPacketMap<S>(s_row + b);
       // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
       const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
@@ -289,24 +297,50 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
       Packet<S> poly = ConstPacketMap<S>(coef + (terms - 1) * batch + b);
       for (int t = terms - 2; t >= 0; --t)
         poly = poly * s + ConstPacketMap<S>(coef + t * batch + b);
-      Packet<S> loss = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + s * poly;
+      S* out = q.lane_losses.data() + offset + b;
+      PacketMap<S>{out} = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + s * poly;
       uint32_t crossing = 0;
       if (kink != nullptr)
         crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
                                                        -s * ConstPacketMap<S>(room_down + b)),
                                      kink_margin);
-      // Exact lanes, the whole packet at once (every lane's loss is its own exact one).
-      if (const uint32_t exact = outside | crossing; exact != 0) {
-        const Packet<S> exact_loss = rank_one_exact_packet(u, s, b, kink_layer, crossing);
+      const uint32_t exact = outside | crossing;
+      if (exact == 0) continue;
+      if (!stage) {
         for (uint32_t m = exact; m != 0; m &= m - 1) {
           const int lane = std::countr_zero(m);
-          loss(lane) = exact_loss(lane);
+          out[lane] = rank_one_exact(u, s(lane), b + lane, kink_layer);
         }
+        continue;
       }
-      partial += loss.template cast<double>();
+      // The exact lanes' logits join the waiting packet; their losses come with it.
+      rank_one_logits(u, s, b, kink_layer, crossing, x);
+      for (uint32_t m = exact; m != 0; m &= m - 1) {
+        const int lane = std::countr_zero(m);
+        for (int64_t k = 0; k < classes; ++k) q.logits[k](q.count) = x[k](lane);
+        q.picked(q.count) = x[ctx_.inc.labels[static_cast<std::size_t>(b + lane)]](lane);
+        q.target[q.count] = offset + b + lane;
+        if (++q.count == lanes) flush_exact(q);
+      }
     }
-    mean_losses[i] = (partial.sum() + tail) / static_cast<double>(batch);
   }
+}
+
+template <class S>
+void DeltaPath<S>::finish_task(Scratch& s, double* losses) const {
+  ExactLanes<S>& q = s.exact;
+  flush_exact(q);
+  constexpr int lanes = kLanes<S>;
+  const int64_t batch = ctx_.inc.batch, whole = batch / lanes * lanes;
+  for (const typename ExactLanes<S>::Pending& p : q.pending) {
+    // Per-lane float64 partial sums, added in a fixed order at the end: no serial chain.
+    Eigen::Array<double, lanes, 1> partial = Eigen::Array<double, lanes, 1>::Zero();
+    for (int64_t b = 0; b < whole; b += lanes)
+      partial += ConstPacketMap<S>(q.lane_losses.data() + p.offset + b).template cast<double>();
+    losses[p.loss_index] = (partial.sum() + p.tail) / static_cast<double>(batch) + p.l2;
+  }
+  q.pending.clear();
+  q.lane_losses.clear();
 }
 
 #define POLYPROBE_INSTANTIATE(S)                                                                 \
@@ -314,10 +348,12 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
   template void DeltaPath<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t,   \
                                               int64_t) const;                                    \
   template void DeltaPath<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&, int64_t, \
-                                              int64_t, double*) const;                           \
+                                              int64_t, ExactLanes<S>&) const;                    \
   template S DeltaPath<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                   \
-  template Packet<S> DeltaPath<S>::rank_one_exact_packet(int64_t, const Packet<S>&, int64_t,     \
-                                                         int64_t, uint32_t) const;
+  template void DeltaPath<S>::rank_one_logits(int64_t, const Packet<S>&, int64_t, int64_t,       \
+                                              uint32_t, Packet<S>*) const;                       \
+  template void DeltaPath<S>::flush_exact(ExactLanes<S>&) const;                                 \
+  template void DeltaPath<S>::finish_task(Scratch&, double*) const;
 POLYPROBE_INSTANTIATE(float)
 POLYPROBE_INSTANTIATE(double)
 #undef POLYPROBE_INSTANTIATE

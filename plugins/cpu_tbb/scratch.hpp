@@ -12,17 +12,41 @@
 
 namespace polyprobe::cpu_tbb {
 
+// The rank-one losses of a task's delta groups (DeltaPath::rank_one_losses): each sample's
+// series loss in `lane_losses`, and the samples the series does not certify waiting here with
+// their logits, computed a whole packet at a time (when kLanes have gathered, and at the end
+// of the task) and written over their series loss. A group rarely has more than a few such
+// samples, so computing them where they arise ran a packet's exponentials for one lane.
+template <class S>
+struct ExactLanes {
+  static constexpr int kMaxClasses = 64;  // wider outputs are computed sample by sample
+  Packet<S> logits[kMaxClasses];          // [class]: lane i is waiting sample i's logit
+  Packet<S> picked;                       // the label's logit
+  int64_t target[kLanes<S>];              // where each waiting sample's loss goes
+  int count = 0;
+  std::vector<S> lane_losses;  // per candidate, its whole packets of samples
+  // A candidate whose mean loss is read off lane_losses at the end of the task.
+  struct Pending {
+    int64_t loss_index, offset;
+    double tail;  // the loss sum of the samples past the last whole packet
+    double l2;    // the regularisation term added to the mean
+  };
+  std::vector<Pending> pending;
+};
+
 template <class S>
 struct WorkerScratch {
   // delta path: deltas are feature-major, [features, candidates * batch]
   Mat<S> delta, next, dense_in, room;
   Mat<S> sparse;  // [units, candidates * batch]
   std::vector<int64_t> units;
-  std::vector<S> theta;  // [candidates * terms]
+  std::vector<const S*> inputs;  // unit_relu_change: each term's input row (null: bias)
+  std::vector<S> theta;          // [candidates * terms]
   Arr<S> src, tmp_b, max_b, sum_b;
   Eigen::Matrix<S, Eigen::Dynamic, 1> column, tmp_col;
   Mat<S> by_direction;  // [distinct dense u, candidates * batch]
   Mat<S> step;          // [candidates, batch]: the scalar move along one direction
+  ExactLanes<S> exact;  // rank-one losses, completed at the end of each task
   std::vector<int32_t> directions;
   std::vector<S> buffer, buffer_out;  // host elementwise on padded flat buffers
   // materialised paths: sample-major
