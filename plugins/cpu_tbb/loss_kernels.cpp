@@ -278,52 +278,71 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
   // Closer than this to a kink counts as crossing (the exact route), against rounding.
   const S kink_margin = S(0.999);
   const bool stage = classes <= ExactLanes<S>::kMaxClasses;
-  Packet<S> x[ExactLanes<S>::kMaxClasses];
   const auto first = static_cast<int64_t>(q.lane_losses.size());
+  const int64_t packets = whole / lanes;
   q.lane_losses.resize(static_cast<std::size_t>(first + n * whole));
+  q.exact_lanes.resize(static_cast<std::size_t>(n * packets));
   for (int64_t i = 0; i < n; ++i) {
-    const S* s_row = s_values.data() + i * batch;
-    const int64_t offset = first + i * whole;
     double tail = 0.0;
     // The samples past the last whole packet, one by one, exactly.
     for (int64_t r = whole; r < batch; ++r)
-      tail += static_cast<double>(rank_one_exact(u, s_row[r], r, kink_layer));
-    q.pending.push_back({0, offset, tail, 0.0});
-    for (int64_t b = 0; b < whole; b += lanes) {
-      const Packet<S> s = ConstPacketMap<S>(s_row + b);
-      // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
-      const uint32_t outside = lanes_at_least<S>(s.abs() * ConstPacketMap<S>(spread + b), above);
+      tail += static_cast<double>(rank_one_exact(u, s_values.data()[i * batch + r], r, kink_layer));
+    q.pending.push_back({0, first + i * whole, tail, 0.0});
+  }
+  // Every candidate's series losses, a packet of samples at a time, the packet's
+  // coefficients read once for all candidates; the lanes to compute exactly are marked.
+  for (int64_t p = 0; p < packets; ++p) {
+    const int64_t b = p * lanes;
+    Packet<S> c[terms];
+    for (int t = 0; t < terms; ++t) c[t] = ConstPacketMap<S>(coef + t * batch + b);
+    const Packet<S> spread_b = ConstPacketMap<S>(spread + b);
+    const Packet<S> loss0 = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b);
+    for (int64_t i = 0; i < n; ++i) {
+      const Packet<S> s = ConstPacketMap<S>(s_values.data() + i * batch + b);
       // K(s) - s g_y = s (kappa_1 - g_y) + sum_n kappa_n s^n / n! (Horner, highest power first).
-      Packet<S> poly = ConstPacketMap<S>(coef + (terms - 1) * batch + b);
-      for (int t = terms - 2; t >= 0; --t)
-        poly = poly * s + ConstPacketMap<S>(coef + t * batch + b);
-      S* out = q.lane_losses.data() + offset + b;
-      PacketMap<S>{out} = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + s * poly;
+      Packet<S> poly = c[terms - 1];
+      for (int t = terms - 2; t >= 0; --t) poly = poly * s + c[t];
+      PacketMap<S>{q.lane_losses.data() + first + i* whole + b} = loss0 + s * poly;
+      // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
+      uint32_t exact = lanes_at_least<S>(s.abs() * spread_b, above);
+      if (kink != nullptr)
+        exact |= lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
+                                                     -s * ConstPacketMap<S>(room_down + b)),
+                                   kink_margin);
+      q.exact_lanes[static_cast<std::size_t>(i * packets + p)] = exact;
+    }
+  }
+  // The marked lanes: their logits join the waiting packet, their losses come with it.
+  Packet<S> x[ExactLanes<S>::kMaxClasses];
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t p = 0; p < packets; ++p) {
+      const uint32_t exact = q.exact_lanes[static_cast<std::size_t>(i * packets + p)];
+      if (exact == 0) continue;
+      const int64_t b = p * lanes, at = first + i * whole + b;
+      const Packet<S> s = ConstPacketMap<S>(s_values.data() + i * batch + b);
+      if (!stage) {
+        for (uint32_t m = exact; m != 0; m &= m - 1) {
+          const int lane = std::countr_zero(m);
+          q.lane_losses[static_cast<std::size_t>(at + lane)] =
+              rank_one_exact(u, s(lane), b + lane, kink_layer);
+        }
+        continue;
+      }
+      // Only the lanes that may cross need the scan for crossing units.
       uint32_t crossing = 0;
       if (kink != nullptr)
         crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
                                                        -s * ConstPacketMap<S>(room_down + b)),
                                      kink_margin);
-      const uint32_t exact = outside | crossing;
-      if (exact == 0) continue;
-      if (!stage) {
-        for (uint32_t m = exact; m != 0; m &= m - 1) {
-          const int lane = std::countr_zero(m);
-          out[lane] = rank_one_exact(u, s(lane), b + lane, kink_layer);
-        }
-        continue;
-      }
-      // The exact lanes' logits join the waiting packet; their losses come with it.
       rank_one_logits(u, s, b, kink_layer, crossing, x);
       for (uint32_t m = exact; m != 0; m &= m - 1) {
         const int lane = std::countr_zero(m);
         for (int64_t k = 0; k < classes; ++k) q.logits[k](q.count) = x[k](lane);
         q.picked(q.count) = x[ctx_.inc.labels[static_cast<std::size_t>(b + lane)]](lane);
-        q.target[q.count] = offset + b + lane;
+        q.target[q.count] = at + lane;
         if (++q.count == lanes) flush_exact(q);
       }
     }
-  }
 }
 
 template <class S>

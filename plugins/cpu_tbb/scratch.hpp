@@ -24,7 +24,8 @@ struct ExactLanes {
   Packet<S> picked;                       // the label's logit
   int64_t target[kLanes<S>];              // where each waiting sample's loss goes
   int count = 0;
-  std::vector<S> lane_losses;  // per candidate, its whole packets of samples
+  std::vector<S> lane_losses;         // per candidate, its whole packets of samples
+  std::vector<uint32_t> exact_lanes;  // per candidate and packet: the lanes to compute exactly
   // A candidate whose mean loss is read off lane_losses at the end of the task.
   struct Pending {
     int64_t loss_index, offset;
