@@ -8,6 +8,7 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <type_traits>
@@ -76,14 +77,42 @@ inline Packet<S> load_first(const S* p, int64_t count) {
 #endif
 }
 
-// Calls add(j) for the units j in [0, mid) whose pre-activation z_j changes sign (crosses a
-// ReLU kink) when moved by w_j * s, in unit order: the exact test a packet of units at a
-// time, in the float arithmetic of the scalar one (z + w * s), so the same units are found.
-// The tail past the last whole packet is passed to add unfiltered; add tests it itself.
+// Calls add(j) for the units j in [0, mid) whose pre-activation z_j may change sign (cross a
+// ReLU kink) when moved by w_j * s, in unit order: the test a packet of units at a time, with
+// z + w * s fused into one rounding (add confirms each unit in its own arithmetic). The tail
+// past the last whole packet is passed to add unfiltered; add tests it itself.
 template <class S, class Add>
 inline void for_each_crossing(const S* z, const S* w, S s, int64_t mid, Add&& add) {
   constexpr int lanes = kLanes<S>;
   int64_t j0 = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>) {
+    // A few units of hundreds cross, in packets no branch predictor can foresee: each
+    // packet's crossing units are packed into a list by a vector compress (the register
+    // form: the memory form is microcoded on some cores), then add runs over the list.
+    constexpr int64_t kChunk = 256;
+    alignas(64) int32_t found[kChunk + lanes];
+    const __m512i step = _mm512_set1_epi32(lanes);
+    const __m512 scale = _mm512_set1_ps(s), zero = _mm512_setzero_ps();
+    while (j0 + lanes <= mid) {
+      const int64_t end = std::min(mid / lanes * lanes, j0 + kChunk);
+      __m512i index =
+          _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j0)),
+                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+      int count = 0;
+      for (; j0 < end; j0 += lanes) {
+        const __m512 before = _mm512_loadu_ps(z + j0);
+        const __m512 after = _mm512_fmadd_ps(_mm512_loadu_ps(w + j0), scale, before);
+        const __mmask16 m = static_cast<__mmask16>(_mm512_cmp_ps_mask(after, zero, _CMP_GT_OQ) ^
+                                                   _mm512_cmp_ps_mask(before, zero, _CMP_GT_OQ));
+        _mm512_storeu_si512(found + count, _mm512_maskz_compress_epi32(m, index));
+        count += std::popcount(static_cast<uint32_t>(m));
+        index = _mm512_add_epi32(index, step);
+      }
+      for (int i = 0; i < count; ++i) add(static_cast<int64_t>(found[i]));
+    }
+  }
+#endif
   for (; j0 + lanes <= mid; j0 += lanes) {
     const Packet<S> before = ConstPacketMap<S>(z + j0);
     const Packet<S> after = before + ConstPacketMap<S>(w + j0) * s;
