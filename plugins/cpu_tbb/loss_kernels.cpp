@@ -203,35 +203,41 @@ void DeltaPath<S>::rank_one_logits(int64_t u, const Packet<S>& s, int64_t b, int
            s * ConstPacketMap<S>(table.response.data() + (u * classes + k) * batch + b);
   if (crossing == 0) return;
   // ReLU units that cross their kink: exact minus linear response, as rank_one_exact adds
-  // them (in unit order), found by a vector scan (for_each_crossing).
+  // them (in unit order), found by a vector scan (collect_crossing).
   const S* w_col = ctx_.inc.weights_t[l].row(u).data();
   const int64_t mid = ctx_.inc.acts[l + 1].cols();
+  const Mat<S>& w_next = ctx_.inc.weights_t[l + 2];  // [mid, classes]
+  // The lane's corrections add up over its classes, in a register when they fit one packet
+  // (a row in memory otherwise), then join its logits.
+  const bool narrow = classes <= lanes;
+  alignas(64) int32_t found[kCrossingChunk];
   for (int lane = 0; lane < lanes; ++lane) {
     if ((crossing >> lane & 1U) == 0) continue;
     const S sv = s(lane);
     const int64_t sample = b + lane;
     const S* pre = ctx_.inc.acts[l + 1].row(sample).data();
     const S* post = ctx_.inc.acts[l + 2].row(sample).data();
-    // The lane's corrections add up over its classes, in a register when they fit one
-    // packet (a row in memory otherwise), then join its logits.
-    const bool narrow = classes <= lanes;
     Packet<S> acc_packet = Packet<S>::Zero();
     S acc[ExactLanes<S>::kMaxClasses];
     bool any = false;
-    auto add = [&](int64_t j) {
-      const S dz = w_col[j] * sv, v = pre[j] + dz;
-      if ((v > S(0)) == (pre[j] > S(0))) return;
-      const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
-      const S* w = ctx_.inc.weights_t[l + 2].row(j).data();
-      if (narrow) {
-        acc_packet = load_first(w, classes) * correction + acc_packet;
-      } else {
-        if (!any) std::fill(acc, acc + classes, S(0));
-        for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
+    for (int64_t j0 = 0; j0 < mid; j0 += kCrossingChunk) {
+      const int count =
+          collect_crossing(pre, w_col, sv, j0, std::min(mid, j0 + kCrossingChunk), found);
+      for (int f = 0; f < count; ++f) {
+        const int64_t j = found[f];
+        const S dz = w_col[j] * sv, v = pre[j] + dz;
+        if ((v > S(0)) == (pre[j] > S(0))) continue;
+        const S correction = (v > S(0) ? v : S(0)) - post[j] - (pre[j] > S(0) ? dz : S(0));
+        const S* w = w_next.row(j).data();
+        if (narrow) {
+          acc_packet = load_first(w, classes) * correction + acc_packet;
+        } else {
+          if (!any) std::fill(acc, acc + classes, S(0));
+          for (int64_t k = 0; k < classes; ++k) acc[k] += w[k] * correction;
+        }
+        any = true;
       }
-      any = true;
-    };
-    for_each_crossing(pre, w_col, sv, mid, add);
+    }
     if (any && narrow)
       for (int64_t k = 0; k < classes; ++k) x[k](lane) += acc_packet(k);
     else if (any)

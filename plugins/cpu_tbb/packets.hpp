@@ -77,50 +77,59 @@ inline Packet<S> load_first(const S* p, int64_t count) {
 #endif
 }
 
-// Calls add(j) for the units j in [0, mid) whose pre-activation z_j may change sign (cross a
-// ReLU kink) when moved by w_j * s, in unit order: the test a packet of units at a time, with
-// z + w * s fused into one rounding (add confirms each unit in its own arithmetic). The tail
-// past the last whole packet is passed to add unfiltered; add tests it itself.
-template <class S, class Add>
-inline void for_each_crossing(const S* z, const S* w, S s, int64_t mid, Add&& add) {
+// The units j in [j0, end) whose pre-activation z_j may change sign (cross a ReLU kink) when
+// moved by w_j * s, written to found in unit order; returns how many. The test runs a packet
+// of units at a time with z + w * s fused into one rounding (the caller confirms each unit in
+// its own arithmetic); units past the last whole packet of [j0, end) are written unfiltered
+// (the caller tests them itself). end - j0 <= kCrossingChunk, the capacity of found.
+inline constexpr int64_t kCrossingChunk = 256;
+template <class S>
+inline int collect_crossing(const S* z, const S* w, S s, int64_t j0, int64_t end,
+                            int32_t* found) {
   constexpr int lanes = kLanes<S>;
-  int64_t j0 = 0;
+  const int64_t whole = j0 + (end - j0) / lanes * lanes;
+  int count = 0;
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<S, float>) {
     // A few units of hundreds cross, in packets no branch predictor can foresee: each
-    // packet's crossing units are packed into a list by a vector compress (the register
-    // form: the memory form is microcoded on some cores), then add runs over the list.
-    constexpr int64_t kChunk = 256;
-    alignas(64) int32_t found[kChunk + lanes];
+    // packet's crossing units are packed by a vector compress (the register form: the memory
+    // form is microcoded on some cores), no branch per packet.
     const __m512i step = _mm512_set1_epi32(lanes);
     const __m512 scale = _mm512_set1_ps(s), zero = _mm512_setzero_ps();
-    while (j0 + lanes <= mid) {
-      const int64_t end = std::min(mid / lanes * lanes, j0 + kChunk);
-      __m512i index =
-          _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j0)),
-                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-      int count = 0;
-      for (; j0 < end; j0 += lanes) {
-        const __m512 before = _mm512_loadu_ps(z + j0);
-        const __m512 after = _mm512_fmadd_ps(_mm512_loadu_ps(w + j0), scale, before);
-        const __mmask16 m = static_cast<__mmask16>(_mm512_cmp_ps_mask(after, zero, _CMP_GT_OQ) ^
-                                                   _mm512_cmp_ps_mask(before, zero, _CMP_GT_OQ));
-        _mm512_storeu_si512(found + count, _mm512_maskz_compress_epi32(m, index));
-        count += std::popcount(static_cast<uint32_t>(m));
-        index = _mm512_add_epi32(index, step);
-      }
-      for (int i = 0; i < count; ++i) add(static_cast<int64_t>(found[i]));
+    __m512i index =
+        _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(j0)),
+                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (; j0 < whole; j0 += lanes) {
+      const __m512 before = _mm512_loadu_ps(z + j0);
+      const __m512 after = _mm512_fmadd_ps(_mm512_loadu_ps(w + j0), scale, before);
+      const __mmask16 m = static_cast<__mmask16>(_mm512_cmp_ps_mask(after, zero, _CMP_GT_OQ) ^
+                                                 _mm512_cmp_ps_mask(before, zero, _CMP_GT_OQ));
+      // found has room for a whole packet past count: count + lanes <= kCrossingChunk here.
+      _mm512_storeu_si512(found + count, _mm512_maskz_compress_epi32(m, index));
+      count += std::popcount(static_cast<uint32_t>(m));
+      index = _mm512_add_epi32(index, step);
     }
   }
 #endif
-  for (; j0 + lanes <= mid; j0 += lanes) {
+  for (; j0 < whole; j0 += lanes) {
     const Packet<S> before = ConstPacketMap<S>(z + j0);
     const Packet<S> after = before + ConstPacketMap<S>(w + j0) * s;
     for (uint32_t m = lanes_greater<S>(after, S(0)) ^ lanes_greater<S>(before, S(0)); m != 0;
          m &= m - 1)
-      add(j0 + std::countr_zero(m));
+      found[count++] = static_cast<int32_t>(j0 + std::countr_zero(m));
   }
-  for (; j0 < mid; ++j0) add(j0);
+  for (; j0 < end; ++j0) found[count++] = static_cast<int32_t>(j0);
+  return count;
+}
+
+// Calls add(j) for the units j in [0, mid) that collect_crossing finds, in unit order.
+template <class S, class Add>
+inline void for_each_crossing(const S* z, const S* w, S s, int64_t mid, Add&& add) {
+  alignas(64) int32_t found[kCrossingChunk];
+  for (int64_t j0 = 0; j0 < mid; j0 += kCrossingChunk) {
+    const int count = collect_crossing(z, w, s, j0, std::min(mid, j0 + kCrossingChunk), found);
+    for (int i = 0; i < count; ++i) add(static_cast<int64_t>(found[i]));
+  }
 }
 
 }  // namespace polyprobe::cpu_tbb
