@@ -312,8 +312,8 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
       // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
       uint32_t exact = lanes_at_least<S>(s.abs() * spread_b, above);
       if (kink != nullptr)
-        exact |= lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
-                                                     -s * ConstPacketMap<S>(room_down + b)),
+        exact |= lanes_at_least<S>(select_positive<S>(s, s * ConstPacketMap<S>(room_up + b),
+                                                      -s * ConstPacketMap<S>(room_down + b)),
                                    kink_margin);
       q.exact_lanes[static_cast<std::size_t>(i * packets + p)] = exact;
     }
@@ -337,8 +337,8 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
       // Only the lanes that may cross need the scan for crossing units.
       uint32_t crossing = 0;
       if (kink != nullptr)
-        crossing = lanes_at_least<S>((s > S(0)).select(s * ConstPacketMap<S>(room_up + b),
-                                                       -s * ConstPacketMap<S>(room_down + b)),
+        crossing = lanes_at_least<S>(select_positive<S>(s, s * ConstPacketMap<S>(room_up + b),
+                                                        -s * ConstPacketMap<S>(room_down + b)),
                                      kink_margin);
       rank_one_logits(u, s, b, kink_layer, crossing, x);
       for (uint32_t m = exact; m != 0; m &= m - 1) {

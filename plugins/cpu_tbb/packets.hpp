@@ -59,6 +59,29 @@ inline uint32_t lanes_greater(const Packet<S>& p, S threshold) {
   return lanes_where<LaneTest::greater>(p, threshold);
 }
 
+// Per lane, p > 0 ? if_positive : otherwise (otherwise for NaN): one masked blend where the
+// instruction set has it (Eigen's select on a comparison compiles to a branch per lane).
+template <class S>
+inline Packet<S> select_positive(const Packet<S>& p, const Packet<S>& if_positive,
+                                 const Packet<S>& otherwise) {
+  Packet<S> out;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>)
+    _mm512_storeu_ps(out.data(),
+                     _mm512_mask_blend_ps(static_cast<__mmask16>(lanes_greater<S>(p, S(0))),
+                                          _mm512_loadu_ps(otherwise.data()),
+                                          _mm512_loadu_ps(if_positive.data())));
+  else
+    _mm512_storeu_pd(out.data(),
+                     _mm512_mask_blend_pd(static_cast<__mmask8>(lanes_greater<S>(p, S(0))),
+                                          _mm512_loadu_pd(otherwise.data()),
+                                          _mm512_loadu_pd(if_positive.data())));
+#else
+  for (int i = 0; i < kLanes<S>; ++i) out(i) = p(i) > S(0) ? if_positive(i) : otherwise(i);
+#endif
+  return out;
+}
+
 // The first `count` (<= kLanes) values at p, zeros in the other lanes; reads nothing past them.
 template <class S>
 inline Packet<S> load_first(const S* p, int64_t count) {
@@ -84,8 +107,7 @@ inline Packet<S> load_first(const S* p, int64_t count) {
 // (the caller tests them itself). end - j0 <= kCrossingChunk, the capacity of found.
 inline constexpr int64_t kCrossingChunk = 256;
 template <class S>
-inline int collect_crossing(const S* z, const S* w, S s, int64_t j0, int64_t end,
-                            int32_t* found) {
+inline int collect_crossing(const S* z, const S* w, S s, int64_t j0, int64_t end, int32_t* found) {
   constexpr int lanes = kLanes<S>;
   const int64_t whole = j0 + (end - j0) / lanes * lanes;
   int count = 0;
