@@ -41,7 +41,9 @@ void DeltaPath<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_los
             total += ConstPacketMap<S>(ctx_.inc.probs_t.data() + k * batch + b) * dl.exp();
             picked += ConstPacketMap<S>(ctx_.inc.one_hot_t.data() + k * batch + b) * dl;
           }
-          finite = (total <= std::numeric_limits<S>::max()).all();
+          constexpr uint32_t all_lanes = (uint32_t{1} << lanes) - 1;
+          finite =
+              lanes_where<LaneTest::at_most>(total, std::numeric_limits<S>::max()) == all_lanes;
           const Packet<S> loss =
               ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + total.log() - picked;
           partial += loss.template cast<double>();

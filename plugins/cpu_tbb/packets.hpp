@@ -34,11 +34,13 @@ using ConstPacketMap = Eigen::Map<const Packet<S>, Eigen::Unaligned>;
 // Bit i set where lane i of p compares with threshold as asked (false for NaN). Eigen's
 // boolean arrays compile to scalar code; this is one vector compare where the instruction set
 // has it.
-enum class LaneTest { at_least, greater };
+enum class LaneTest { at_least, greater, at_most };
 template <LaneTest test, class S>
 inline uint32_t lanes_where(const Packet<S>& p, S threshold) {
 #if defined(__AVX512F__)
-  constexpr int predicate = test == LaneTest::at_least ? _CMP_GE_OQ : _CMP_GT_OQ;
+  constexpr int predicate = test == LaneTest::at_least  ? _CMP_GE_OQ
+                            : test == LaneTest::greater ? _CMP_GT_OQ
+                                                        : _CMP_LE_OQ;
   if constexpr (std::is_same_v<S, float>)
     return _mm512_cmp_ps_mask(_mm512_loadu_ps(p.data()), _mm512_set1_ps(threshold), predicate);
   else
@@ -46,7 +48,10 @@ inline uint32_t lanes_where(const Packet<S>& p, S threshold) {
 #else
   uint32_t mask = 0;
   for (int i = 0; i < kLanes<S>; ++i)
-    if (test == LaneTest::at_least ? p(i) >= threshold : p(i) > threshold) mask |= uint32_t{1} << i;
+    if (test == LaneTest::at_least  ? p(i) >= threshold
+        : test == LaneTest::greater ? p(i) > threshold
+                                    : p(i) <= threshold)
+      mask |= uint32_t{1} << i;
   return mask;
 #endif
 }
