@@ -581,6 +581,10 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
           ctx_.inc.base_loss - ctx_.l2 * ctx_.inc.base_sq + ctx_.l2_term(c, g, g.begin + i, s);
     return;
   }
+  if (state == State::sparse && sparse_delta_losses(s.units, s.sparse, n, s.row_losses.data())) {
+    finish(s.row_losses.data());
+    return;
+  }
   if (state == State::sparse) {
     s.next.setZero(ctx_.plan.out_features, nb);
     for (std::size_t k = 0; k < s.units.size(); ++k)

@@ -59,6 +59,14 @@ class DeltaPath {
   // Mean loss of candidates whose outputs are the incumbent's plus `delta`
   // (feature-major [outputs, n * batch]); sums in double in sample order.
   void delta_losses(const Mat<S>& delta, int64_t n, double* mean_losses, Scratch& s) const;
+  // The same for outputs that change only in the rows `units` (by sparse, [units, n * batch]),
+  // with delta_losses' sums in its order: an unchanged row adds its p_k, as p_k exp(0) = p_k
+  // does there, so one exponential per changed row instead of one per class, the same bits.
+  // False, with nothing written, where delta_losses must take it (a loss other than
+  // cross-entropy, more than 64 classes, a batch that is not whole packets, a logit past
+  // exp's range).
+  bool sparse_delta_losses(const std::vector<int64_t>& units, const Mat<S>& sparse, int64_t n,
+                           double* mean_losses) const;
   // Cross-entropy of a rank-one logit change dl = s_b g_{u,b}: per direction u and sample
   // b, the cumulant series of kernels/cgf_series.hpp (coefficients of s^1 .. s^N, the label's
   // term folded in) and the spread M = max_k |g_k - mean| that bounds its range. Float32 only.

@@ -95,6 +95,51 @@ void DeltaPath<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_los
   }
 }
 
+template <class S>
+bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>& units, const Mat<S>& sparse,
+                                       int64_t n, double* mean_losses) const {
+  const int64_t batch = ctx_.inc.batch, classes = ctx_.plan.out_features;
+  constexpr int64_t kMaxClasses = 64;
+  if (ctx_.loss != kernels::LossKind::cross_entropy || classes > kMaxClasses) return false;
+  int32_t row_of[kMaxClasses];  // the row of sparse that changes class k, or -1
+  std::fill(row_of, row_of + classes, -1);
+  for (std::size_t r = 0; r < units.size(); ++r) row_of[units[r]] = static_cast<int32_t>(r);
+  constexpr int lanes = kLanes<S>;
+  const int64_t stride = sparse.cols();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t col0 = i * batch;
+    // delta_losses' sums, class by class in the same order.
+    Eigen::Array<double, lanes, 1> partial = Eigen::Array<double, lanes, 1>::Zero();
+    for (int64_t b = 0; b < batch; b += lanes) {
+      if (b + lanes <= batch) {
+        Packet<S> total = Packet<S>::Zero(), picked = Packet<S>::Zero();
+        for (int64_t k = 0; k < classes; ++k) {
+          const Packet<S> p = ConstPacketMap<S>(ctx_.inc.probs_t.data() + k * batch + b);
+          if (row_of[k] < 0) {
+            total += p;
+            continue;
+          }
+          const Packet<S> dl = ConstPacketMap<S>(sparse.data() + row_of[k] * stride + col0 + b);
+          total += p * dl.exp();
+          picked += ConstPacketMap<S>(ctx_.inc.one_hot_t.data() + k * batch + b) * dl;
+        }
+        constexpr uint32_t all_lanes = (uint32_t{1} << lanes) - 1;
+        if (lanes_where<LaneTest::at_most>(total, std::numeric_limits<S>::max()) != all_lanes)
+          return false;
+        // Assigned before the cast: a cast in the same expression evaluates it coefficient by
+        // coefficient, the log through the scalar logf.
+        const Packet<S> loss =
+            ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + total.log() - picked;
+        partial += loss.template cast<double>();
+      } else {
+        return false;
+      }
+    }
+    mean_losses[i] = partial.sum() / static_cast<double>(batch);
+  }
+  return true;
+}
+
 // Rank-one logit changes: the loss change is a power series in s (kernels/cgf_series.hpp),
 // certified exact at float32 precision for |s| M <= kCgfLimit; samples beyond it take the
 // exact route.
@@ -372,6 +417,8 @@ void DeltaPath<S>::finish_task(Scratch& s, double* losses) const {
 
 #define POLYPROBE_INSTANTIATE(S)                                                                 \
   template void DeltaPath<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const;     \
+  template bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>&, const Mat<S>&,    \
+                                                  int64_t, double*) const;                       \
   template void DeltaPath<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t,   \
                                               int64_t) const;                                    \
   template void DeltaPath<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&, int64_t, \
