@@ -436,14 +436,14 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
         l += 2;
         continue;
       }
-      if (state == State::none && te == n_terms && l + 1 < n_layers &&
+      if (state == State::none && ti == 0 && te == n_terms && l + 1 < n_layers &&
           ctx_.plan.layers[l + 1].is_relu &&
           std::all_of(terms + ti, terms + te, [&](const Term& t) {
             return t.row >= 0 && t.row == terms[ti].row && (t.col >= 0 || t.col == kBias);
           })) {
-        // The group moves one unit's weights and bias, and a ReLU follows: that unit's
-        // change after the ReLU straight from the inputs, as the route below computes it.
-        // (No earlier layer changed, so this layer's terms are all of the group's: ti == 0.)
+        // All of the group's terms move one unit's weights and bias, and a ReLU follows: that
+        // unit's change after the ReLU straight from the inputs, as the route below computes
+        // it (s.theta is [n, n_terms], these terms' own layout).
         const int64_t unit = terms[ti].row;
         s.inputs.clear();
         for (int64_t t = ti; t < te; ++t)
