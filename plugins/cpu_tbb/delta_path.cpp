@@ -79,12 +79,17 @@ void DeltaPath<S>::build_kink_tables() {
   if (std::is_same_v<S, float> && ctx_.loss == kernels::LossKind::cross_entropy && n_layers > 0 &&
       ctx_.plan.layers.back().op == LayerOp::affine) {
     const LayerPlan& last = ctx_.plan.layers.back();
-    // Its users change one unit of the last layer's input: particles of the two layers before
-    // it (an affine layer and its activation), not the last layer's own.
+    // Its users change one unit of the last layer's input: candidates of the two layers before
+    // it (an affine layer and its activation). None, none is built (a cnn's last layer follows
+    // a pooling layer, and its own 47,000 candidates never read it). The threshold still
+    // counts the last layer's own candidates, as it did when it was tuned: which route a
+    // candidate takes decides its float32 rounding, so this keeps every loss's bits, and the
+    // ranks of a sharded run deciding as before (docs/scale.md).
     int64_t users = 0;
     for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k + 1 < n_layers; ++k)
       users += ctx_.planner->first_layer_candidates()[k];
-    if (users > 3 * last.in)
+    const int64_t own = ctx_.planner->first_layer_candidates()[n_layers - 1];
+    if (users > 0 && users + own > 3 * last.in)
       build_cumulants(last_layer_cumulants_, last.in, ctx_.inc.eff.data() + last.offset, 1, last.in,
                       0);
   }
