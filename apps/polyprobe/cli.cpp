@@ -115,9 +115,11 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
     return command.run(context);
   } catch (const UsageError& e) {
     std::cerr << prefix << "error: " << e.what() << "\n";
+    if (context.after_error) context.after_error();
     return 2;
   } catch (const std::exception& e) {
     std::cerr << prefix << "error: " << e.what() << "\n";
+    if (context.after_error) context.after_error();
     return 1;
   }
 }

@@ -32,6 +32,9 @@ struct Context {
   bool quiet = false;  // --quiet: no progress
   std::ostream* out;
   std::ostream* err;
+  // Set by a command that must act once its error is printed (train's ranks wait for rank 0's
+  // message before they exit); run_command calls it after printing. May be empty.
+  std::function<void()> after_error;
 };
 
 struct Command {

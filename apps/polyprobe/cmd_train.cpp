@@ -31,6 +31,7 @@
 #include <iomanip>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 
 namespace polyprobe::app {
@@ -670,12 +671,18 @@ int run(Context& ctx) {
   const double timeout = ctx.vm["rank-timeout"].as<double>();
   if (!(timeout >= 0) || !std::isfinite(timeout))
     throw UsageError("--rank-timeout must be a number of seconds >= 0 (0: wait for ever)");
-  TrainRanks ranks(timeout);
+  // Shared with ctx.after_error, which outlives this frame.
+  const auto held = std::make_shared<TrainRanks>(timeout);
+  TrainRanks& ranks = *held;
   try {
     return train_run(ctx, ranks);
   } catch (const std::exception& e) {
     if (ranks.size() == 1) throw;
     if (ranks.agreed()) ranks.fail(e.what());
+    // From here every rank throws the start-up verdict and rank 0 alone prints it. The others
+    // leave only once it has (a barrier after the print): mpirun ends the job when a rank
+    // exits with an error, and a rank that left first could take rank 0's message with it.
+    ctx.after_error = [held] { held->sync(); };
     if (ranks.asked()) throw;  // the agreement's own verdict, thrown on every rank
     const std::exception_ptr original = std::current_exception();
     try {
