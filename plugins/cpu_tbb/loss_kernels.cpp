@@ -328,8 +328,14 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
   const KinkTable* kink = kink_layer >= 0 ? &kink_[static_cast<std::size_t>(kink_layer)] : nullptr;
   const S* room_up = kink != nullptr ? kink->room_up.data() + u * batch : nullptr;
   const S* room_down = kink != nullptr ? kink->room_down.data() + u * batch : nullptr;
-  // Closer than this to a kink counts as crossing (the exact route), against rounding.
-  const S kink_margin = S(0.999);
+  // The lanes of packet [b, b + kLanes) whose move s may make a ReLU unit cross its kink
+  // (closer than 0.999 of the room counts, against rounding): the exact route.
+  const auto may_cross = [&](const Packet<S>& s, int64_t b) -> uint32_t {
+    if (kink == nullptr) return 0;
+    return lanes_at_least<S>(select_positive<S>(s, s * ConstPacketMap<S>(room_up + b),
+                                                -s * ConstPacketMap<S>(room_down + b)),
+                             S(0.999));
+  };
   const bool stage = classes <= ExactLanes<S>::kMaxClasses;
   const auto first = static_cast<int64_t>(q.lane_losses.size());
   const int64_t packets = whole / lanes;
@@ -355,14 +361,11 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
       // K(s) - s g_y = s (kappa_1 - g_y) + sum_n kappa_n s^n / n! (Horner, highest power first).
       Packet<S> poly = c[terms - 1];
       for (int t = terms - 2; t >= 0; --t) poly = poly * s + c[t];
-      PacketMap<S>{q.lane_losses.data() + first + i* whole + b} = loss0 + s * poly;
+      S* out = q.lane_losses.data() + first + i * whole + b;
+      PacketMap<S>{out} = loss0 + s * poly;
       // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
-      uint32_t exact = lanes_at_least<S>(s.abs() * spread_b, above);
-      if (kink != nullptr)
-        exact |= lanes_at_least<S>(select_positive<S>(s, s * ConstPacketMap<S>(room_up + b),
-                                                      -s * ConstPacketMap<S>(room_down + b)),
-                                   kink_margin);
-      q.exact_lanes[static_cast<std::size_t>(i * packets + p)] = exact;
+      q.exact_lanes[static_cast<std::size_t>(i * packets + p)] =
+          lanes_at_least<S>(s.abs() * spread_b, above) | may_cross(s, b);
     }
   }
   // The marked lanes: their logits join the waiting packet, their losses come with it.
@@ -382,12 +385,7 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
         continue;
       }
       // Only the lanes that may cross need the scan for crossing units.
-      uint32_t crossing = 0;
-      if (kink != nullptr)
-        crossing = lanes_at_least<S>(select_positive<S>(s, s * ConstPacketMap<S>(room_up + b),
-                                                        -s * ConstPacketMap<S>(room_down + b)),
-                                     kink_margin);
-      rank_one_logits(u, s, b, kink_layer, crossing, x);
+      rank_one_logits(u, s, b, kink_layer, may_cross(s, b), x);
       for (uint32_t m = exact; m != 0; m &= m - 1) {
         const int lane = std::countr_zero(m);
         for (int64_t k = 0; k < classes; ++k) q.logits[k](q.count) = x[k](lane);
