@@ -5,28 +5,8 @@
 #include "packets.hpp"
 
 namespace polyprobe::cpu_tbb {
-namespace {
 
-// v > 0 ? v : 0 in every lane, 0 for NaN (as the scalar test).
-template <class S>
-Packet<S> relu_lanes(const Packet<S>& v) {
-#if defined(__AVX512F__)
-  // MAXPS returns its second operand when the first is NaN or both are zero.
-  Packet<S> out;
-  if constexpr (std::is_same_v<S, float>)
-    _mm512_storeu_ps(out.data(), _mm512_max_ps(_mm512_loadu_ps(v.data()), _mm512_setzero_ps()));
-  else
-    _mm512_storeu_pd(out.data(), _mm512_max_pd(_mm512_loadu_pd(v.data()), _mm512_setzero_pd()));
-  return out;
-#else
-  Packet<S> out;
-  for (int i = 0; i < kLanes<S>; ++i) out(i) = v(i) > S(0) ? v(i) : S(0);
-  return out;
-#endif
-}
-
-}  // namespace
-
+// relu(v) is select_positive(v, v, 0): v > 0 ? v : 0, and 0 for NaN, as the scalar test.
 template <class S>
 void unit_relu_change(const S* z, const S* relu_z, const S* const* x, const S* theta,
                       int64_t n_terms, int64_t n, int64_t batch, S* out) {
@@ -42,8 +22,9 @@ void unit_relu_change(const S* z, const S* relu_z, const S* const* x, const S* t
         if (x[t] != nullptr) term = ConstPacketMap<S>(x[t] + b) * th[t];
         dz = dz + term;
       }
+      const Packet<S> v = ConstPacketMap<S>(z + b) + dz;
       PacketMap<S>{o + b} =
-          relu_lanes<S>(ConstPacketMap<S>(z + b) + dz) - ConstPacketMap<S>(relu_z + b);
+          select_positive<S>(v, v, Packet<S>::Zero()) - ConstPacketMap<S>(relu_z + b);
     }
     for (int64_t b = whole; b < batch; ++b) {
       S dz = 0;
