@@ -1,4 +1,5 @@
 // Tight-frame templates and Haar rotations.
+#include "vector_math.hpp"
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/geometry.hpp>
@@ -8,8 +9,8 @@
 #include <Eigen/QR>
 
 #include <cmath>
-#include <numbers>
 #include <string>
+#include <vector>
 
 namespace polyprobe {
 
@@ -115,27 +116,30 @@ void particle_normals(const RotationStream& stream, int64_t particle, std::span<
 }
 
 // SO(2) is the circle: a uniform angle is its Haar law, so one uniform (block 0 of the
-// stream) and one sincos replace a factorisation. A biased particle's rotation is fixed by
-// its first column.
+// stream) and one cosine and sine replace a factorisation; they are taken for all of the
+// call's particles in one vector pass (vector_math.hpp). A biased particle's rotation is
+// fixed by its first column.
 void draw_plane(const RotationStream& stream, int64_t first, int64_t count,
                 std::span<double> rotations, std::span<const double> bias) {
+  const auto n = static_cast<std::size_t>(count);
+  std::vector<double> turns(n), c(n), s(n);
+  for (std::size_t p = 0; p < n; ++p) {
+    const kernels::PhiloxWords r = kernels::particle_random_block(
+        stream.seed, stream.step, static_cast<uint64_t>(first) + p, 0);
+    turns[p] = kernels::philox_uniform(r.w[0], r.w[1]);
+  }
+  detail::cos_sin_turns(turns.data(), c.data(), s.data(), count);
   for (int64_t p = 0; p < count; ++p) {
-    double* q = rotations.data() + p * 4;
-    double c = 0, s = 0, norm = 0;
-    if (usable_bias(bias, p, 2, norm)) {
-      c = bias[static_cast<std::size_t>(p * 2)] / norm;
-      s = bias[static_cast<std::size_t>(p * 2 + 1)] / norm;
-    } else {
-      const kernels::PhiloxWords r = kernels::particle_random_block(
-          stream.seed, stream.step, static_cast<uint64_t>(first + p), 0);
-      const double angle = 2.0 * std::numbers::pi * kernels::philox_uniform(r.w[0], r.w[1]);
-      c = std::cos(angle);
-      s = std::sin(angle);
+    const auto i = static_cast<std::size_t>(p);
+    if (double norm = 0; usable_bias(bias, p, 2, norm)) {
+      c[i] = bias[static_cast<std::size_t>(p * 2)] / norm;
+      s[i] = bias[static_cast<std::size_t>(p * 2 + 1)] / norm;
     }
-    q[0] = c;
-    q[1] = -s;
-    q[2] = s;
-    q[3] = c;
+    double* q = rotations.data() + p * 4;
+    q[0] = c[i];
+    q[1] = -s[i];
+    q[2] = s[i];
+    q[3] = c[i];
   }
 }
 

@@ -11,4 +11,9 @@ target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/step_engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_threads.cpp
   ${CMAKE_CURRENT_LIST_DIR}/transport.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/vector_math.cpp
   ${CMAKE_CURRENT_LIST_DIR}/vector_search.cpp)
+# The vectorised exp and sincos loops: without -fno-trapping-math GCC keeps their range
+# checks as branches; no contraction, so that every clone rounds alike.
+set_property(SOURCE ${CMAKE_CURRENT_LIST_DIR}/vector_math.cpp APPEND PROPERTY COMPILE_OPTIONS
+  -fno-trapping-math -ffp-contract=off)

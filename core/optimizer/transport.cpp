@@ -1,5 +1,6 @@
 // Transport solvers.
 #include "transport_threads.hpp"
+#include "vector_math.hpp"
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/transport.hpp>
@@ -97,12 +98,14 @@ constexpr int64_t kRowGrain = 1024;
 // on the thread count).
 struct ColumnPartials {
   std::vector<double> values;
+  std::vector<double> exponentials;  // [rows V]: a chunk's exponentials before they are summed
   int64_t chunks = 0;
   std::size_t cols = 0;
   void resize(int64_t rows, std::size_t v) {
     chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
     cols = v;
     values.resize(2 * cols * static_cast<std::size_t>(chunks));
+    exponentials.resize(static_cast<std::size_t>(rows) * cols);
   }
   double* max_of(int64_t chunk) {
     return values.data() + 2 * cols * static_cast<std::size_t>(chunk);
@@ -138,13 +141,20 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
     for (std::size_t v = 0; v < cols; ++v)
       column_max[v] = std::max(column_max[v], partial.max_of(c)[v]);
   threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    double* sums = partial.sum_of(chunk);
-    std::fill(sums, sums + cols, 0.0);
+    // The chunk's exponents, then their exponentials in one vector pass, then the sums in
+    // row order.
+    double* e = partial.exponentials.data() + static_cast<std::size_t>(begin) * cols;
     for (Eigen::Index i = begin; i < end; ++i)
       for (std::size_t v = 0; v < cols; ++v)
-        sums[v] += std::exp((f[static_cast<std::size_t>(i)] -
-                             cost(i, static_cast<Eigen::Index>(v)) - column_max[v]) /
-                            eps);
+        e[static_cast<std::size_t>(i - begin) * cols + v] =
+            (f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)) -
+             column_max[v]) /
+            eps;
+    const auto count = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(end - begin) * cols);
+    detail::exp_in_place(e, count);
+    double* sums = partial.sum_of(chunk);
+    std::fill(sums, sums + cols, 0.0);
+    for (std::ptrdiff_t k = 0; k < count; ++k) sums[static_cast<std::size_t>(k) % cols] += e[k];
   });
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
@@ -154,24 +164,35 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
   }
 }
 
-// Row i of the row-normalised plan for the column duals g: W_iv = exp((g_v - C_iv - m) / eps)
-// / s, with m the row's maximum of g_v - C_iv and s the sum of the exponentials (returned with
-// m: the row dual is -(m + eps (log s - log V))). The one formula of both the row update and
-// the final plan, so the plan a row update leaves is the bits of a separate pass.
+// Rows [begin, end) of the row-normalised plan for the column duals g: W_iv = exp((g_v - C_iv
+// - m) / eps) / s, with m the row's maximum of g_v - C_iv and s the sum of the exponentials
+// (returned with m in rows[i - begin] when rows is not null: the row dual is -(m + eps (log
+// s - log V))). The one formula of both the row update and the final plan, so the plan a row
+// update leaves is the bits of a separate pass. The exponentials of a whole chunk are taken
+// in one vector pass (vector_math.hpp), in place in the plan when its rows are contiguous.
 struct RowPlan {
   double max = 0, sum = 0;
 };
-RowPlan plan_row(const ConstMatrixRef<double>& cost, const std::vector<double>& g, double eps,
-                 Eigen::Index i, MatrixRef<double>& weights) {
-  RowPlan r{-std::numeric_limits<double>::infinity(), 0.0};
-  for (Eigen::Index v = 0; v < cost.cols(); ++v)
-    r.max = std::max(r.max, g[static_cast<std::size_t>(v)] - cost(i, v));
-  for (Eigen::Index v = 0; v < cost.cols(); ++v) {
-    weights(i, v) = std::exp((g[static_cast<std::size_t>(v)] - cost(i, v) - r.max) / eps);
-    r.sum += weights(i, v);
+void plan_rows(const ConstMatrixRef<double>& cost, const std::vector<double>& g, double eps,
+               Eigen::Index begin, Eigen::Index end, MatrixRef<double>& weights, RowPlan* rows) {
+  const Eigen::Index cols = cost.cols();
+  const bool contiguous = weights.outerStride() == cols;
+  for (Eigen::Index i = begin; i < end; ++i) {
+    double m = -std::numeric_limits<double>::infinity();
+    for (Eigen::Index v = 0; v < cols; ++v)
+      m = std::max(m, g[static_cast<std::size_t>(v)] - cost(i, v));
+    for (Eigen::Index v = 0; v < cols; ++v)
+      weights(i, v) = (g[static_cast<std::size_t>(v)] - cost(i, v) - m) / eps;
+    if (rows != nullptr) rows[i - begin].max = m;
+    if (!contiguous) detail::exp_in_place(&weights(i, 0), cols);
   }
-  weights.row(i) /= r.sum;
-  return r;
+  if (contiguous && end > begin) detail::exp_in_place(&weights(begin, 0), (end - begin) * cols);
+  for (Eigen::Index i = begin; i < end; ++i) {
+    double sum = 0.0;
+    for (Eigen::Index v = 0; v < cols; ++v) sum += weights(i, v);
+    weights.row(i) /= sum;
+    if (rows != nullptr) rows[i - begin].sum = sum;
+  }
 }
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P. The same
@@ -185,8 +206,10 @@ void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std:
   const auto cols = cost.cols();
   const double log_cols = std::log(static_cast<double>(cols));
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    RowPlan rows[kRowGrain];
+    plan_rows(cost, g, eps, begin, end, weights, rows);
     for (Eigen::Index i = begin; i < end; ++i) {
-      const RowPlan r = plan_row(cost, g, eps, i, weights);
+      const RowPlan& r = rows[i - begin];
       f[static_cast<std::size_t>(i)] = -(r.max + eps * (std::log(r.sum) - log_cols));
     }
     column_maxima(cost, f, begin, end, partial.max_of(chunk));
@@ -254,7 +277,7 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   if (fresh) return result;  // the last row update left the plan for this g
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
-    for (Eigen::Index i = begin; i < end; ++i) plan_row(cost, duals.g, epsilon, i, weights);
+    plan_rows(cost, duals.g, epsilon, begin, end, weights, nullptr);
   });
   return result;
 }
@@ -262,16 +285,11 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
 void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights,
                    const StepThreads& threads) {
   check_sizes(cost, weights);
+  // The plan of Sinkhorn's first row update from g = 0 (the same formula: exp(-(C_iv - min_v
+  // C_iv) / eps) normalised by row).
+  const std::vector<double> zero(static_cast<std::size_t>(cost.cols()), 0.0);
   threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
-    for (Eigen::Index i = begin; i < end; ++i) {
-      const double m = cost.row(i).minCoeff();
-      double s = 0;
-      for (Eigen::Index v = 0; v < cost.cols(); ++v) {
-        weights(i, v) = std::exp(-(cost(i, v) - m) / epsilon);
-        s += weights(i, v);
-      }
-      weights.row(i) /= s;
-    }
+    plan_rows(cost, zero, epsilon, begin, end, weights, nullptr);
   });
 }
 

@@ -438,14 +438,24 @@ TEST_CASE("the recommended minimize configuration solves a curved valley",
   };
   std::vector<double> x0(n);
   for (int i = 0; i < n; ++i) x0[static_cast<std::size_t>(i)] = i % 2 == 0 ? -1.2 : 1.0;
-  const OptimizerConfig config = recommended_minimize_config(n);
+  OptimizerConfig config = recommended_minimize_config(n);
   REQUIRE_NOTHROW(config.validate());
   REQUIRE(config.metric == MetricKind::bfgs);
   const int64_t budget = 500 * (n + 1);
-  const MinimizeResult r = minimize(rosenbrock, x0, budget, config);
-  CAPTURE(r.f, r.evaluations);
-  REQUIRE(r.evaluations <= budget);
-  REQUIRE(r.f < 1e-6 * rosenbrock(x0));
-  for (double x : r.x) REQUIRE(x == Approx(1.0).margin(1e-2));
+  // From ten seeds: a single trajectory is a coin with 97% odds (78 of 80 seeds solved it
+  // when measured), and a last-bit change anywhere in a step re-tosses it.
+  int solved = 0;
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    config.seed = seed;
+    const MinimizeResult r = minimize(rosenbrock, x0, budget, config);
+    CAPTURE(seed, r.f, r.evaluations);
+    REQUIRE(r.evaluations <= budget);
+    REQUIRE(std::isfinite(r.f));
+    bool near = r.f < 1e-6 * rosenbrock(x0);
+    for (double x : r.x) near = near && std::abs(x - 1.0) <= 1e-2;
+    solved += near ? 1 : 0;
+  }
+  CAPTURE(solved);
+  REQUIRE(solved >= 8);
   REQUIRE_THROWS_WITH(recommended_minimize_config(0), Catch::Contains("n must be at least 1"));
 }
