@@ -76,15 +76,15 @@ void Session::move_incumbent(const double* moves) {
                             if (coords_[c] >= 0) incumbent_[idx(coords_[c])] += moves[c];
                         });
     });
+  } else if (subspace_ != nullptr) {
+    std::vector<kernels::SubspaceMove> along;
+    along.reserve(coords_.size());
+    for (std::size_t c = 0; c < coords_.size(); ++c)
+      if (coords_[c] >= 0) along.push_back({subspace_->coords[coords_[c]], moves[c]});
+    kernels::apply_subspace_moves(along, incumbent_.data());
   } else {
-    for (std::size_t c = 0; c < coords_.size(); ++c) {
-      const int64_t coord = coords_[c];
-      if (coord < 0) continue;
-      if (subspace_ != nullptr)
-        kernels::apply_subspace_move(subspace_->coords[coord], moves[c], incumbent_.data());
-      else
-        incumbent_[idx(coord)] += moves[c];
-    }
+    for (std::size_t c = 0; c < coords_.size(); ++c)
+      if (coords_[c] >= 0) incumbent_[idx(coords_[c])] += moves[c];
   }
   ++version_;
 }
