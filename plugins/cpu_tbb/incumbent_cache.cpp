@@ -78,7 +78,13 @@ void affine_rows(const S* x, int64_t in, const S* wt, int64_t out, S* y) {
   for (; o0 < out; ++o0)  // the last outputs (a classifier's ten), one at a time
     for (int r = 0; r < R; ++r) {
       S sum = 0;
-      for (int64_t k = 0; k < in; ++k) sum = std::fma(x[r * in + k], wt[k * out + o0], sum);
+      for (int64_t k = 0; k < in; ++k) {
+#ifdef __FMA__
+        sum = std::fma(x[r * in + k], wt[k * out + o0], sum);
+#else  // std::fma would be a library call per product: pmadd is a multiply and an add here too
+        sum = x[r * in + k] * wt[k * out + o0] + sum;
+#endif
+      }
       y[r * out + o0] = sum;
     }
 }
