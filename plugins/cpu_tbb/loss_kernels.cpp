@@ -358,11 +358,19 @@ void DeltaPath<S>::rank_one_losses(const Cumulants& table, int64_t u, const Mat<
     const Packet<S> loss0 = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b);
     for (int64_t i = 0; i < n; ++i) {
       const Packet<S> s = ConstPacketMap<S>(s_values.data() + i * batch + b);
-      // K(s) - s g_y = s (kappa_1 - g_y) + sum_n kappa_n s^n / n! (Horner, highest power first).
-      Packet<S> poly = c[terms - 1];
-      for (int t = terms - 2; t >= 0; --t) poly = poly * s + c[t];
+      // K(s) - s g_y = s (kappa_1 - g_y) + sum_n kappa_n s^n / n!, by Estrin's scheme: pairs
+      // of terms, then pairs of pairs with s^2, s^4, ...: a chain of log2(N) steps where
+      // Horner's was N multiplies and adds long (the loop was latency-bound).
+      Packet<S> level[terms];
+      for (int t = 0; t < terms; ++t) level[t] = c[t];
+      Packet<S> power = s;
+      for (int width = terms; width > 1; width = (width + 1) / 2) {
+        for (int j = 0; j < width / 2; ++j) level[j] = level[2 * j] + level[2 * j + 1] * power;
+        if (width % 2 == 1) level[width / 2] = level[width - 1];
+        power = power * power;
+      }
       S* out = q.lane_losses.data() + first + i * whole + b;
-      PacketMap<S>{out} = loss0 + s * poly;
+      PacketMap<S>{out} = loss0 + s * level[0];
       // Lanes outside the certified range, and lanes where a ReLU unit may cross its kink.
       q.exact_lanes[static_cast<std::size_t>(i * packets + p)] =
           lanes_at_least<S>(s.abs() * spread_b, above) | may_cross(s, b);

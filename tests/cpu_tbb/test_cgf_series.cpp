@@ -52,7 +52,7 @@ TEST_CASE("cgf series: within its certified bound up to the limit it is used at"
     double coef[kCgfTerms];
     const double spread = cgf_series(p.data(), g.data(), classes, 1, y, coef);
     REQUIRE(spread > 0);
-    for (const double q : {0.01, 0.05, 0.1, 0.15, kCgfLimit})
+    for (const double q : {0.01, 0.05, 0.1, 0.2, 0.3, kCgfLimit})
       for (const double sign : {-1.0, 1.0}) {
         const double s = sign * q / spread;
         double poly = 0;
