@@ -52,10 +52,11 @@ constexpr int64_t kIncumbentRows = 4;
 
 // y = x W^T (R rows) from W^T's rows (wt, [in, out] row-major), a chunk of 4 packets of
 // outputs at a time with the R x 4 sums in registers and each product fused into its sum, in
-// input order. Eigen's GEMM packs all of W again for each few-row block: on mnist128-sub256
-// the packing (gemm_pack_lhs, 10% of a step) cost more than the multiply-adds.
+// input order; outputs past the last whole chunk from W's rows (w, [out, in]). Eigen's GEMM packs
+// all of W again for each few-row block: on mnist128-sub256 the packing (gemm_pack_lhs, 10% of a
+// step) cost more than the multiply-adds.
 template <class S, int R>
-void affine_rows(const S* x, int64_t in, const S* wt, int64_t out, S* y) {
+void affine_rows(const S* x, int64_t in, const S* w, const S* wt, int64_t out, S* y) {
   using P = typename Eigen::internal::packet_traits<S>::type;
   constexpr int64_t lanes = Eigen::internal::packet_traits<S>::size, chunk = 4 * lanes;
   int64_t o0 = 0;
@@ -64,9 +65,9 @@ void affine_rows(const S* x, int64_t in, const S* wt, int64_t out, S* y) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < 4; ++j) acc[r][j] = Eigen::internal::pset1<P>(S(0));
     for (int64_t k = 0; k < in; ++k) {
-      const S* w = wt + k * out + o0;
+      const S* row = wt + k * out + o0;
       P wj[4];
-      for (int j = 0; j < 4; ++j) wj[j] = Eigen::internal::ploadu<P>(w + j * lanes);
+      for (int j = 0; j < 4; ++j) wj[j] = Eigen::internal::ploadu<P>(row + j * lanes);
       for (int r = 0; r < R; ++r) {
         const P xr = Eigen::internal::pset1<P>(x[r * in + k]);
         for (int j = 0; j < 4; ++j) acc[r][j] = Eigen::internal::pmadd(xr, wj[j], acc[r][j]);
@@ -75,18 +76,12 @@ void affine_rows(const S* x, int64_t in, const S* wt, int64_t out, S* y) {
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < 4; ++j) Eigen::internal::pstoreu(y + r * out + o0 + j * lanes, acc[r][j]);
   }
-  for (; o0 < out; ++o0)  // the last outputs (a classifier's ten), one at a time
-    for (int r = 0; r < R; ++r) {
-      S sum = 0;
-      for (int64_t k = 0; k < in; ++k) {
-#ifdef __FMA__
-        sum = std::fma(x[r * in + k], wt[k * out + o0], sum);
-#else  // std::fma would be a library call per product: pmadd is a multiply and an add here too
-        sum = x[r * in + k] * wt[k * out + o0] + sum;
-#endif
-      }
-      y[r * out + o0] = sum;
-    }
+  // The last outputs (all of a classifier's ten) as dot products of x's and W's rows.
+  for (; o0 < out; ++o0)
+    for (int r = 0; r < R; ++r)
+      y[r * out + o0] =
+          Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(x + r * in, in)
+              .dot(Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(w + o0 * in, in));
 }
 
 // An affine layer on a block of at most kIncumbentRows rows (see affine_rows).
@@ -95,16 +90,16 @@ void affine_block(const LayerPlan& layer, const S* in, int64_t rows, const Mat<S
                   const S* params, S* out) {
   switch (rows) {
     case 1:
-      affine_rows<S, 1>(in, layer.in, wt.data(), layer.out, out);
+      affine_rows<S, 1>(in, layer.in, params + layer.offset, wt.data(), layer.out, out);
       break;
     case 2:
-      affine_rows<S, 2>(in, layer.in, wt.data(), layer.out, out);
+      affine_rows<S, 2>(in, layer.in, params + layer.offset, wt.data(), layer.out, out);
       break;
     case 3:
-      affine_rows<S, 3>(in, layer.in, wt.data(), layer.out, out);
+      affine_rows<S, 3>(in, layer.in, params + layer.offset, wt.data(), layer.out, out);
       break;
     default:
-      affine_rows<S, 4>(in, layer.in, wt.data(), layer.out, out);
+      affine_rows<S, 4>(in, layer.in, params + layer.offset, wt.data(), layer.out, out);
       break;
   }
   static_assert(kIncumbentRows == 4, "affine_block dispatches 1 to 4 rows");
