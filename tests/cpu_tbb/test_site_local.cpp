@@ -95,6 +95,21 @@ std::string site_local_note(const Model& model) {
   return got.explain["plugin"]["layers"][0]["site_local"].get<std::string>();
 }
 
+TEST_CASE("cpu_tbb: site-local, max-pool pairs over an even-width map with an odd height",
+          "[cpu_tbb]") {
+  // 7 x 8 maps: the channel tail pools row pairs, then column pairs of the flat map, and
+  // drops the seventh row, as the layer does.
+  const Model model = spatial_model(
+      Shape{{2, 7, 8}}, {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}},
+                         {"relu", {}},
+                         {"max_pool2d", {{"kernel_size", 2}}},
+                         {"flatten", {}},
+                         {"linear", {{"out_features", 4}}}});
+  check_site_local(model, {"conv2d"});
+  CHECK_THAT(site_local_note(model),
+             Catch::Contains("channel-local tail through relu, max_pool2d, flatten"));
+}
+
 TEST_CASE("cpu_tbb: site-local, a conv's channel-local tail into the next affine layer",
           "[cpu_tbb]") {
   // Through tanh, padded average pooling and sign, then a suffix after the affine layer.
