@@ -1,6 +1,7 @@
 // The channel-local tail of a convolution: planning, the probe, and one channel's pass.
 #include "channel_tail.hpp"
 
+#include "packets.hpp"
 #include "site_local.hpp"
 
 #include <nlohmann/json.hpp>
@@ -51,6 +52,25 @@ std::string parse_pool(const pp_layer_view& v, int dims, int64_t channels, int64
   return {};
 }
 
+// out[j] = the larger of a[j] and b[j], NaN if either is, for j < n: packets, the last one
+// overlapping the one before it rather than a scalar remainder (a map row of 28 was 16
+// values in a vector and 12 one by one).
+template <class S>
+void pick_rows(const S* a, const S* b, S* out, int64_t n) {
+  constexpr int64_t lanes = kLanes<S>;
+  const auto packet = [&](int64_t j) {
+    PacketMap<S>(out + j) = ConstPacketMap<S>(a + j).binaryExpr(
+        ConstPacketMap<S>(b + j), Eigen::internal::scalar_max_op<S, S, Eigen::PropagateNaN>());
+  };
+  if (n < lanes) {
+    for (int64_t j = 0; j < n; ++j) out[j] = (b[j] > a[j] || b[j] != b[j]) ? b[j] : a[j];
+    return;
+  }
+  int64_t j = 0;
+  for (; j + lanes <= n; j += lanes) packet(j);
+  if (j < n) packet(n - lanes);
+}
+
 // Pools every row of `in` (one channel's [h, w] map per sample) into `out` [rows, oh * ow]:
 // max pooling pads with -infinity and keeps NaN (as PyTorch does, by a comparison without a
 // branch so the loops vectorise), average pooling counts the zero padding. This runs once per
@@ -73,8 +93,7 @@ void pool_rows(const TailStage& st, const Mat<S>& in, Mat<S>& out) {
       for (int64_t oi = 0; oi < st.oh; ++oi) {
         const S* r0 = x + oi * st.kh * st.w;
         const S* r1 = st.kh == 2 ? r0 + st.w : r0;
-        S* v = rows.data() + oi * st.w;
-        for (int64_t j = 0; j < st.w; ++j) v[j] = pick(r0[j], r1[j]);
+        pick_rows(r0, r1, rows.data() + oi * st.w, st.w);
       }
       for (int64_t t = 0; t < st.oh * st.ow; ++t) y[t] = pick(rows[2 * t], rows[2 * t + 1]);
     }

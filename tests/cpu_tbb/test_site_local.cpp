@@ -97,14 +97,15 @@ std::string site_local_note(const Model& model) {
 
 TEST_CASE("cpu_tbb: site-local, max-pool pairs over an even-width map with an odd height",
           "[cpu_tbb]") {
-  // 7 x 8 maps: the channel tail pools row pairs, then column pairs of the flat map, and
-  // drops the seventh row, as the layer does.
+  // 7 x 20 maps: the channel tail pools row pairs (a packet and one overlapping it, in float32
+  // and float64), then column pairs of the flat map, and drops the seventh row, as the layer
+  // does.
   const Model model = spatial_model(
-      Shape{{2, 7, 8}}, {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}},
-                         {"relu", {}},
-                         {"max_pool2d", {{"kernel_size", 2}}},
-                         {"flatten", {}},
-                         {"linear", {{"out_features", 4}}}});
+      Shape{{2, 7, 20}}, {{"conv2d", {{"out_channels", 3}, {"kernel_size", 3}, {"padding", 1}}},
+                          {"relu", {}},
+                          {"max_pool2d", {{"kernel_size", 2}}},
+                          {"flatten", {}},
+                          {"linear", {{"out_features", 4}}}});
   check_site_local(model, {"conv2d"});
   CHECK_THAT(site_local_note(model),
              Catch::Contains("channel-local tail through relu, max_pool2d, flatten"));
