@@ -67,6 +67,9 @@ class DeltaPath {
   // exp's range).
   bool sparse_delta_losses(const std::vector<int64_t>& units, const Mat<S>& sparse, int64_t n,
                            double* mean_losses) const;
+  // sparse_delta_losses for one changed logit u ([1, n * batch]; a whole number of packets):
+  // the softmax's sum is the other classes' (IncumbentCache::others_t) plus p_u e^dl.
+  bool one_logit_losses(int64_t u, const Mat<S>& sparse, int64_t n, double* mean_losses) const;
   // Cross-entropy of a rank-one logit change dl = s_b g_{u,b}: per direction u and sample
   // b, the cumulant series of kernels/cgf_series.hpp (coefficients of s^1 .. s^N, the label's
   // term folded in) and the spread M = max_k |g_k - mean| that bounds its range. Float32 only.

@@ -275,6 +275,15 @@ void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
       one_hot_t(y, b) = S(1);
       sample_loss(b) = m + std::log(total) - z(y, b);
     }
+    const int64_t classes = z.rows();
+    if (classes <= kOthersClasses) {
+      others_t.resize(classes, batch);
+      for (int64_t k = 0; k < classes; ++k) {
+        others_t.row(k).setZero();
+        for (int64_t c = 0; c < classes; ++c)
+          if (c != k) others_t.row(k) += probs_t.row(c);
+      }
+    }
   }
 }
 

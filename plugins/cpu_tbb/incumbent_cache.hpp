@@ -77,6 +77,10 @@ struct IncumbentCache {
   // ([classes, batch] and [batch]) and the labels as one-hot rows.
   Mat<S> probs_t, one_hot_t;
   Arr<S> sample_loss;
+  // [classes, batch], for at most kOthersClasses classes: the sum of every other class's p, in
+  // class order (a change of one logit k moves the softmax's sum to others + p_k e^dl).
+  static constexpr int64_t kOthersClasses = 64;
+  Mat<S> others_t;
 
  private:
   void set_base(const ModelPlan& plan, const double* values);

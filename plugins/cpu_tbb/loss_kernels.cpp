@@ -96,6 +96,32 @@ void DeltaPath<S>::delta_losses(const Mat<S>& delta, int64_t n, double* mean_los
 }
 
 template <class S>
+bool DeltaPath<S>::one_logit_losses(int64_t u, const Mat<S>& sparse, int64_t n,
+                                    double* mean_losses) const {
+  constexpr int lanes = kLanes<S>;
+  const int64_t batch = ctx_.inc.batch;
+  const S* others = ctx_.inc.others_t.data() + u * batch;
+  const S* p = ctx_.inc.probs_t.data() + u * batch;
+  const S* label = ctx_.inc.one_hot_t.data() + u * batch;
+  constexpr uint32_t all_lanes = (uint32_t{1} << lanes) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    Eigen::Array<double, lanes, 1> partial = Eigen::Array<double, lanes, 1>::Zero();
+    for (int64_t b = 0; b < batch; b += lanes) {
+      const Packet<S> dl = ConstPacketMap<S>(sparse.data() + i * batch + b);
+      const Packet<S> total = ConstPacketMap<S>(others + b) + ConstPacketMap<S>(p + b) * dl.exp();
+      if (lanes_where<LaneTest::at_most>(total, std::numeric_limits<S>::max()) != all_lanes)
+        return false;
+      // Assigned before the cast (see sparse_delta_losses).
+      const Packet<S> loss = ConstPacketMap<S>(ctx_.inc.sample_loss.data() + b) + total.log() -
+                             ConstPacketMap<S>(label + b) * dl;
+      partial += loss.template cast<double>();
+    }
+    mean_losses[i] = partial.sum() / static_cast<double>(batch);
+  }
+  return true;
+}
+
+template <class S>
 bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>& units, const Mat<S>& sparse,
                                        int64_t n, double* mean_losses) const {
   const int64_t batch = ctx_.inc.batch, classes = ctx_.plan.out_features;
@@ -106,6 +132,8 @@ bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>& units, const 
   for (std::size_t r = 0; r < units.size(); ++r) row_of[units[r]] = static_cast<int32_t>(r);
   constexpr int lanes = kLanes<S>;
   const int64_t stride = sparse.cols();
+  if (units.size() == 1 && batch % lanes == 0 && ctx_.inc.others_t.rows() == classes)
+    return one_logit_losses(units[0], sparse, n, mean_losses);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t col0 = i * batch;
     // delta_losses' sums, class by class in the same order.
@@ -425,6 +453,7 @@ void DeltaPath<S>::finish_task(Scratch& s, double* losses) const {
   template void DeltaPath<S>::delta_losses(const Mat<S>&, int64_t, double*, Scratch&) const;     \
   template bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>&, const Mat<S>&,    \
                                                   int64_t, double*) const;                       \
+  template bool DeltaPath<S>::one_logit_losses(int64_t, const Mat<S>&, int64_t, double*) const;  \
   template void DeltaPath<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t,   \
                                               int64_t) const;                                    \
   template void DeltaPath<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&, int64_t, \
