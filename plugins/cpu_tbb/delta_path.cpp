@@ -331,6 +331,9 @@ void DeltaPath<S>::apply_kink(std::size_t l, int64_t n, Scratch& s) const {
 
 template <class S>
 void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, double* losses) const {
+  if (static_cast<std::size_t>(g.first_layer) < ctx_.inc.transposed_from)
+    throw std::logic_error("delta path: layer " + std::to_string(g.first_layer) +
+                           "'s feature-major activations were not made (transpose_from)");
   const int64_t n = g.end - g.begin, batch = ctx_.inc.batch, nb = n * batch;
   const int32_t d = c.d;
   const Term* terms = ctx_.planner->terms().data() + g.terms_begin;

@@ -230,6 +230,16 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
         planned_inplace_ = inplace_for_dense_;
       }
       site_local_.prepare();
+      // The feature-major activations the delta path reads: from its first layer on, and at
+      // the subspace's dense directions (direction tables).
+      std::size_t first = ctx_.plan.layers.size();
+      const std::vector<int64_t>& delta_first = planner_.first_layer_candidates();
+      for (std::size_t l = 0; l < delta_first.size() && l < first; ++l)
+        if (delta_first[l] > 0) first = l;
+      for (const int32_t l : ctx_.dense_u_layer)
+        first = std::min(first, static_cast<std::size_t>(l));
+      if (first < ctx_.inc.transposed_from)
+        ctx_.arena->execute([&] { ctx_.inc.transpose_from(first); });
       last_ms_.plan = ms_since(start);
       start = Clock::now();
       delta_.build_tables();

@@ -214,6 +214,25 @@ void IncumbentCache<S>::set_base(const ModelPlan& plan, const double* values) {
 }
 
 template <class S>
+void IncumbentCache<S>::transpose_from(std::size_t first) {
+  // In blocks of features across the layers: one conv layer's activations (64 x 12,544
+  // values) are most of the work, so a task per layer left it on one thread (1.8 ms of a
+  // 13.6 ms cnn step at 16 threads).
+  constexpr int64_t kFeatureBlock = 256;
+  std::vector<std::pair<std::size_t, int64_t>> blocks;  // (layer, first feature)
+  for (std::size_t l = first; l < transposed_from && l < acts.size(); ++l) {
+    acts_t[l].resize(acts[l].cols(), acts[l].rows());
+    for (int64_t f = 0; f < acts[l].cols(); f += kFeatureBlock) blocks.emplace_back(l, f);
+  }
+  tbb::parallel_for(std::size_t{0}, blocks.size(), [&](std::size_t i) {
+    const auto [l, f] = blocks[i];
+    const int64_t n = std::min(kFeatureBlock, acts[l].cols() - f);
+    acts_t[l].middleRows(f, n) = acts[l].middleCols(f, n).transpose();
+  });
+  transposed_from = std::min(transposed_from, first);
+}
+
+template <class S>
 void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
                                 uint64_t incumbent_version, kernels::LossKind loss, double l2,
                                 const std::vector<const double*>& dense_v,
@@ -233,20 +252,8 @@ void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
   }
   acts[0] = x;
   forward_model_blocked(plan, acts, weights_t, eff.data());
-  // The feature-major copies, in blocks of features across every layer: one conv layer's
-  // activations (64 x 12,544 values) are most of the work, so a task per layer left it on
-  // one thread (1.8 ms of a 13.6 ms cnn step at 16 threads).
-  constexpr int64_t kFeatureBlock = 256;
-  std::vector<std::pair<std::size_t, int64_t>> blocks;  // (layer, first feature)
-  for (std::size_t l = 0; l <= n_layers; ++l) {
-    acts_t[l].resize(acts[l].cols(), acts[l].rows());
-    for (int64_t f = 0; f < acts[l].cols(); f += kFeatureBlock) blocks.emplace_back(l, f);
-  }
-  tbb::parallel_for(std::size_t{0}, blocks.size(), [&](std::size_t i) {
-    const auto [l, f] = blocks[i];
-    const int64_t n = std::min(kFeatureBlock, acts[l].cols() - f);
-    acts_t[l].middleRows(f, n) = acts[l].middleCols(f, n).transpose();
-  });
+  transposed_from = n_layers + 1;  // acts_t keep their memory: the next call's sizes are these
+  transpose_from(n_layers);
   v_src.resize(static_cast<int64_t>(dense_v.size()), batch);
   v_src.setZero();
   for (std::size_t j = 0; j < dense_v.size(); ++j) {

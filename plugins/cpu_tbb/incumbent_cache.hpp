@@ -50,6 +50,11 @@ struct IncumbentCache {
   void refresh(const ModelPlan& plan, const double* values, uint64_t incumbent_version,
                kernels::LossKind loss, double l2, const std::vector<const double*>& dense_v,
                const std::vector<int32_t>& dense_v_layer);
+  // Fills acts_t[l] for every l >= first not yet filled since the refresh, which fills only
+  // the last (the outputs). Call it, on the calling arena's threads, before anything reads
+  // acts_t[first ..]: the delta path's layers (a cnn's conv and pool activations, which no
+  // delta candidate reads, were most of the transposition's work).
+  void transpose_from(std::size_t first);
   // The parameter `param` at raw value `raw` as the forward sees it (in S, transformed).
   S effective(const ModelPlan& plan, int64_t param, double raw) const;
   // Mean loss of the sample-major outputs rows [first_row, first_row + batch).
@@ -67,11 +72,12 @@ struct IncumbentCache {
   std::vector<double> base;
   std::vector<S> eff;
   double base_sq = 0.0;
-  uint64_t generation = 0;        // counts refreshes: workers' parameter copies follow it
-  std::vector<Mat<S>> acts;       // sample-major [batch, width], acts[l] = input of layer l
-  std::vector<Mat<S>> acts_t;     // feature-major [width, batch]
-  std::vector<Mat<S>> weights_t;  // affine layers: effective W^T [in, out]
-  Mat<S> v_src;                   // [dense v, batch]: v^T (input of its layer)
+  uint64_t generation = 0;          // counts refreshes: workers' parameter copies follow it
+  std::vector<Mat<S>> acts;         // sample-major [batch, width], acts[l] = input of layer l
+  std::vector<Mat<S>> acts_t;       // feature-major [width, batch], from transposed_from on
+  std::size_t transposed_from = 0;  // acts_t[l] below it is stale (an older incumbent's)
+  std::vector<Mat<S>> weights_t;    // affine layers: effective W^T [in, out]
+  Mat<S> v_src;                     // [dense v, batch]: v^T (input of its layer)
   double base_loss = 0.0;
   // Cross-entropy from a logit delta: the incumbent's softmax and per-sample losses
   // ([classes, batch] and [batch]) and the labels as one-hot rows.
