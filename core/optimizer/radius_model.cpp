@@ -4,6 +4,8 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/radius_model.hpp>
 
+#include "quadratic_fit.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -50,19 +52,11 @@ double fit_particle_quadratic(std::span<const double> losses, double incumbent,
     throw Error("fit_particle_quadratic: " + std::to_string(losses.size()) + " losses and a " +
                 std::to_string(gradient.size()) + "-vector gradient for " +
                 std::to_string(vertices) + " directions of dimension " + std::to_string(d));
-  double mean = 0;
-  for (double l : losses) mean += l;
-  mean /= static_cast<double>(vertices);
-  // L_ref = mean: any constant cancels because the frame is centred; the mean keeps the
-  // terms small, so the sum loses no digits.
-  std::fill(gradient.begin(), gradient.end(), 0.0);
-  for (std::size_t v = 0; v < vertices; ++v)
-    for (std::size_t j = 0; j < d; ++j)
-      gradient[j] += (losses[v] - mean) *
-                     directions(static_cast<Eigen::Index>(v), static_cast<Eigen::Index>(j));
-  const double scale = static_cast<double>(d) / (static_cast<double>(vertices) * scaled_radius);
-  for (double& g : gradient) g *= scale;
-  return 2 * (mean - incumbent) / (scaled_radius * scaled_radius);
+  // A row-major copy: the step engine calls the kernel on its own arrays, not this form.
+  const Matrix<double> rows = directions;
+  return detail::fit_particle_quadratic_rows(losses.data(), static_cast<int64_t>(vertices),
+                                             incumbent, rows.data(), static_cast<int64_t>(d),
+                                             scaled_radius, gradient.data());
 }
 
 namespace {

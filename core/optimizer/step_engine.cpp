@@ -2,6 +2,7 @@
 #include "step_engine.hpp"
 
 #include "metric.hpp"
+#include "quadratic_fit.hpp"
 #include "state_io.hpp"
 #include "transport_threads.hpp"
 
@@ -534,12 +535,12 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
           move_particle(m, i);
           for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
           const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
-          Eigen::Map<const Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
-          const std::span<double> gradient(gradients_.data() + i * d_, idx(d_));
-          const double curvature = fit_particle_quadratic(outer, f, dir, scaled_radius, gradient);
+          double* gradient = gradients_.data() + i * d_;
+          const double curvature = fit_particle_quadratic_rows(
+              outer.data(), V, f, directions_.data() + i * V * d_, d_, scaled_radius, gradient);
           double slope = 0, norm2 = 0;
           for (int32_t j = 0; j < d_; ++j) {
-            slope += gradient[idx(j)] * moves[idx(i * d_ + j)];
+            slope += gradient[j] * moves[idx(i * d_ + j)];
             norm2 += moves[idx(i * d_ + j)] * moves[idx(i * d_ + j)];
           }
           if (std::isfinite(slope) && std::isfinite(curvature)) {

@@ -154,7 +154,8 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
     detail::exp_in_place(e, count);
     double* sums = partial.sum_of(chunk);
     std::fill(sums, sums + cols, 0.0);
-    for (std::ptrdiff_t k = 0; k < count; ++k) sums[static_cast<std::size_t>(k) % cols] += e[k];
+    for (const double* row = e; row < e + count; row += cols)
+      for (std::size_t v = 0; v < cols; ++v) sums[v] += row[v];
   });
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
