@@ -10,6 +10,8 @@
 #   timed the same way as a "before" column), TORCH_REF (default
 #   ../shared/bench/torch_step_ref.py), PYTHON (default /usr/bin/python3, which has PyTorch),
 #   REPEATS (timed steps per record, default 7).
+#   Debian 12: apt-get install python3-torch libopenblas0-openmp (without OpenBLAS torch calls
+#   the netlib reference BLAS; the reference's warning is passed on).
 #
 # Columns: median wall ms per complete step (and, at 1 thread, the calling thread's CPU ms)
 # for evaluation, step@reference and step@train, and PyTorch's best structured method at the
@@ -30,7 +32,10 @@ if [[ -n "${BEFORE:-}" ]]; then
     --repeats "$repeats" --json "$out/before.json" > /dev/null
 fi
 "$python" "$torch_ref" --workloads "$workloads" --methods structured --threads "$threads" \
-  --repeats "$repeats" --json "$out/torch.json" > /dev/null
+  --repeats "$repeats" --json "$out/torch.json" > "$out/torch.log"
+# Its warnings (above all: torch on the netlib reference BLAS, about 10x slower than with
+# libopenblas0-openmp, which made Debian's torch look like no fair baseline for a while).
+grep -h "WARNING" "$out/torch.log" >&2 || true
 "$python" - "$out" <<'PY'
 import json, os, sys
 out = sys.argv[1]
