@@ -9,11 +9,11 @@
 
 namespace polyprobe::detail {
 
-// losses [vertices], directions [vertices, d] row-major, gradient [d] (written); returns the
-// curvature. See fit_particle_quadratic in <polyprobe/radius_model.hpp>.
+// losses [vertices], directions [vertices, d] row-major with rows `stride` apart, gradient [d]
+// (written); returns the curvature. See fit_particle_quadratic in <polyprobe/radius_model.hpp>.
 inline double fit_particle_quadratic_rows(const double* losses, int64_t vertices, double incumbent,
-                                          const double* directions, int64_t d, double scaled_radius,
-                                          double* gradient) {
+                                          const double* directions, int64_t stride, int64_t d,
+                                          double scaled_radius, double* gradient) {
   double mean = 0;
   for (int64_t v = 0; v < vertices; ++v) mean += losses[v];
   mean /= static_cast<double>(vertices);
@@ -21,7 +21,7 @@ inline double fit_particle_quadratic_rows(const double* losses, int64_t vertices
   // terms small, so the sum loses no digits.
   for (int64_t j = 0; j < d; ++j) gradient[j] = 0.0;
   for (int64_t v = 0; v < vertices; ++v)
-    for (int64_t j = 0; j < d; ++j) gradient[j] += (losses[v] - mean) * directions[v * d + j];
+    for (int64_t j = 0; j < d; ++j) gradient[j] += (losses[v] - mean) * directions[v * stride + j];
   const double scale = static_cast<double>(d) / (static_cast<double>(vertices) * scaled_radius);
   for (int64_t j = 0; j < d; ++j) gradient[j] *= scale;
   return 2 * (mean - incumbent) / (scaled_radius * scaled_radius);

@@ -52,11 +52,10 @@ double fit_particle_quadratic(std::span<const double> losses, double incumbent,
     throw Error("fit_particle_quadratic: " + std::to_string(losses.size()) + " losses and a " +
                 std::to_string(gradient.size()) + "-vector gradient for " +
                 std::to_string(vertices) + " directions of dimension " + std::to_string(d));
-  // A row-major copy: the step engine calls the kernel on its own arrays, not this form.
-  const Matrix<double> rows = directions;
-  return detail::fit_particle_quadratic_rows(losses.data(), static_cast<int64_t>(vertices),
-                                             incumbent, rows.data(), static_cast<int64_t>(d),
-                                             scaled_radius, gradient.data());
+  return detail::fit_particle_quadratic_rows(
+      losses.data(), static_cast<int64_t>(vertices), incumbent, directions.data(),
+      static_cast<int64_t>(directions.outerStride()), static_cast<int64_t>(d), scaled_radius,
+      gradient.data());
 }
 
 namespace {

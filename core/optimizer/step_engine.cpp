@@ -537,7 +537,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
           const double f = incumbents.size() == 1 ? incumbents[0] : incumbents[idx(i)];
           double* gradient = gradients_.data() + i * d_;
           const double curvature = fit_particle_quadratic_rows(
-              outer.data(), V, f, directions_.data() + i * V * d_, d_, scaled_radius, gradient);
+              outer.data(), V, f, directions_.data() + i * V * d_, d_, d_, scaled_radius, gradient);
           double slope = 0, norm2 = 0;
           for (int32_t j = 0; j < d_; ++j) {
             slope += gradient[j] * moves[idx(i * d_ + j)];

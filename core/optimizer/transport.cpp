@@ -98,14 +98,12 @@ constexpr int64_t kRowGrain = 1024;
 // on the thread count).
 struct ColumnPartials {
   std::vector<double> values;
-  std::vector<double> exponentials;  // [rows V]: a chunk's exponentials before they are summed
   int64_t chunks = 0;
   std::size_t cols = 0;
   void resize(int64_t rows, std::size_t v) {
     chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
     cols = v;
     values.resize(2 * cols * static_cast<std::size_t>(chunks));
-    exponentials.resize(static_cast<std::size_t>(rows) * cols);
   }
   double* max_of(int64_t chunk) {
     return values.data() + 2 * cols * static_cast<std::size_t>(chunk);
@@ -142,8 +140,10 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
       column_max[v] = std::max(column_max[v], partial.max_of(c)[v]);
   threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
     // The chunk's exponents, then their exponentials in one vector pass, then the sums in
-    // row order.
-    double* e = partial.exponentials.data() + static_cast<std::size_t>(begin) * cols;
+    // row order. The buffer is the thread's (a chunk's rows, kept between calls).
+    thread_local std::vector<double> exponents;
+    exponents.resize(static_cast<std::size_t>(end - begin) * cols);
+    double* e = exponents.data();
     for (Eigen::Index i = begin; i < end; ++i)
       for (std::size_t v = 0; v < cols; ++v)
         e[static_cast<std::size_t>(i - begin) * cols + v] =

@@ -52,9 +52,16 @@ std::string parse_pool(const pp_layer_view& v, int dims, int64_t channels, int64
   return {};
 }
 
-// out[j] = the larger of a[j] and b[j], NaN if either is, for j < n: packets, the last one
-// overlapping the one before it rather than a scalar remainder (a map row of 28 was 16
-// values in a vector and 12 one by one).
+// Max pooling's comparison: v if it is larger or NaN (NaN is kept, as PyTorch keeps it),
+// without a branch so that loops over it vectorise.
+template <class S>
+S pick(S a, S v) {
+  return (v > a || v != v) ? v : a;
+}
+
+// out[j] = pick(a[j], b[j]) for j < n: packets, the last one overlapping the one before it
+// rather than a scalar remainder (a map row of 28 was 16 values in a vector and 12 one by
+// one).
 template <class S>
 void pick_rows(const S* a, const S* b, S* out, int64_t n) {
   constexpr int64_t lanes = kLanes<S>;
@@ -63,7 +70,7 @@ void pick_rows(const S* a, const S* b, S* out, int64_t n) {
         ConstPacketMap<S>(b + j), Eigen::internal::scalar_max_op<S, S, Eigen::PropagateNaN>());
   };
   if (n < lanes) {
-    for (int64_t j = 0; j < n; ++j) out[j] = (b[j] > a[j] || b[j] != b[j]) ? b[j] : a[j];
+    for (int64_t j = 0; j < n; ++j) out[j] = pick(a[j], b[j]);
     return;
   }
   int64_t j = 0;
@@ -78,7 +85,6 @@ void pick_rows(const S* a, const S* b, S* out, int64_t n) {
 template <class S>
 void pool_rows(const TailStage& st, const Mat<S>& in, Mat<S>& out) {
   out.resize(in.rows(), st.oh * st.ow);
-  const auto pick = [](S a, S v) { return (v > a || v != v) ? v : a; };
   const bool is_max = st.op == TailStage::Op::max_pool;
   const S window = static_cast<S>(st.kh * st.kw);
   // 2 x 2 pairs over a map of even width: the maxima of row pairs, then of column pairs over
