@@ -144,10 +144,12 @@ std::vector<int> bench_thread_counts(const Context& ctx) {
 std::vector<std::string> bench_workload_names(const Context& ctx) {
   const std::string list = ctx.vm["workloads"].as<std::string>();
   std::vector<std::string> names;
-  if (list == "all")
-    for (const WorkloadSpec& s : reference_workloads()) names.push_back(s.name);
-  else
+  if (list == "all") {
+    for (const WorkloadSpec& s : reference_workloads())
+      if (!s.named_only) names.push_back(s.name);
+  } else {
     names = split(list);
+  }
   for (const std::string& n : names) find_workload(n);  // throws for an unknown name
   return names;
 }
@@ -469,8 +471,10 @@ BenchSuite step_suite() {
                     "mnist128-sub256, mnist64-full, conv-digits, cnn16-pool, attn-tokens, "
                     "mnist128-rank8, "
                     "mnist128-factored-r2, mnist128-sub414, mnist128-full, mlp256-deep) "
-                    "or all")("bench-threads", po::value<std::string>()->default_value("1,all"),
-                              "thread counts, e.g. 1,2,all")(
+                    "or all of those; named only, for a GPU: attn-long (softmax attention over "
+                    "1024 positions), cheri-seq (the seed's Cheri block, 1024 x 128, batch 64)")(
+        "bench-threads", po::value<std::string>()->default_value("1,all"),
+        "thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
         "step: evaluation paths to time (auto, sparse, subspace-delta, site-local, dense, "
         "inplace, fallback)")("bench-backend", po::value<std::string>()->default_value("cpu_tbb"),

@@ -28,6 +28,8 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mnist128-sub414", {784, 128, 10}, 64, 414, 8},
       {"mnist128-full", {784, 128, 10}, 64, 0, 2},
       {"mlp256-deep", {64, 256, 256, 256, 10}, 32, 0, 2},
+      {"attn-long", {}, 8, 0, 2, PolytopeKind::simplex, 0, true},
+      {"cheri-seq", {}, 64, 0, 2, PolytopeKind::simplex, 0, true},
   };
   return specs;
 }
@@ -83,6 +85,26 @@ void build_structured(Workload& w, std::mt19937_64& rng) {
     add("linear", {{"out_features", 10}});
     std::normal_distribution<double> gauss;
     w.batch.inputs.resize(batch, int64_t{16} * 32);
+    for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
+      w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
+    for (int64_t r = 0; r < batch; ++r)
+      w.batch.targets.labels.push_back(static_cast<int64_t>(rng() % 10));
+  } else if (w.spec.name == "attn-long" || w.spec.name == "cheri-seq") {
+    // Sequences of 1024 positions: softmax self-attention over 32 features with 4 heads, or
+    // the Cheri block of the seed's benchmark (128 channels, dilation 4, expansion 2); then a
+    // per-position linear to one value, flatten, linear -> 10.
+    const bool attention = w.spec.name == "attn-long";
+    const int64_t length = 1024, features = attention ? 32 : 128;
+    w.model = std::make_unique<Model>(Shape{{length, features}}, DType::f32);
+    if (attention)
+      add("self_attention", {{"num_heads", 4}});
+    else
+      add("cheri_block", {{"dilation", 4}, {"expansion", 2}});
+    add("linear", {{"out_features", 1}});
+    add("flatten", nlohmann::json::object());
+    add("linear", {{"out_features", 10}});
+    std::normal_distribution<double> gauss;
+    w.batch.inputs.resize(batch, length * features);
     for (int64_t i = 0; i < w.batch.inputs.size(); ++i)
       w.batch.inputs.data()[i] = static_cast<float>(gauss(rng));
     for (int64_t r = 0; r < batch; ++r)

@@ -26,6 +26,7 @@ struct WorkloadSpec {
   int32_t d;
   PolytopeKind polytope = PolytopeKind::simplex;
   int64_t factored_rank = 0;  // > 0: the factored subspace of this rank (its plugin) instead
+  bool named_only = false;    // GPU-sized: left out of "all", run when named
 };
 inline constexpr int64_t kNoBudget = -1;
 
@@ -41,6 +42,10 @@ inline constexpr int64_t kNoBudget = -1;
 // 414, d = 8) and mnist128-full (full space, d = 2). Last mlp256-deep, 64-256-256-256-10 at
 // batch 32, full space, d = 2: its first layer's candidates run two 256 x 256 layers densely
 // (no fused tail reaches that far), the GEMMs candidate_autocast takes to the tensor cores.
+// Named only (not in "all"), sized for a GPU: attn-long (Gaussian tokens [1024, 32]: softmax
+// self_attention with 4 heads, per-position linear -> 1, flatten, linear -> 10, batch 8) and
+// cheri-seq (Gaussian [1024, 128]: the seed's Cheri block, dilation 4, expansion 2, then the
+// same head, batch 64).
 const std::vector<WorkloadSpec>& reference_workloads();
 const WorkloadSpec& find_workload(const std::string& name);
 

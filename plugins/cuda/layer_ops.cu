@@ -63,27 +63,14 @@ __global__ void layer_norm_kernel(LayerOp op, LayerIo<S> io) {
 template <class S>
 __global__ void conv_kernel(LayerOp op, LayerIo<S> io) {
   const pp_conv_attrs& a = op.conv;
-  const int64_t oh = a.out_size[0], ow = a.out_size[1], ih = a.in_size[0], iw = a.in_size[1];
-  const int64_t per_group_in = a.in_channels / a.groups, per_group_out = a.out_channels / a.groups;
-  const int64_t kh = a.kernel[0], kw = a.kernel[1];
+  const int64_t oh = a.out_size[0], ow = a.out_size[1];
+  const int64_t patch = a.in_channels / a.groups * a.kernel[0] * a.kernel[1];
   for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
     const int64_t r = t / op.out, o = t % op.out;
     const int64_t oc = o / (oh * ow), oi = (o / ow) % oh, oj = o % ow;
-    const S* x = sample_x(io, r, op.in);
-    const S* w = block_of(io, r) + oc * per_group_in * kh * kw;
-    const int64_t first_in = (oc / per_group_out) * per_group_in;
-    S acc = 0;
-    for (int64_t c = 0; c < per_group_in; ++c)
-      for (int64_t ki = 0; ki < kh; ++ki) {
-        const int64_t i = oi * a.stride[0] - a.padding[0] + ki * a.dilation[0];
-        if (i < 0 || i >= ih) continue;
-        for (int64_t kj = 0; kj < kw; ++kj) {
-          const int64_t j = oj * a.stride[1] - a.padding[1] + kj * a.dilation[1];
-          if (j < 0 || j >= iw) continue;
-          acc += w[(c * kh + ki) * kw + kj] * x[((first_in + c) * ih + i) * iw + j];
-        }
-      }
-    if (a.bias) acc += block_of(io, r)[a.out_channels * per_group_in * kh * kw + oc];
+    const S* w = block_of(io, r) + oc * patch;
+    S acc = conv_value<S>(a, sample_x(io, r, op.in), oc, oi, oj, [w](int64_t k) { return w[k]; });
+    if (a.bias) acc += block_of(io, r)[a.out_channels * patch + oc];
     io.y[t] = acc;
   }
 }
@@ -413,13 +400,7 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
       const int64_t L = op.attention.length, E = op.attention.embed;
       attention_project_kernel<S><<<grid(io.rows * L * 3 * E), kThreads, 0, stream>>>(op, io);
       check(cudaGetLastError(), "attention projection kernel");
-      std::string why;
-      if (op.sdpa == nullptr || !attention_mix_sdpa<S>(op, io, stream, why)) {
-        if (op.sdpa != nullptr && declined != nullptr) *declined = why;
-        attention_mix_kernel<S>
-            <<<grid(io.rows * op.attention.heads * L), kThreads, 0, stream>>>(op, io);
-        check(cudaGetLastError(), "attention kernel");
-      }
+      launch_attention_mix<S>(op, io.scratch, io.rows, stream, declined);
       attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
       break;
     }
@@ -442,6 +423,26 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
   check(cudaGetLastError(), "layer kernel");
 }
 
+template <class S>
+void launch_attention_mix(const LayerOp& op, S* scratch, int64_t rows, cudaStream_t stream,
+                          std::string* declined) {
+  LayerIo<S> io{};
+  io.rows = rows;
+  io.batch = rows;
+  io.scratch = scratch;
+  std::string why;
+  if (op.sdpa == nullptr || !attention_mix_sdpa<S>(op, io, stream, why)) {
+    if (op.sdpa != nullptr && declined != nullptr) *declined = why;
+    attention_mix_kernel<S>
+        <<<grid(rows * op.attention.heads * op.attention.length), kThreads, 0, stream>>>(op, io);
+    check(cudaGetLastError(), "attention kernel");
+  }
+}
+
+template void launch_attention_mix<float>(const LayerOp&, float*, int64_t, cudaStream_t,
+                                          std::string*);
+template void launch_attention_mix<double>(const LayerOp&, double*, int64_t, cudaStream_t,
+                                           std::string*);
 template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cudaStream_t,
                                      std::string*);
 template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cudaStream_t,

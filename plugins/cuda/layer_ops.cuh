@@ -64,4 +64,37 @@ template <class S>
 void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
                      std::string* declined = nullptr);
 
+// Attention's mixing step alone, over `rows` samples whose scratch (scratch_per_sample(op)
+// values each) holds their q|k|v rows and receives their mixed rows; the sdpa operation and
+// *declined as for launch_layer_op.
+template <class S>
+void launch_attention_mix(const LayerOp& op, S* scratch, int64_t rows, cudaStream_t stream,
+                          std::string* declined = nullptr);
+
+#ifdef __CUDACC__
+// One conv output value without the bias: channel oc at (oi, oj) of the sample x, its filter's
+// taps read as weight(k), k < in_channels / groups * kh * kw. The dense and site-local paths
+// both sum through here, so they agree bit for bit.
+template <class S, class Weight>
+__device__ S conv_value(const pp_conv_attrs& a, const S* x, int64_t oc, int64_t oi, int64_t oj,
+                        Weight weight) {
+  const int64_t ih = a.in_size[0], iw = a.in_size[1];
+  const int64_t per_group_in = a.in_channels / a.groups, per_group_out = a.out_channels / a.groups;
+  const int64_t kh = a.kernel[0], kw = a.kernel[1];
+  const int64_t first_in = (oc / per_group_out) * per_group_in;
+  S acc = 0;
+  for (int64_t c = 0; c < per_group_in; ++c)
+    for (int64_t ki = 0; ki < kh; ++ki) {
+      const int64_t i = oi * a.stride[0] - a.padding[0] + ki * a.dilation[0];
+      if (i < 0 || i >= ih) continue;
+      for (int64_t kj = 0; kj < kw; ++kj) {
+        const int64_t j = oj * a.stride[1] - a.padding[1] + kj * a.dilation[1];
+        if (j < 0 || j >= iw) continue;
+        acc += weight((c * kh + ki) * kw + kj) * x[((first_in + c) * ih + i) * iw + j];
+      }
+    }
+  return acc;
+}
+#endif
+
 }  // namespace polyprobe::cuda

@@ -19,6 +19,7 @@
 #include "kernels.cuh"
 #include "model_plan.hpp"
 #include "session.hpp"
+#include "site_local.cuh"
 #include "transport.cuh"
 
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
@@ -136,6 +137,9 @@ class DeviceSession final : public Session {
     // Models with the layer_ops.cuh kinds run on the dense path (or the materialised one).
     if (plan_.layered_kinds && path_ != PathKind::materialised) path_ = PathKind::dense;
     forced_dense_ = path_ != PathKind::automatic;
+    // The site-local path serves the particles of conv, attention and Cheri ops that it can
+    // (site_local.cuh) unless a path was forced; the rest of such a model runs densely.
+    site_local_ = plan_.layered_kinds && !forced_ && subspace_ == nullptr;
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
@@ -221,6 +225,7 @@ class DeviceSession final : public Session {
 
     std::vector<int64_t> begin{0}, raw;
     std::vector<int32_t> op, row, col;
+    std::vector<int32_t> site_kind, site_n, site_sites;
     first_op_.assign(sz(P), first_linear());
     last_op_.assign(sz(P), -1);
     int64_t widest = 1;
@@ -244,6 +249,7 @@ class DeviceSession final : public Session {
         }
       }
       int32_t first = -1, last = -1;
+      const std::size_t raw_begin = raw.size();
       for (int64_t t : touched) {
         const int32_t o = plan_.owner[sz(t)];
         if (o < 0) continue;  // no parameter of any op: nothing to change
@@ -266,6 +272,22 @@ class DeviceSession final : public Session {
       }
       begin.push_back(static_cast<int64_t>(raw.size()));
       widest = std::max(widest, begin.back() - begin[begin.size() - 2]);
+      if (site_local_) {
+        SitePlan plan;
+        if (first >= 0 && first == last) {
+          const OpPlan& o = plan_.ops[sz(first)];
+          std::vector<int64_t> local;
+          for (std::size_t e = raw_begin; e < raw.size(); ++e)
+            local.push_back(raw[e] - o.param_offset);
+          if (o.op == PP_OP_LINEAR)
+            plan.kind = kSiteLinear;
+          else
+            plan = plan_site(o.layer, local);
+        }
+        site_kind.push_back(plan.kind);
+        site_n.push_back(plan.n);
+        site_sites.insert(site_sites.end(), plan.sites, plan.sites + kSiteMax);
+      }
       if (first >= 0) first_op_[sz(p)] = first;
       last_op_[sz(p)] = last;
     }
@@ -276,7 +298,11 @@ class DeviceSession final : public Session {
     elem_op_d_.upload(op.data(), op.size(), s);
     elem_row_d_.upload(row.data(), row.size(), s);
     elem_col_d_.upload(col.data(), col.size(), s);
+    site_kind_d_.upload(site_kind.data(), site_kind.size(), s);
+    site_n_d_.upload(site_n.data(), site_n.size(), s);
+    site_sites_d_.upload(site_sites.data(), site_sites.size(), s);
     stream_.synchronize();
+    site_kind_h_ = std::move(site_kind);
     // A coordinate that two particles share would make the device move race; then the
     // host's moved mirror is uploaded instead.
     std::vector<int64_t> sorted;
@@ -415,18 +441,21 @@ class DeviceSession final : public Session {
       return src.polytope ? active[sz(g / (int64_t{vertices_} * probes_))] : request.particle[g];
     };
     autocast_candidates_ = 0;
+    site_candidates_ = 0;
     int64_t g = 0;
     while (g < count) {
       const int64_t cap = chunk_capacity();
       // A chunk: consecutive candidates whose first changed op is the same.
       const int32_t first = first_op_[sz(particle_of(g))];
       const int32_t mode = fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(g))];
+      const bool site = site_local(particle_of(g));
       // With autocast, the particles that also touch a later op (rare) run apart, in float32.
       const bool straddles = last_op_[sz(particle_of(g))] > first;
       int32_t last = -1;
       int64_t end = g;
       while (end < count && end - g < cap && first_op_[sz(particle_of(end))] == first &&
              (fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(end))]) == mode &&
+             site_local(particle_of(end)) == site &&
              (autocast_ == 0 || (last_op_[sz(particle_of(end))] > first) == straddles)) {
         last = std::max(last, last_op_[sz(particle_of(end))]);
         ++end;
@@ -436,7 +465,8 @@ class DeviceSession final : public Session {
         if (mode >= 0)
           run_fused_chunk(src, end - g, first, mode);
         else if (path_ == PathKind::dense || path_ == PathKind::materialised)
-          run_dense_chunk(src, end - g, path_ == PathKind::materialised ? -1 : first, first, last);
+          run_dense_chunk(src, end - g, path_ == PathKind::materialised ? -1 : first, first, last,
+                          site);
         else if (autocast_ != 0 && !straddles)
           run_autocast_chunk(src, end - g, first);
         else
@@ -448,6 +478,7 @@ class DeviceSession final : public Session {
         release_chunk_buffers();
         continue;
       }
+      if (site) site_candidates_ += end - g;
       g = end;
     }
     if (incumbent_loss != nullptr) incumbent_objective(losses_d_.data() + outputs);
@@ -614,6 +645,9 @@ class DeviceSession final : public Session {
       << ",\"device_transports\":" << device_transports_
       << ",\"step_bytes_to_device\":" << step_bytes_up_
       << ",\"step_bytes_to_host\":" << step_bytes_down_;
+    if (site_local_)
+      j << ",\"last_call_candidates_per_path\":{\"site-local\":" << site_candidates_
+        << ",\"dense\":" << last_count_ - site_candidates_ << "}";
     if (autocast_ != 0)
       j << ",\"autocast\":{\"last_candidates\":" << autocast_candidates_
         << ",\"what\":\"the changes of the layers after a candidate's first changed one, one "
@@ -626,7 +660,15 @@ class DeviceSession final : public Session {
       const OpPlan& op = plan_.ops[i];
       if (i > 0) j << ",";
       j << "{\"layer\":" << i << ",\"op\":\"" << op_name(op.op) << "\",\"path\":\"";
-      if (op.op != PP_OP_LINEAR && op.op != PP_OP_ACTIVATION)
+      const bool site_kind = op.op == PP_OP_CONV || op.op == PP_OP_SELF_ATTENTION ||
+                             op.op == PP_OP_CHERI_BLOCK || op.op == PP_OP_LINEAR;
+      if (site_local_ && site_kind)
+        j << "site-local for " << site_particles(static_cast<int32_t>(i)) << " of "
+          << op_particles(static_cast<int32_t>(i)) << " particles (" << site_what(op.op)
+          << ", batched over the chunk; later ops one kernel or GEMM over the chunk), dense for "
+             "the others: one kernel over every (candidate, sample), each candidate with its "
+             "own materialised parameters";
+      else if (op.op != PP_OP_LINEAR && op.op != PP_OP_ACTIVATION)
         j << path
           << ": one kernel over every (candidate, sample), each candidate with its own "
              "materialised parameters where it changes them";
@@ -702,12 +744,47 @@ class DeviceSession final : public Session {
   void layer_op(std::size_t i, const LayerIo<T>& io, cudaStream_t s) {
     std::string declined;
     launch_layer_op<T>(plan_.ops[i].layer, io, s, &declined);
-    if (!declined.empty()) {
-      plan_.ops[i].layer.sdpa = nullptr;
-      attention_[i] =
-          "explicit: the plugin's kernel (the sdpa operation declined: " + json_safe(declined) +
-          ")";
+    if (!declined.empty()) note_declined(i, declined);
+  }
+
+  // The sdpa operation declined op i's arguments: the plugin's kernel runs from now on.
+  void note_declined(std::size_t i, const std::string& why) {
+    plan_.ops[i].layer.sdpa = nullptr;
+    attention_[i] =
+        "explicit: the plugin's kernel (the sdpa operation declined: " + json_safe(why) + ")";
+  }
+
+  // The particles whose first changed op is op i, and those of them on the site-local path.
+  int64_t op_particles(int32_t i) const {
+    return std::count(first_op_.begin(), first_op_.end(), i);
+  }
+  int64_t site_particles(int32_t i) const {
+    int64_t n = 0;
+    for (std::size_t p = 0; p < site_kind_h_.size(); ++p)
+      n += first_op_[p] == i && site_kind_h_[p] != kSiteNone ? 1 : 0;
+    return n;
+  }
+  static const char* site_what(int32_t op) {
+    switch (op) {
+      case PP_OP_CONV:
+        return "the moved output channels recomputed from the incumbent's input, the others "
+               "copied";
+      case PP_OP_SELF_ATTENTION:
+        return "one head's moved q/k/v rows and mix recomputed, its change through out_proj's "
+               "columns of the head, or out_proj's moved entries times the incumbent's mix";
+      case PP_OP_LINEAR:
+        return "the incumbent's output plus the moved weights' change times the incumbent's "
+               "input";
+      default:
+        return "fc1's moved hidden units recomputed from the incumbent's normalised conv and "
+               "their change through fc2, or fc2's moved entries times the incumbent's hidden "
+               "values";
     }
+  }
+
+  // Whether particle p's candidates run on the site-local path.
+  bool site_local(int64_t p) const {
+    return !site_kind_h_.empty() && site_kind_h_[sz(p)] != kSiteNone;
   }
 
   // `text` with the characters a JSON string cannot hold raw replaced.
@@ -804,7 +881,9 @@ class DeviceSession final : public Session {
         launch_activation<T>(acts_[i].data(), acts_[i + 1].data(), batch_ * op.out, op.fn, op.step,
                              s);
       } else {
-        scratch_.reserve(sz(batch_ * scratch_per_sample(op.layer)));
+        // The incumbent's scratch is kept per op: the site-local path reads it.
+        inc_scratch_.resize(plan_.ops.size());
+        inc_scratch_[i].reserve(sz(batch_ * scratch_per_sample(op.layer)));
         const LayerIo<T> io{acts_[i].data(),
                             0,
                             batch_,
@@ -812,7 +891,7 @@ class DeviceSession final : public Session {
                             eff_d_.data() + op.param_offset,
                             0,
                             acts_[i + 1].data(),
-                            scratch_.data()};
+                            inc_scratch_[i].data()};
         layer_op(i, io, s);
       }
     }
@@ -826,6 +905,12 @@ class DeviceSession final : public Session {
     if (path_ == PathKind::dense || path_ == PathKind::materialised)
       bytes += (largest_block() + elem_max_ + batch_ * largest_scratch()) * int64_t{sizeof(T)};
     if (autocast_ != 0) bytes += batch_ * plan_.max_width * int64_t{kReducedBytes};
+    if (site_local_) {
+      int64_t widest = 0;
+      for (const OpPlan& op : plan_.ops)
+        widest = std::max(widest, site_scratch_per_sample(op.layer));
+      bytes += batch_ * widest * int64_t{sizeof(T)};
+    }
     return bytes;
   }
 
@@ -871,6 +956,7 @@ class DeviceSession final : public Session {
     l2_terms_.resize(0);
     l2c_.resize(0);
     x_reduced_.resize(0);
+    site_buf_.resize(0);
   }
 
   void run_chunk(const CandidateSource& src, int64_t count, int32_t first, int32_t last) {
@@ -976,8 +1062,10 @@ class DeviceSession final : public Session {
   // dense path starts at the first changed op from the incumbent's input there (prefix
   // reuse); the materialised path starts at the inputs and reuses nothing, so it checks the
   // others.
+  // With `site`, every particle of the chunk has a site plan in op `first` (== last), which
+  // the site-local kernels run instead of the op's dense form.
   void run_dense_chunk(const CandidateSource& src, int64_t count, int32_t start, int32_t first,
-                       int32_t last) {
+                       int32_t last, bool site) {
     cudaStream_t s = stream_.get();
     const int64_t rows = count * batch_;
     buf_a_.reserve(sz(rows * plan_.max_width));
@@ -1015,6 +1103,31 @@ class DeviceSession final : public Session {
         continue;
       }
       const bool changed = static_cast<int32_t>(i) >= first && static_cast<int32_t>(i) <= last;
+      if (site && changed && op.op == PP_OP_LINEAR) {
+        const int64_t n = batch_ * op.positions;
+        launch_broadcast<T>(acts_[i + 1].data(), n, op.out, count, other, s);
+        launch_correct<T>(src, t, count, static_cast<int32_t>(i), dq_.data(), acts_[i].data(), 0,
+                          op.in, other, op.out, n, s);
+        std::swap(cur, other);
+        x = cur;
+        shared = false;
+        continue;
+      }
+      if (site && changed) {
+        site_buf_.reserve(sz(rows * site_scratch_per_sample(op.layer)));
+        std::string declined;
+        const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
+        launch_site_op<T>(op.layer, static_cast<int32_t>(i), src, t, sites, count, batch_,
+                          acts_[i].data(), acts_[i + 1].data(),
+                          inc_scratch_.empty() ? nullptr : inc_scratch_[i].data(),
+                          eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
+                          site_buf_.data(), other, s, &declined);
+        if (!declined.empty()) note_declined(i, declined);
+        std::swap(cur, other);
+        x = cur;
+        shared = false;
+        continue;
+      }
       const int64_t block = block_of(op);
       const T* params = eff_d_.data() + op.param_offset;
       int64_t param_stride = 0;
@@ -1360,6 +1473,14 @@ class DeviceSession final : public Session {
   DeviceBuffer<T> buf_a_, buf_b_, per_, dq_;
   DeviceBuffer<T> q_new_, w_cand_;  // the dense paths: new values, materialised op blocks
   DeviceBuffer<T> scratch_;         // layer_ops.cuh scratch (attention rows)
+  // The site-local path: per particle its plan (site_local.cuh), the incumbent's scratch of
+  // each layer_ops.cuh op, and a chunk's site buffer.
+  bool site_local_ = false;
+  std::vector<int32_t> site_kind_h_;
+  int64_t site_candidates_ = 0;  // of the last score call
+  DeviceBuffer<int32_t> site_kind_d_, site_n_d_, site_sites_d_;
+  std::vector<DeviceBuffer<T>> inc_scratch_;
+  DeviceBuffer<T> site_buf_;
   PathKind path_ = PathKind::automatic;
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 
@@ -334,7 +335,7 @@ TEST_CASE("cuda: every layer kind of the dense path agrees with the reference", 
   require_device();
   std::mt19937_64 rng(77);
   for (const Case& c : layer_kind_cases(rng))
-    for (const std::string path : {"auto", "materialised"})
+    for (const std::string path : {"auto", "dense", "materialised"})
       for (const DType dtype : {DType::f64, DType::f32})
         for (const double spread : {1e-3, 0.3}) {
           const int64_t n = c.model.num_parameters();
@@ -349,6 +350,53 @@ TEST_CASE("cuda: every layer kind of the dense path agrees with the reference", 
           const auto got = run(*cuda, c, cands);
           CHECK(max_relative_error(got, want) <= (dtype == DType::f64 ? 1e-12 : 1e-5));
         }
+}
+
+TEST_CASE("cuda: the site-local path serves conv, attention, Cheri and linear particles",
+          "[cuda]") {
+  // Contiguous particles of d <= 4 lie mostly inside one op: the auto path runs those
+  // site-local (explain counts them per layer) and must agree with the dense path, which
+  // recomputes the whole changed op, and with the reference.
+  require_device();
+  std::mt19937_64 rng(78);
+  std::map<std::string, int64_t> served;  // site-local particles per op kind
+  for (const Case& c : layer_kind_cases(rng)) {
+    const std::string kinds = c.description;
+    if (kinds.find("conv") == std::string::npos && kinds.find("attention") == std::string::npos &&
+        kinds.find("cheri") == std::string::npos)
+      continue;
+    for (const DType dtype : {DType::f64, DType::f32})
+      for (const int32_t d : {1, 2, 4}) {
+        const Candidates cands = random_candidates(rng, c.model.num_parameters(), d, 3, 0.3);
+        INFO(c.description << " " << to_string(dtype) << " d " << d);
+        auto reference = make_reference_evaluator(c.model, *c.loss, nullptr, {DType::f64});
+        auto site = backends().registry.make_evaluator(c.model, *c.loss, cuda_request(dtype));
+        auto dense = backends().registry.make_evaluator(c.model, *c.loss,
+                                                        cuda_request(dtype, nullptr, 0, "dense"));
+        const auto want = run(*reference, c, cands);
+        const auto got = run(*site, c, cands);
+        const auto dense_got = run(*dense, c, cands);
+        const double tolerance = dtype == DType::f64 ? 1e-12 : 1e-5;
+        CHECK(max_relative_error(got, want) <= tolerance);
+        CHECK(max_relative_error(got, dense_got) <= tolerance);
+        const nlohmann::json layers = site->explain()["plugin"]["layers"];
+        INFO(layers.dump());
+        for (const nlohmann::json& layer : layers) {
+          const std::string op = layer["op"], path = layer["path"];
+          if (op != "conv" && op != "self_attention" && op != "cheri_block" && op != "linear")
+            continue;
+          REQUIRE(path.rfind("site-local for ", 0) == 0);
+          served[op] += std::stoll(path.substr(std::string("site-local for ").size()));
+        }
+        const nlohmann::json forced = dense->explain()["plugin"]["layers"];
+        for (const nlohmann::json& layer : forced)
+          CHECK(layer["path"].get<std::string>().rfind("site-local", 0) != 0);
+      }
+  }
+  for (const char* op : {"conv", "self_attention", "cheri_block", "linear"}) {
+    INFO(op);
+    CHECK(served[op] > 0);
+  }
 }
 
 namespace {
@@ -406,7 +454,7 @@ TEST_CASE("cuda: attention through the sdpa operation and through the plugin's k
   for (const std::string weighting : {"softmax", "argmax"})
     for (const bool causal : {false, true})
       for (const DType dtype : {DType::f64, DType::f32})
-        for (const std::string path : {"auto", "materialised"}) {
+        for (const std::string path : {"auto", "dense", "materialised"}) {
           const Case c = attention_case(weighting, causal, 7, 6, rng() % 1000);
           const Candidates cands = random_candidates(rng, c.model.num_parameters(), 2, 2);
           const char* kind = dtype == DType::f64 ? "cuda, float64" : "cuda, float32";

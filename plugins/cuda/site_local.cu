@@ -1,0 +1,322 @@
+// The site-local path's plans and kernels (site_local.cuh). Each kernel thread owns the
+// values it writes; a candidate reads its particle's plan and moved parameters from the
+// tables, so one launch serves a chunk of candidates of different particles.
+#include "candidate_source.cuh"
+#include "device.hpp"
+#include "formulas.cuh"
+#include "launch.cuh"
+#include "site_local.cuh"
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+namespace polyprobe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr double kCheriResidualScale = 0.15;
+
+unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
+using launch::thread_index;
+using launch::thread_stride;
+
+// A candidate's moved parameters of the op: local index and new effective value.
+template <class S>
+struct Moves {
+  int32_t n = 0;
+  int64_t local[kSiteMax];
+  S value[kSiteMax];
+
+  __device__ Moves(const ParticleTable& t, int64_t c, int64_t p, int64_t offset, const S* q_new) {
+    const int64_t begin = t.elem_begin[p];
+    const int64_t count = t.elem_begin[p + 1] - begin;
+    for (int64_t e = 0; e < count && n < kSiteMax; ++e, ++n) {
+      local[n] = t.elem_raw[begin + e] - offset;
+      value[n] = q_new[c * t.elem_max + e];
+    }
+  }
+  // Parameter k of the op: the candidate's value where it moves it, else the incumbent's.
+  __device__ S at(const S* params, int64_t k) const {
+    S v = params[k];
+    for (int32_t m = 0; m < n; ++m)
+      if (local[m] == k) v = value[m];
+    return v;
+  }
+};
+
+__device__ bool has_site(const SiteTable& s, int64_t p, int32_t site) {
+  for (int32_t m = 0; m < s.n[p]; ++m)
+    if (s.sites[p * kSiteMax + m] == site) return true;
+  return false;
+}
+
+// conv: a thread per (candidate, sample, output value); the moved channels recomputed with
+// the candidate's filter and bias, the rest copied.
+template <class S>
+__global__ void site_conv_kernel(LayerOp op, CandidateSource src, ParticleTable t, SiteTable s,
+                                 int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
+                                 const S* params, int64_t offset, const S* q_new, S* y) {
+  const pp_conv_attrs& a = op.conv;
+  const int64_t oh = a.out_size[0], ow = a.out_size[1];
+  const int64_t patch = a.in_channels / a.groups * a.kernel[0] * a.kernel[1];
+  const int64_t per = batch * op.out;
+  for (int64_t i = thread_index(); i < count * per; i += thread_stride()) {
+    const int64_t c = i / per, b = (i / op.out) % batch, o = i % op.out;
+    const int64_t oc = o / (oh * ow), oi = (o / ow) % oh, oj = o % ow;
+    const int64_t p = particle_of(src, c);
+    if (!has_site(s, p, static_cast<int32_t>(oc))) {
+      y[i] = y_inc[b * op.out + o];
+      continue;
+    }
+    const Moves<S> moves(t, c, p, offset, q_new);
+    S acc = conv_value<S>(a, x_inc + b * op.in, oc, oi, oj,
+                          [&](int64_t k) { return moves.at(params, oc * patch + k); });
+    if (a.bias) acc += moves.at(params, a.out_channels * patch + oc);
+    y[i] = acc;
+  }
+}
+
+// Attention, 1: the moved head's q|k|v rows of every (candidate, sample) into the buffer in
+// the layout of a one-head layer of width hd ([L, 3 hd] then the mix [L, hd] per sample);
+// the rows the candidate moves recomputed from the layer input, the others copied.
+template <class S>
+__global__ void site_head_project_kernel(LayerOp op, CandidateSource src, ParticleTable t,
+                                         SiteTable s, int64_t count, int64_t batch, const S* x_inc,
+                                         const S* inc_scratch, const S* params, int64_t offset,
+                                         const S* q_new, S* buffer) {
+  const int64_t L = op.attention.length, E = op.attention.embed, hd = E / op.attention.heads;
+  const int64_t per = L * 3 * hd, inc_per = L * 4 * E;
+  for (int64_t i = thread_index(); i < count * batch * per; i += thread_stride()) {
+    const int64_t r = i / per, c = r / batch, b = r % batch;
+    const int64_t l = (i / (3 * hd)) % L, j = i % (3 * hd);
+    const int64_t p = particle_of(src, c);
+    const int64_t f = (j / hd) * E + s.sites[p * kSiteMax] * hd + j % hd;  // row of in_proj
+    S* out = buffer + r * (per + L * hd) + l * 3 * hd + j;
+    const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+    bool moved = false;
+    for (int64_t e = 0; e < n && s.kind[p] == kSiteAttentionHead; ++e) {
+      const int64_t k = t.elem_raw[begin + e] - offset;  // a weight of row k / E or bias k - 3E^2
+      moved = moved || (k < 3 * E * E ? k / E : k - 3 * E * E) == f;
+    }
+    if (!moved) {
+      *out = inc_scratch[b * inc_per + l * 3 * E + f];
+      continue;
+    }
+    const Moves<S> moves(t, c, p, offset, q_new);
+    const S* x = x_inc + b * op.in + l * E;
+    S acc = 0;
+    for (int64_t k = 0; k < E; ++k) acc += moves.at(params, f * E + k) * x[k];
+    if (op.attention.bias) acc += moves.at(params, 3 * E * E + f);
+    *out = acc;
+  }
+}
+
+// Attention, 2: a thread per (candidate, sample, position, output feature): the incumbent's
+// output plus the candidate's change, from its head's new mix (kSiteAttentionHead) or its
+// moved out_proj entries (kSiteAttentionOut).
+template <class S>
+__global__ void site_attention_out_kernel(LayerOp op, CandidateSource src, ParticleTable t,
+                                          SiteTable s, int64_t count, int64_t batch, const S* y_inc,
+                                          const S* inc_scratch, const S* params, int64_t offset,
+                                          const S* q_new, const S* buffer, S* y) {
+  const int64_t L = op.attention.length, E = op.attention.embed, hd = E / op.attention.heads;
+  const int64_t inc_per = L * 4 * E, per = L * 4 * hd;
+  const int64_t out_w = 3 * E * E + (op.attention.bias ? 3 * E : 0);
+  const int64_t sample = L * E;
+  for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
+    const int64_t r = i / sample, c = r / batch, b = r % batch;
+    const int64_t l = (i / E) % L, f = i % E;
+    const int64_t p = particle_of(src, c);
+    const S* mixed = inc_scratch + b * inc_per + 3 * L * E + l * E;
+    S change = 0;
+    if (s.kind[p] == kSiteAttentionHead) {
+      const int64_t h = s.sites[p * kSiteMax];
+      const S* mix = buffer + r * per + 3 * L * hd + l * hd;
+      for (int64_t k = 0; k < hd; ++k)
+        change += params[out_w + f * E + h * hd + k] * (mix[k] - mixed[h * hd + k]);
+    } else {
+      const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t k = t.elem_raw[begin + e] - offset - out_w;  // weight [f, k % E] or bias
+        if ((k < E * E ? k / E : k - E * E) != f) continue;
+        const S step = q_new[c * t.elem_max + e] - params[out_w + k];
+        change += k < E * E ? step * mixed[k % E] : step;
+      }
+    }
+    y[i] = y_inc[b * sample + l * E + f] + change;
+  }
+}
+
+// Cheri, 1 (kSiteCheriHidden): a thread per (candidate, sample, position, moved unit): the
+// unit's GELU output with the candidate's fc1 row minus the incumbent's, into the buffer
+// [count, batch, L, kSiteMax].
+template <class S>
+__global__ void site_cheri_hidden_kernel(LayerOp op, CandidateSource src, ParticleTable t,
+                                         SiteTable s, int64_t count, int64_t batch,
+                                         const S* inc_scratch, const S* params, int64_t offset,
+                                         const S* q_new, S* buffer) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
+                inc_per = L * C * (1 + a.expansion);
+  for (int64_t i = thread_index(); i < count * batch * L * kSiteMax; i += thread_stride()) {
+    const int64_t m = i % kSiteMax, pos = (i / kSiteMax) % L, r = i / (kSiteMax * L);
+    const int64_t c = r / batch, b = r % batch;
+    const int64_t p = particle_of(src, c);
+    if (m >= s.n[p]) continue;
+    const int64_t k = s.sites[p * kSiteMax + m];
+    const Moves<S> moves(t, c, p, offset, q_new);
+    const S* n = inc_scratch + b * inc_per + pos * C;
+    S acc = 0;
+    for (int64_t ch = 0; ch < C; ++ch) acc += n[ch] * moves.at(params, 3 * C + k * C + ch);
+    const S g = inc_scratch[b * inc_per + L * C + pos * H + k];
+    buffer[i] = activate<S>(PP_ACT_GELU_TANH, acc, S(0)) - g;
+  }
+}
+
+// Cheri, 2: a thread per (candidate, sample, position, channel): the incumbent's output plus
+// 0.15 times the MLP's change.
+template <class S>
+__global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleTable t, SiteTable s,
+                                      int64_t count, int64_t batch, const S* y_inc,
+                                      const S* inc_scratch, const S* params, int64_t offset,
+                                      const S* q_new, const S* buffer, S* y) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
+                inc_per = L * C * (1 + a.expansion);
+  const int64_t fc2 = 3 * C + H * C, sample = L * C;
+  for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
+    const int64_t r = i / sample, c = r / batch, b = r % batch;
+    const int64_t pos = (i / C) % L, ch = i % C;
+    const int64_t p = particle_of(src, c);
+    S change = 0;
+    if (s.kind[p] == kSiteCheriHidden) {
+      const S* dg = buffer + (r * L + pos) * kSiteMax;
+      for (int32_t m = 0; m < s.n[p]; ++m)
+        change += params[fc2 + ch * H + s.sites[p * kSiteMax + m]] * dg[m];
+    } else {
+      const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+      const S* g = inc_scratch + b * inc_per + L * C + pos * H;
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t k = t.elem_raw[begin + e] - offset - fc2;
+        if (k / H != ch) continue;
+        change += (q_new[c * t.elem_max + e] - params[fc2 + k]) * g[k % H];
+      }
+    }
+    y[i] = y_inc[b * sample + pos * C + ch] + static_cast<S>(kCheriResidualScale) * change;
+  }
+}
+
+}  // namespace
+
+SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local) {
+  SitePlan plan;
+  if (local.empty() || local.size() > static_cast<std::size_t>(kSiteMax)) return plan;
+  std::set<int64_t> sites;
+  int32_t kind = kSiteNone;
+  const auto agree = [&](int32_t k) {
+    if (kind != kSiteNone && kind != k) return false;
+    kind = k;
+    return true;
+  };
+  if (op.kind == PP_OP_CONV) {
+    const pp_conv_attrs& a = op.conv;
+    const int64_t weights = a.out_channels * (a.in_channels / a.groups) * a.kernel[0] * a.kernel[1];
+    const int64_t patch = weights / a.out_channels;
+    for (int64_t k : local) sites.insert(k < weights ? k / patch : k - weights);
+    kind = kSiteConv;
+  } else if (op.kind == PP_OP_SELF_ATTENTION) {
+    const pp_attention_attrs& a = op.attention;
+    const int64_t E = a.embed, hd = E / a.heads, in_w = 3 * E * E;
+    const int64_t out_w = in_w + (a.bias ? 3 * E : 0);
+    for (int64_t k : local) {
+      if (k < out_w) {  // an in_proj weight or bias: its row's head
+        const int64_t row = k < in_w ? k / E : k - in_w;
+        if (!agree(kSiteAttentionHead)) return plan;
+        sites.insert((row % E) / hd);
+      } else if (!agree(kSiteAttentionOut)) {
+        return plan;
+      }
+    }
+    if (kind == kSiteAttentionHead && sites.size() != 1) return plan;
+  } else if (op.kind == PP_OP_CHERI_BLOCK) {
+    const pp_cheri_attrs& a = op.cheri;
+    const int64_t C = a.channels, H = a.expansion * C, fc2 = 3 * C + H * C;
+    for (int64_t k : local) {
+      if (k < 3 * C) return plan;  // a conv tap moves the statistics: dense
+      if (k < fc2) {
+        if (!agree(kSiteCheriHidden)) return plan;
+        sites.insert((k - 3 * C) / C);
+      } else if (!agree(kSiteCheriOut)) {
+        return plan;
+      }
+    }
+  } else {
+    return plan;
+  }
+  if (sites.size() > static_cast<std::size_t>(kSiteMax)) return plan;
+  plan.kind = kind;
+  for (int64_t site : sites) plan.sites[plan.n++] = static_cast<int32_t>(site);
+  return plan;
+}
+
+int64_t site_scratch_per_sample(const LayerOp& op) {
+  if (op.kind == PP_OP_SELF_ATTENTION)
+    return op.attention.length * 4 * (op.attention.embed / op.attention.heads);
+  if (op.kind == PP_OP_CHERI_BLOCK) return op.cheri.length * kSiteMax;
+  return 0;
+}
+
+template <class S>
+void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
+                    SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
+                    const S* inc_scratch, const S* params, int64_t offset, const S* q_new,
+                    S* buffer, S* y, cudaStream_t stream, std::string* declined) {
+  (void)op_index;
+  const int64_t rows = count * batch;
+  switch (op.kind) {
+    case PP_OP_CONV:
+      site_conv_kernel<S><<<grid(rows * op.out), kThreads, 0, stream>>>(
+          op, src, t, sites, count, batch, x_inc, y_inc, params, offset, q_new, y);
+      break;
+    case PP_OP_SELF_ATTENTION: {
+      const pp_attention_attrs& a = op.attention;
+      const int64_t hd = a.embed / a.heads;
+      site_head_project_kernel<S><<<grid(rows * a.length * 3 * hd), kThreads, 0, stream>>>(
+          op, src, t, sites, count, batch, x_inc, inc_scratch, params, offset, q_new, buffer);
+      check(cudaGetLastError(), "site-local attention projection kernel");
+      // The moved head of every (candidate, sample) as one problem of a one-head layer. The
+      // out_proj particles of a mixed chunk mix their (unused) copy of head 0 too.
+      LayerOp head = op;
+      head.attention.embed = hd;
+      head.attention.heads = 1;
+      launch_attention_mix<S>(head, buffer, rows, stream, declined);
+      site_attention_out_kernel<S><<<grid(rows * a.length * a.embed), kThreads, 0, stream>>>(
+          op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer, y);
+      break;
+    }
+    case PP_OP_CHERI_BLOCK: {
+      const int64_t L = op.cheri.length;
+      site_cheri_hidden_kernel<S><<<grid(rows * L * kSiteMax), kThreads, 0, stream>>>(
+          op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer);
+      check(cudaGetLastError(), "site-local Cheri hidden kernel");
+      site_cheri_out_kernel<S><<<grid(rows * op.out), kThreads, 0, stream>>>(
+          op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer, y);
+      break;
+    }
+    default:
+      throw std::logic_error("launch_site_op: not a site-local kind");
+  }
+  check(cudaGetLastError(), "site-local kernel");
+}
+
+template void launch_site_op<float>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
+                                    SiteTable, int64_t, int64_t, const float*, const float*,
+                                    const float*, const float*, int64_t, const float*, float*,
+                                    float*, cudaStream_t, std::string*);
+template void launch_site_op<double>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
+                                     SiteTable, int64_t, int64_t, const double*, const double*,
+                                     const double*, const double*, int64_t, const double*, double*,
+                                     double*, cudaStream_t, std::string*);
+
+}  // namespace polyprobe::cuda

@@ -1,0 +1,89 @@
+// The site-local path on the device (DESIGN.md section 2): a particle whose parameters all lie
+// in one conv, self-attention or Cheri-block op changes only the sites it owns there (conv
+// output channels, one attention head or the output projection, Cheri hidden units or output
+// rows), so its candidates recompute those sites from the incumbent's reused values, batched
+// over the chunk, and copy or correct the rest of the op's output; the ops after it run
+// densely over the chunk as on the dense path.
+//
+// What each kind recomputes and what it takes from the incumbent:
+//   conv            the moved output channels, with the candidate's filter (the dense path's
+//                   arithmetic: the same bits); other channels are the incumbent's values
+//   attention head  the moved q/k/v rows of one head from the layer input, that head's mix
+//                   (the host's sdpa operation or the plugin's kernel), then the output as the
+//                   incumbent's plus out_proj's columns of the head times the mix's change
+//   attention out   the incumbent's output plus the moved out_proj entries times the
+//                   incumbent's mix
+//   Cheri hidden    the moved hidden units' pre-activations from the incumbent's normalised
+//                   conv, then the output as the incumbent's plus 0.15 fc2 times the units'
+//                   change (the conv and its statistics are the incumbent's: fc1 cannot
+//                   move them)
+//   Cheri out       the incumbent's output plus 0.15 times the moved fc2 entries times the
+//                   incumbent's hidden values
+//   linear          (in a model with the kinds above) the incumbent's output plus the moved
+//                   weights' change times the incumbent's input, as the sparse path's first op
+// Particles that move anything else (conv taps of the Cheri block, layer-norm gains, two
+// ops, more than kSiteMax sites) run on the dense path.
+#pragma once
+
+#include "kernels.cuh"
+#include "layer_ops.cuh"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace polyprobe::cuda {
+
+// The most sites (and moved parameters) one site-local particle has.
+constexpr int kSiteMax = 8;
+
+enum SiteKind : int32_t {
+  kSiteNone = -1,  // not site-local: the dense path
+  kSiteConv = 0,
+  kSiteAttentionHead = 1,
+  kSiteAttentionOut = 2,
+  kSiteCheriHidden = 3,
+  kSiteCheriOut = 4,
+  kSiteLinear = 5,  // a linear op of such a model: the incumbent's output plus the sparse
+                    // correction over the moved weights (launch_correct), as the sparse path
+};
+
+// How one particle's candidates run in a site-local op, from its moved parameters.
+struct SitePlan {
+  int32_t kind = kSiteNone;
+  int32_t n = 0;              // sites used
+  int32_t sites[kSiteMax]{};  // ascending: conv channels, the head, Cheri hidden units
+};
+
+// The plan of a particle that moves the parameters `local` (indices relative to the op's
+// first parameter, any order) of `op`; kind kSiteNone when the op or the parameters do not
+// allow the path. Pure host code.
+SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local);
+
+// The per-particle plans on the device, [P] each.
+struct SiteTable {
+  const int32_t* kind;
+  const int32_t* n;
+  const int32_t* sites;  // [P kSiteMax]
+};
+
+// Values per sample of the site buffer a chunk needs for `op` (0 for kinds without one).
+int64_t site_scratch_per_sample(const LayerOp& op);
+
+// One chunk's site-local op: y [count, batch, op.out] from the incumbent's input x_inc and
+// output y_inc [batch, ...], its scratch inc_scratch (layer_ops.cuh's layout, for attention
+// and the Cheri block), its parameter block params (the effective values) that starts at raw
+// parameter `offset`, and the candidates' new values q_new [count, elem_max] of the
+// parameters they move (launch_deltas). `buffer` holds count * batch *
+// site_scratch_per_sample(op) values. Every particle of the chunk has a plan of op `op_index`.
+// The attention mix uses op.sdpa when set; when the operation declines, the plugin's kernel
+// runs and *declined gets the reason.
+template <class S>
+void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
+                    SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
+                    const S* inc_scratch, const S* params, int64_t offset, const S* q_new,
+                    S* buffer, S* y, cudaStream_t stream, std::string* declined);
+
+}  // namespace polyprobe::cuda
