@@ -140,6 +140,7 @@ class DeviceSession final : public Session {
     // The site-local path serves the particles of conv, attention and Cheri ops that it can
     // (site_local.cuh) unless a path was forced; the rest of such a model runs densely.
     site_local_ = plan_.layered_kinds && !forced_ && subspace_ == nullptr;
+    if (site_local_) plan_carries();
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
@@ -665,6 +666,11 @@ class DeviceSession final : public Session {
       if (site_local_ && site_kind)
         j << "site-local for " << site_particles(static_cast<int32_t>(i)) << " of "
           << op_particles(static_cast<int32_t>(i)) << " particles (" << site_what(op.op)
+          << (!carry_to_.empty() && carry_to_[i] >= 0
+                  ? "; their change carried straight into layer " + std::to_string(carry_to_[i]) +
+                        "'s output, rank one per hidden unit, the block's output never written "
+                        "per candidate"
+                  : "")
           << ", batched over the chunk; later ops one kernel or GEMM over the chunk), dense for "
              "the others: one kernel over every (candidate, sample), each candidate with its "
              "own materialised parameters";
@@ -782,6 +788,29 @@ class DeviceSession final : public Session {
     }
   }
 
+  // The Cheri blocks whose output feeds a linear op through identities alone: their
+  // site-local candidates carry their change into that op (site_local.cuh, CheriCarry).
+  void plan_carries() {
+    carries_.assign(plan_.ops.size(), CheriCarry<T>{});
+    carry_to_.assign(plan_.ops.size(), -1);
+    carry_u_.resize(plan_.ops.size());
+    for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
+      if (plan_.ops[i].op != PP_OP_CHERI_BLOCK) continue;
+      std::size_t j = i + 1;
+      while (j < plan_.ops.size() && plan_.ops[j].op == PP_OP_ACTIVATION &&
+             plan_.ops[j].fn == PP_ACT_IDENTITY)
+        ++j;
+      const pp_cheri_attrs& a = plan_.ops[i].layer.cheri;
+      if (j == plan_.ops.size() || plan_.ops[j].op != PP_OP_LINEAR) continue;
+      const OpPlan& next = plan_.ops[j];
+      if (next.in % a.channels != 0 || a.length % (next.in / a.channels) != 0) continue;
+      carries_[i].per_row = next.in / a.channels;
+      carries_[i].rows = a.length / carries_[i].per_row;
+      carries_[i].outputs = next.out;
+      carry_to_[i] = static_cast<int32_t>(j);
+    }
+  }
+
   // Whether particle p's candidates run on the site-local path.
   bool site_local(int64_t p) const {
     return !site_kind_h_.empty() && site_kind_h_[sz(p)] != kSiteNone;
@@ -894,6 +923,16 @@ class DeviceSession final : public Session {
                             inc_scratch_[i].data()};
         layer_op(i, io, s);
       }
+    }
+    for (std::size_t i = 0; i < carries_.size(); ++i) {
+      CheriCarry<T>& carry = carries_[i];
+      if (carry.outputs == 0) continue;
+      const OpPlan& block = plan_.ops[i];
+      carry_u_[i].reserve(sz(carry.outputs * carry.per_row * block.layer.cheri.expansion *
+                             block.layer.cheri.channels));
+      carry.w_next = eff_d_.data() + plan_.ops[sz(carry_to_[i])].param_offset;
+      carry.u = carry_u_[i].data();
+      launch_cheri_carry_weights<T>(block.layer, eff_d_.data() + block.param_offset, carry, s);
     }
     if (!plan_.layered_kinds) refresh_fused_inputs();
     prefix_dirty_ = false;
@@ -1111,6 +1150,20 @@ class DeviceSession final : public Session {
         std::swap(cur, other);
         x = cur;
         shared = false;
+        continue;
+      }
+      if (site && changed && !carries_.empty() && carries_[i].outputs > 0) {
+        // The block's change goes straight into the next linear op's output.
+        const auto j = sz(carry_to_[i]);
+        site_buf_.reserve(sz(rows * site_scratch_per_sample(op.layer)));
+        const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
+        launch_site_cheri_carry<T>(op.layer, src, t, sites, count, batch_, inc_scratch_[i].data(),
+                                   eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
+                                   site_buf_.data(), carries_[i], acts_[j + 1].data(), other, s);
+        std::swap(cur, other);
+        x = cur;
+        shared = false;
+        i = j;
         continue;
       }
       if (site && changed) {
@@ -1481,6 +1534,9 @@ class DeviceSession final : public Session {
   DeviceBuffer<int32_t> site_kind_d_, site_n_d_, site_sites_d_;
   std::vector<DeviceBuffer<T>> inc_scratch_;
   DeviceBuffer<T> site_buf_;
+  std::vector<CheriCarry<T>> carries_;  // per op: outputs == 0 where none
+  std::vector<int32_t> carry_to_;       // per op: the linear op a Cheri block carries into
+  std::vector<DeviceBuffer<T>> carry_u_;
   PathKind path_ = PathKind::automatic;
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;

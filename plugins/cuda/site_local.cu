@@ -207,7 +207,100 @@ __global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleT
   }
 }
 
+// u[o, q, k] = sum_c w_next[o, q C + c] fc2[c, k], a thread per value.
+template <class S>
+__global__ void cheri_carry_weights_kernel(LayerOp op, const S* params, CheriCarry<S> carry) {
+  const int64_t C = op.cheri.channels, H = op.cheri.expansion * C, fc2 = 3 * C + H * C;
+  const int64_t total = carry.outputs * carry.per_row * H;
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t k = i % H, q = (i / H) % carry.per_row, o = i / (H * carry.per_row);
+    const S* w = carry.w_next + o * carry.per_row * C + q * C;
+    S acc = 0;
+    for (int64_t c = 0; c < C; ++c) acc += w[c] * params[fc2 + c * H + k];
+    carry.u[i] = acc;
+  }
+}
+
+// A thread per (candidate, sample, row, output) of the linear op after the block: its
+// incumbent value plus 0.15 times the change the candidate's MLP makes through it.
+template <class S>
+__global__ void site_cheri_carry_kernel(LayerOp op, CandidateSource src, ParticleTable t,
+                                        SiteTable s, int64_t count, int64_t batch,
+                                        const S* inc_scratch, const S* params, int64_t offset,
+                                        const S* q_new, const S* buffer, CheriCarry<S> carry,
+                                        const S* z_inc, S* z) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
+                inc_per = L * C * (1 + a.expansion);
+  const int64_t fc2 = 3 * C + H * C, O = carry.outputs, Q = carry.per_row;
+  const int64_t sample = carry.rows * O;
+  for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
+    const int64_t r = i / sample, c = r / batch, b = r % batch;
+    const int64_t row = (i / O) % carry.rows, o = i % O;
+    const int64_t p = particle_of(src, c);
+    S change = 0;
+    if (s.kind[p] == kSiteCheriHidden) {
+      const S* dg = buffer + (r * L + row * Q) * kSiteMax;
+      const S* u = carry.u + o * Q * H;
+      for (int64_t q = 0; q < Q; ++q)
+        for (int32_t m = 0; m < s.n[p]; ++m)
+          change += u[q * H + s.sites[p * kSiteMax + m]] * dg[q * kSiteMax + m];
+    } else {
+      const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+      const S* g = inc_scratch + b * inc_per + L * C + row * Q * H;
+      const S* w = carry.w_next + o * Q * C;
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t k = t.elem_raw[begin + e] - offset - fc2;  // fc2 [k / H, k % H]
+        const S step = q_new[c * t.elem_max + e] - params[fc2 + k];
+        S through = 0;
+        for (int64_t q = 0; q < Q; ++q) through += w[q * C + k / H] * g[q * H + k % H];
+        change += step * through;
+      }
+    }
+    z[i] = z_inc[b * sample + row * O + o] + static_cast<S>(kCheriResidualScale) * change;
+  }
+}
+
 }  // namespace
+
+template <class S>
+void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriCarry<S>& carry,
+                                cudaStream_t stream) {
+  const int64_t H = op.cheri.expansion * op.cheri.channels;
+  cheri_carry_weights_kernel<S>
+      <<<grid(carry.outputs * carry.per_row * H), kThreads, 0, stream>>>(op, params, carry);
+  check(cudaGetLastError(), "Cheri carry weights kernel");
+}
+
+template <class S>
+void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
+                             SiteTable sites, int64_t count, int64_t batch, const S* inc_scratch,
+                             const S* params, int64_t offset, const S* q_new, S* buffer,
+                             const CheriCarry<S>& carry, const S* z_inc, S* z,
+                             cudaStream_t stream) {
+  const int64_t rows = count * batch, L = op.cheri.length;
+  site_cheri_hidden_kernel<S><<<grid(rows * L * kSiteMax), kThreads, 0, stream>>>(
+      op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer);
+  check(cudaGetLastError(), "site-local Cheri hidden kernel");
+  site_cheri_carry_kernel<S><<<grid(rows * carry.rows * carry.outputs), kThreads, 0, stream>>>(
+      op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer, carry, z_inc, z);
+  check(cudaGetLastError(), "site-local Cheri carry kernel");
+}
+
+template void launch_cheri_carry_weights<float>(const LayerOp&, const float*,
+                                                const CheriCarry<float>&, cudaStream_t);
+template void launch_cheri_carry_weights<double>(const LayerOp&, const double*,
+                                                 const CheriCarry<double>&, cudaStream_t);
+template void launch_site_cheri_carry<float>(const LayerOp&, CandidateSource, ParticleTable,
+                                             SiteTable, int64_t, int64_t, const float*,
+                                             const float*, int64_t, const float*, float*,
+                                             const CheriCarry<float>&, const float*, float*,
+                                             cudaStream_t);
+template void launch_site_cheri_carry<double>(const LayerOp&, CandidateSource, ParticleTable,
+                                              SiteTable, int64_t, int64_t, const double*,
+                                              const double*, int64_t, const double*, double*,
+                                              const CheriCarry<double>&, const double*, double*,
+                                              cudaStream_t);
 
 SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local) {
   SitePlan plan;

@@ -86,4 +86,30 @@ void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, Pa
                     const S* inc_scratch, const S* params, int64_t offset, const S* q_new,
                     S* buffer, S* y, cudaStream_t stream, std::string* declined);
 
+// A Cheri block whose output feeds a linear op directly (identity activations and flatten
+// between): its site-local candidates carry their change into that op's output, rank one per
+// moved unit, without writing the block's [L, C] output per candidate (the issue's sparse
+// delta into the next affine layer). The linear op reads `per_row` positions per row (its
+// input is per_row C features), `rows` = L / per_row rows per sample, `outputs` per row.
+template <class S>
+struct CheriCarry {
+  int64_t per_row = 0, rows = 0, outputs = 0;
+  const S* w_next = nullptr;  // the linear op's effective weights [outputs, per_row C]
+  S* u = nullptr;             // [outputs, per_row, H]: w_next through fc2, per position of a row
+};
+
+// carry.u from the incumbent's effective parameters (once per incumbent).
+template <class S>
+void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriCarry<S>& carry,
+                                cudaStream_t stream);
+
+// A chunk's site-local Cheri candidates straight to the linear op's output z [count, batch,
+// rows, outputs] = z_inc [batch, rows, outputs] + the change; the arguments as
+// launch_site_op's.
+template <class S>
+void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
+                             SiteTable sites, int64_t count, int64_t batch, const S* inc_scratch,
+                             const S* params, int64_t offset, const S* q_new, S* buffer,
+                             const CheriCarry<S>& carry, const S* z_inc, S* z, cudaStream_t stream);
+
 }  // namespace polyprobe::cuda

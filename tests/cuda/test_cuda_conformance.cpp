@@ -311,6 +311,12 @@ std::vector<Case> layer_kind_cases(std::mt19937_64& rng) {
         {"flatten", json::object()},
         {"linear", {{"out_features", 3}}}},
        "cheri_block dilation 3 e 3, gelu, cheri_block dilation 5 e 1"},
+      {{10, 8},
+       {{"cheri_block", {{"dilation", 2}}},
+        {"linear", {{"out_features", 2}}},
+        {"flatten", json::object()},
+        {"linear", {{"out_features", 3}}}},
+       "cheri_block, per-position linear"},
   };
   std::vector<Case> cases;
   for (const Spec& spec : specs) {
