@@ -165,10 +165,16 @@ __global__ void site_cheri_hidden_kernel(LayerOp op, CandidateSource src, Partic
     const int64_t p = particle_of(src, c);
     if (m >= s.n[p]) continue;
     const int64_t k = s.sites[p * kSiteMax + m];
-    const Moves<S> moves(t, c, p, offset, q_new);
     const S* n = inc_scratch + b * inc_per + pos * C;
+    const S* w = params + 3 * C + k * C;
     S acc = 0;
-    for (int64_t ch = 0; ch < C; ++ch) acc += n[ch] * moves.at(params, 3 * C + k * C + ch);
+    for (int64_t ch = 0; ch < C; ++ch) acc += n[ch] * w[ch];
+    // The moved entries of the row: their change times the input (the row is read once).
+    const Moves<S> moves(t, c, p, offset, q_new);
+    for (int32_t e = 0; e < moves.n; ++e) {
+      const int64_t ch = moves.local[e] - 3 * C - k * C;
+      if (ch >= 0 && ch < C) acc += (moves.value[e] - w[ch]) * n[ch];
+    }
     const S g = inc_scratch[b * inc_per + L * C + pos * H + k];
     buffer[i] = activate<S>(PP_ACT_GELU_TANH, acc, S(0)) - g;
   }
