@@ -420,7 +420,8 @@ std::vector<BenchRecord> run_step(Context& ctx) {
           } else if (plugin.contains("path")) {
             ran = plugin["path"].get<std::string>();
           }
-          for (const char* key : {"chunk_size", "memory_estimate_bytes", "device_peak_bytes"})
+          for (const char* key : {"chunk_size", "memory_estimate_bytes", "device_peak_bytes",
+                                  "last_call_gpu_ms_per_path"})
             if (plugin.contains(key)) r.extra[key] = plugin[key];
           r.path = (path == "auto" ? ran : path) + dtype_suffix(dtype);
           r.extra["evaluator"] = evaluator->name();

@@ -165,6 +165,29 @@ class Stream {
   bool owned_ = false;
 };
 
+// A CUDA event for timing work on a stream (destroyed with the object).
+class Event {
+ public:
+  Event() { check(cudaEventCreate(&event_), "cudaEventCreate"); }
+  ~Event() {
+    if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& o) noexcept : event_(std::exchange(o.event_, nullptr)) {}
+  Event& operator=(Event&&) = delete;
+  void record(cudaStream_t stream) { check(cudaEventRecord(event_, stream), "cudaEventRecord"); }
+  // Milliseconds from `start` to this event; both must have completed.
+  float since(const Event& start) const {
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start.event_, event_), "cudaEventElapsedTime");
+    return ms;
+  }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 class Blas {
  public:
   explicit Blas(cudaStream_t stream) {

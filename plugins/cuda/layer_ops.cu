@@ -1,6 +1,7 @@
 // Device forwards of the layer kinds beyond linear and activations (layer_ops.cuh). One
 // thread owns each value it writes and sums in a fixed order, as the session's other
 // kernels; float64 sums for the statistics, as the core's layer norm.
+#include "blas.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
 #include "launch.cuh"
@@ -230,9 +231,11 @@ __global__ void attention_out_kernel(LayerOp op, LayerIo<S> io) {
   }
 }
 
-// The Cheri block (core/layers/cheri.cpp), in four launches over a chunk whose samples each
-// carry their own weights: the scratch of sample r holds its conv [L, C] (normalised in
-// place by the second launch), then its hidden rows [L, H].
+// The Cheri block (core/layers/cheri.cpp) over a chunk whose samples each carry their own
+// weights: the conv, each sample's plane statistics and normalisation, then the two matrix
+// products as cuBLAS GEMMs (strided batched over the candidates' weight blocks) with GELU and
+// the residual between and after. The chunk's scratch holds every sample's conv [L, C]
+// (normalised in place), then every sample's hidden rows [L, H] (cheri_layout).
 constexpr double kCheriEps = 1e-3;
 constexpr double kCheriResidualScale = 0.15;
 constexpr int kStatsThreads = 256;
@@ -246,7 +249,7 @@ __host__ __device__ inline int64_t cheri_scratch(const pp_cheri_attrs& a) {
 template <class S>
 __global__ void cheri_conv_kernel(LayerOp op, LayerIo<S> io) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, d = a.dilation, per = cheri_scratch(a);
+  const int64_t L = a.length, C = a.channels, d = a.dilation;
   for (int64_t t = thread_index(); t < io.rows * L * C; t += thread_stride()) {
     const int64_t r = t / (L * C), i = (t / C) % L, c = t % C;
     const S* x = sample_x(io, r, op.in);
@@ -254,7 +257,7 @@ __global__ void cheri_conv_kernel(LayerOp op, LayerIo<S> io) {
     S v = taps[C + c] * x[i * C + c];
     if (i - d >= 0) v += taps[c] * x[(i - d) * C + c];
     if (i + d < L) v += taps[2 * C + c] * x[(i + d) * C + c];
-    io.scratch[r * per + i * C + c] = v;
+    io.scratch[t] = v;
   }
 }
 
@@ -265,9 +268,9 @@ template <class S>
 __global__ void cheri_stats_kernel(LayerOp op, LayerIo<S> io) {
   __shared__ double part[kStatsThreads];
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t n = a.length * a.channels, per = cheri_scratch(a);
+  const int64_t n = a.length * a.channels;
   for (int64_t r = blockIdx.x; r < io.rows; r += gridDim.x) {
-    S* h = io.scratch + r * per;
+    S* h = io.scratch + r * n;
     auto block_sum = [&](double v) {
       part[threadIdx.x] = v;
       __syncthreads();
@@ -295,34 +298,47 @@ __global__ void cheri_stats_kernel(LayerOp op, LayerIo<S> io) {
   }
 }
 
-// 3: g[i, k] = GELU_tanh(sum_c fc1[k, c] n[i, c]), a thread per value.
+// 3: g = GELU_tanh(g) in place (after the first GEMM).
 template <class S>
-__global__ void cheri_hidden_kernel(LayerOp op, LayerIo<S> io) {
-  const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C, per = cheri_scratch(a);
-  for (int64_t t = thread_index(); t < io.rows * L * H; t += thread_stride()) {
-    const int64_t r = t / (L * H), i = (t / H) % L, k = t % H;
-    const S* n = io.scratch + r * per + i * C;
-    const S* w = block_of(io, r) + 3 * C + k * C;
-    S acc = 0;
-    for (int64_t c = 0; c < C; ++c) acc += n[c] * w[c];
-    io.scratch[r * per + L * C + i * H + k] = activate<S>(PP_ACT_GELU_TANH, acc, S(0));
+__global__ void cheri_gelu_kernel(S* g, int64_t n) {
+  for (int64_t t = thread_index(); t < n; t += thread_stride())
+    g[t] = activate<S>(PP_ACT_GELU_TANH, g[t], S(0));
+}
+
+// 4: y = x + 0.15 y (y holds the second GEMM's product).
+template <class S>
+__global__ void cheri_residual_kernel(LayerOp op, LayerIo<S> io) {
+  for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
+    const int64_t r = t / op.out, f = t % op.out;
+    io.y[t] = sample_x(io, r, op.in)[f] + static_cast<S>(kCheriResidualScale) * io.y[t];
   }
 }
 
-// 4: y[i, c] = x[i, c] + 0.15 sum_k fc2[c, k] g[i, k], a thread per value.
 template <class S>
-__global__ void cheri_out_kernel(LayerOp op, LayerIo<S> io) {
+void launch_cheri(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t blas,
+                  cudaStream_t stream) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C, per = cheri_scratch(a);
-  for (int64_t t = thread_index(); t < io.rows * L * C; t += thread_stride()) {
-    const int64_t r = t / (L * C), i = (t / C) % L, c = t % C;
-    const S* g = io.scratch + r * per + L * C + i * H;
-    const S* w = block_of(io, r) + 3 * C + H * C + c * H;
-    S acc = 0;
-    for (int64_t k = 0; k < H; ++k) acc += g[k] * w[k];
-    io.y[t] = sample_x(io, r, op.in)[i * C + c] + static_cast<S>(kCheriResidualScale) * acc;
-  }
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
+  const int64_t plane = io.rows * L * C;
+  cheri_conv_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
+  check(cudaGetLastError(), "Cheri conv kernel");
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>(io.rows, 65535));
+  cheri_stats_kernel<S><<<blocks, kStatsThreads, 0, stream>>>(op, io);
+  check(cudaGetLastError(), "Cheri statistics kernel");
+  // One weight block per candidate (its `batch` samples' rows), or one for the whole chunk.
+  S* g = io.scratch + plane;
+  const S* fc1 = io.params + 3 * C;
+  const S* fc2 = fc1 + H * C;
+  const int64_t group = io.param_stride == 0 ? io.rows : io.batch;
+  const auto problems = static_cast<int>(io.rows / group);
+  const auto rows = static_cast<int>(group * L);
+  gemm_batched<S>(blas, static_cast<int>(H), rows, static_cast<int>(C), fc1, io.param_stride,
+                  io.scratch, group * L * C, g, group * L * H, problems);
+  cheri_gelu_kernel<S><<<grid(io.rows * L * H), kThreads, 0, stream>>>(g, io.rows * L * H);
+  check(cudaGetLastError(), "Cheri GELU kernel");
+  gemm_batched<S>(blas, static_cast<int>(C), rows, static_cast<int>(H), fc2, io.param_stride, g,
+                  group * L * H, io.y, group * L * C, problems);
+  cheri_residual_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
 }
 
 // 2 with the "sdpa" operation: the scratch of sample r holds its q|k|v rows [L, 3E] and
@@ -377,8 +393,8 @@ int64_t scratch_per_sample(const LayerOp& op) {
 }
 
 template <class S>
-void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
-                     std::string* declined) {
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t blas,
+                     cudaStream_t stream, std::string* declined) {
   switch (op.kind) {
     case PP_OP_LAYER_NORM:
       layer_norm_kernel<S>
@@ -404,19 +420,9 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
       attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
       break;
     }
-    case PP_OP_CHERI_BLOCK: {
-      const pp_cheri_attrs& a = op.cheri;
-      const int64_t plane = io.rows * a.length * a.channels;
-      cheri_conv_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
-      check(cudaGetLastError(), "Cheri conv kernel");
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>(io.rows, 65535));
-      cheri_stats_kernel<S><<<blocks, kStatsThreads, 0, stream>>>(op, io);
-      check(cudaGetLastError(), "Cheri statistics kernel");
-      cheri_hidden_kernel<S><<<grid(plane * a.expansion), kThreads, 0, stream>>>(op, io);
-      check(cudaGetLastError(), "Cheri hidden kernel");
-      cheri_out_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
+    case PP_OP_CHERI_BLOCK:
+      launch_cheri<S>(op, io, blas, stream);
       break;
-    }
     default:
       throw std::logic_error("launch_layer_op: not a device layer kind");
   }
@@ -443,9 +449,9 @@ template void launch_attention_mix<float>(const LayerOp&, float*, int64_t, cudaS
                                           std::string*);
 template void launch_attention_mix<double>(const LayerOp&, double*, int64_t, cudaStream_t,
                                            std::string*);
-template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cudaStream_t,
-                                     std::string*);
-template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cudaStream_t,
-                                      std::string*);
+template void launch_layer_op<float>(const LayerOp&, const LayerIo<float>&, cublasHandle_t,
+                                     cudaStream_t, std::string*);
+template void launch_layer_op<double>(const LayerOp&, const LayerIo<double>&, cublasHandle_t,
+                                      cudaStream_t, std::string*);
 
 }  // namespace polyprobe::cuda

@@ -13,6 +13,7 @@
 #include <polyprobe/plugin/operations.h>
 #include <polyprobe/plugin/ops.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -52,7 +53,9 @@ struct LayerIo {
 };
 
 // Scratch values per sample (attention: its q, k, v and mixed rows; the Cheri block: its
-// normalised conv and hidden rows).
+// normalised conv and hidden rows). Attention keeps each sample's together: q|k|v [L, 3E]
+// then the mixed rows [L, E]; the Cheri block keeps a chunk's rows together: every sample's
+// normalised conv [L, C] first, then every sample's hidden values [L, e C] (cheri_layout).
 int64_t scratch_per_sample(const LayerOp& op);
 
 // Queues the op over the chunk on `stream`. Attention with op.sdpa set runs the operation,
@@ -61,8 +64,8 @@ int64_t scratch_per_sample(const LayerOp& op);
 // operation's reason, else it is left alone. Throws std::runtime_error when a launch or the
 // operation fails.
 template <class S>
-void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t stream,
-                     std::string* declined = nullptr);
+void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t blas,
+                     cudaStream_t stream, std::string* declined = nullptr);
 
 // Attention's mixing step alone, over `rows` samples whose scratch (scratch_per_sample(op)
 // values each) holds their q|k|v rows and receives their mixed rows; the sdpa operation and
@@ -70,6 +73,17 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cudaStream_t strea
 template <class S>
 void launch_attention_mix(const LayerOp& op, S* scratch, int64_t rows, cudaStream_t stream,
                           std::string* declined = nullptr);
+
+// Where sample r of a chunk of `rows` keeps its Cheri scratch: the normalised conv at
+// scratch + conv, the hidden values (after GELU) at scratch + hidden.
+struct CheriLayout {
+  int64_t conv, hidden;
+};
+__host__ __device__ inline CheriLayout cheri_layout(const pp_cheri_attrs& a, int64_t rows,
+                                                    int64_t r) {
+  const int64_t plane = a.length * a.channels;
+  return {r * plane, rows * plane + r * plane * a.expansion};
+}
 
 #ifdef __CUDACC__
 // One conv output value without the bias: channel oc at (oi, oj) of the sample x, its filter's

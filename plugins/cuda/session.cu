@@ -14,6 +14,7 @@
 // With candidate_autocast (autocast.cuh) a float32 session runs the later layers of those
 // candidates on their changes, in bf16 or fp16 GEMMs with float32 accumulation.
 #include "autocast.cuh"
+#include "blas.cuh"
 #include "device.hpp"
 #include "fused_tail.cuh"
 #include "kernels.cuh"
@@ -39,45 +40,6 @@ namespace polyprobe::cuda {
 namespace {
 
 std::size_t sz(int64_t n) { return static_cast<std::size_t>(n); }
-
-template <class T>
-void gemm(cublasHandle_t h, int m, int n, int k, const T* a, const T* b, T* c);
-template <>
-void gemm<float>(cublasHandle_t h, int m, int n, int k, const float* a, const float* b, float* c) {
-  const float one = 1.0f, zero = 0.0f;
-  check(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, b, k, &zero, c, m),
-        "cublasSgemm");
-}
-template <>
-void gemm<double>(cublasHandle_t h, int m, int n, int k, const double* a, const double* b,
-                  double* c) {
-  const double one = 1.0, zero = 0.0;
-  check(cublasDgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, b, k, &zero, c, m),
-        "cublasDgemm");
-}
-
-// C[i] = A[i]^T-style products as gemm() above, for `batch` problems at the given strides
-// (a stride of 0 shares that operand across the batch).
-template <class T>
-void gemm_batched(cublasHandle_t h, int m, int n, int k, const T* a, int64_t stride_a, const T* b,
-                  int64_t stride_b, T* c, int64_t stride_c, int batch);
-template <>
-void gemm_batched<float>(cublasHandle_t h, int m, int n, int k, const float* a, int64_t stride_a,
-                         const float* b, int64_t stride_b, float* c, int64_t stride_c, int batch) {
-  const float one = 1.0f, zero = 0.0f;
-  check(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, stride_a, b, k,
-                                  stride_b, &zero, c, m, stride_c, batch),
-        "cublasSgemmStridedBatched");
-}
-template <>
-void gemm_batched<double>(cublasHandle_t h, int m, int n, int k, const double* a, int64_t stride_a,
-                          const double* b, int64_t stride_b, double* c, int64_t stride_c,
-                          int batch) {
-  const double one = 1.0, zero = 0.0;
-  check(cublasDgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, k, stride_a, b, k,
-                                  stride_b, &zero, c, m, stride_c, batch),
-        "cublasDgemmStridedBatched");
-}
 
 // How a session runs its candidates (pp_session_options::path).
 enum class PathKind {
@@ -443,6 +405,7 @@ class DeviceSession final : public Session {
     };
     autocast_candidates_ = 0;
     site_candidates_ = 0;
+    int64_t timed = 0;  // chunks timed by chunk_events_ in this call
     int64_t g = 0;
     while (g < count) {
       const int64_t cap = chunk_capacity();
@@ -462,6 +425,12 @@ class DeviceSession final : public Session {
         ++end;
       }
       src.first = g;
+      if (chunk_events_.size() < sz(2 * timed + 2)) {
+        chunk_events_.emplace_back();
+        chunk_events_.emplace_back();
+        chunk_site_.push_back(0);
+      }
+      chunk_events_[sz(2 * timed)].record(s);
       try {
         if (mode >= 0)
           run_fused_chunk(src, end - g, first, mode);
@@ -480,10 +449,14 @@ class DeviceSession final : public Session {
         continue;
       }
       if (site) site_candidates_ += end - g;
+      chunk_events_[sz(2 * timed + 1)].record(s);
+      chunk_site_[sz(timed)] = site ? 1 : 0;
+      ++timed;
       g = end;
     }
     if (incumbent_loss != nullptr) incumbent_objective(losses_d_.data() + outputs);
     last_count_ = count;
+    timed_chunks_ = timed;
 
     // A polytope set scored without a loss buffer keeps its losses here for transport();
     // only f(X) comes back. (An explicit set of no candidates has no buffer either.)
@@ -646,9 +619,17 @@ class DeviceSession final : public Session {
       << ",\"device_transports\":" << device_transports_
       << ",\"step_bytes_to_device\":" << step_bytes_up_
       << ",\"step_bytes_to_host\":" << step_bytes_down_;
-    if (site_local_)
+    if (site_local_) {
+      double site_ms = 0.0, other_ms = 0.0;
+      for (int64_t c = 0; c < timed_chunks_; ++c) {
+        const double ms = chunk_events_[sz(2 * c + 1)].since(chunk_events_[sz(2 * c)]);
+        (chunk_site_[sz(c)] != 0 ? site_ms : other_ms) += ms;
+      }
       j << ",\"last_call_candidates_per_path\":{\"site-local\":" << site_candidates_
-        << ",\"dense\":" << last_count_ - site_candidates_ << "}";
+        << ",\"dense\":" << last_count_ - site_candidates_ << "}"
+        << ",\"last_call_gpu_ms_per_path\":{\"site-local\":" << site_ms << ",\"dense\":" << other_ms
+        << "}";
+    }
     if (autocast_ != 0)
       j << ",\"autocast\":{\"last_candidates\":" << autocast_candidates_
         << ",\"what\":\"the changes of the layers after a candidate's first changed one, one "
@@ -749,7 +730,7 @@ class DeviceSession final : public Session {
   // attention_[i] (the plugin's kernel then runs, now and later).
   void layer_op(std::size_t i, const LayerIo<T>& io, cudaStream_t s) {
     std::string declined;
-    launch_layer_op<T>(plan_.ops[i].layer, io, s, &declined);
+    launch_layer_op<T>(plan_.ops[i].layer, io, blas_.get(), s, &declined);
     if (!declined.empty()) note_declined(i, declined);
   }
 
@@ -1531,6 +1512,11 @@ class DeviceSession final : public Session {
   bool site_local_ = false;
   std::vector<int32_t> site_kind_h_;
   int64_t site_candidates_ = 0;  // of the last score call
+  // GPU time of each chunk of the last score call (a start and an end event per chunk), and
+  // whether it ran site-local: read by explain, after the call's synchronisation.
+  std::vector<Event> chunk_events_;
+  std::vector<uint8_t> chunk_site_;
+  int64_t timed_chunks_ = 0;
   DeviceBuffer<int32_t> site_kind_d_, site_n_d_, site_sites_d_;
   std::vector<DeviceBuffer<T>> inc_scratch_;
   DeviceBuffer<T> site_buf_;

@@ -157,15 +157,15 @@ __global__ void site_cheri_hidden_kernel(LayerOp op, CandidateSource src, Partic
                                          const S* inc_scratch, const S* params, int64_t offset,
                                          const S* q_new, S* buffer) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
-                inc_per = L * C * (1 + a.expansion);
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   for (int64_t i = thread_index(); i < count * batch * L * kSiteMax; i += thread_stride()) {
     const int64_t m = i % kSiteMax, pos = (i / kSiteMax) % L, r = i / (kSiteMax * L);
     const int64_t c = r / batch, b = r % batch;
     const int64_t p = particle_of(src, c);
     if (m >= s.n[p]) continue;
     const int64_t k = s.sites[p * kSiteMax + m];
-    const S* n = inc_scratch + b * inc_per + pos * C;
+    const CheriLayout at = cheri_layout(a, batch, b);
+    const S* n = inc_scratch + at.conv + pos * C;
     const S* w = params + 3 * C + k * C;
     S acc = 0;
     for (int64_t ch = 0; ch < C; ++ch) acc += n[ch] * w[ch];
@@ -175,7 +175,7 @@ __global__ void site_cheri_hidden_kernel(LayerOp op, CandidateSource src, Partic
       const int64_t ch = moves.local[e] - 3 * C - k * C;
       if (ch >= 0 && ch < C) acc += (moves.value[e] - w[ch]) * n[ch];
     }
-    const S g = inc_scratch[b * inc_per + L * C + pos * H + k];
+    const S g = inc_scratch[at.hidden + pos * H + k];
     buffer[i] = activate<S>(PP_ACT_GELU_TANH, acc, S(0)) - g;
   }
 }
@@ -188,8 +188,7 @@ __global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleT
                                       const S* inc_scratch, const S* params, int64_t offset,
                                       const S* q_new, const S* buffer, S* y) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
-                inc_per = L * C * (1 + a.expansion);
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   const int64_t fc2 = 3 * C + H * C, sample = L * C;
   for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
     const int64_t r = i / sample, c = r / batch, b = r % batch;
@@ -202,7 +201,7 @@ __global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleT
         change += params[fc2 + ch * H + s.sites[p * kSiteMax + m]] * dg[m];
     } else {
       const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
-      const S* g = inc_scratch + b * inc_per + L * C + pos * H;
+      const S* g = inc_scratch + cheri_layout(a, batch, b).hidden + pos * H;
       for (int64_t e = 0; e < n; ++e) {
         const int64_t k = t.elem_raw[begin + e] - offset - fc2;
         if (k / H != ch) continue;
@@ -236,8 +235,7 @@ __global__ void site_cheri_carry_kernel(LayerOp op, CandidateSource src, Particl
                                         const S* q_new, const S* buffer, CheriCarry<S> carry,
                                         const S* z_inc, S* z) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C,
-                inc_per = L * C * (1 + a.expansion);
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   const int64_t fc2 = 3 * C + H * C, O = carry.outputs, Q = carry.per_row;
   const int64_t sample = carry.rows * O;
   for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
@@ -253,7 +251,7 @@ __global__ void site_cheri_carry_kernel(LayerOp op, CandidateSource src, Particl
           change += u[q * H + s.sites[p * kSiteMax + m]] * dg[q * kSiteMax + m];
     } else {
       const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
-      const S* g = inc_scratch + b * inc_per + L * C + row * Q * H;
+      const S* g = inc_scratch + cheri_layout(a, batch, b).hidden + row * Q * H;
       const S* w = carry.w_next + o * Q * C;
       for (int64_t e = 0; e < n; ++e) {
         const int64_t k = t.elem_raw[begin + e] - offset - fc2;  // fc2 [k / H, k % H]
