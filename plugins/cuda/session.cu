@@ -102,7 +102,10 @@ class DeviceSession final : public Session {
     // The site-local path serves the particles of conv, attention and Cheri ops that it can
     // (site_local.cuh) unless a path was forced; the rest of such a model runs densely.
     site_local_ = plan_.layered_kinds && !forced_ && subspace_ == nullptr;
-    if (site_local_) plan_carries();
+    if (site_local_) {
+      plan_carries();
+      plan_conv_tails();
+    }
     std::vector<OpTransform> ops(plan_.ops.size(), OpTransform{0, 0, 0, 0, 1.0});
     for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
       const OpPlan& op = plan_.ops[i];
@@ -647,6 +650,13 @@ class DeviceSession final : public Session {
       if (site_local_ && site_kind)
         j << "site-local for " << site_particles(static_cast<int32_t>(i)) << " of "
           << op_particles(static_cast<int32_t>(i)) << " particles (" << site_what(op.op)
+          << (!conv_tail_to_.empty() && conv_tail_to_[i] >= 0
+                  ? "; the moved channels taken through the channel-local ops straight into "
+                    "layer " +
+                        std::to_string(conv_tail_to_[i]) +
+                        "'s output as a sparse change, the conv's output never written per "
+                        "candidate"
+                  : "")
           << (!carry_to_.empty() && carry_to_[i] >= 0
                   ? "; their change carried straight into layer " + std::to_string(carry_to_[i]) +
                         "'s output, rank one per hidden unit, the block's output never written "
@@ -792,6 +802,65 @@ class DeviceSession final : public Session {
     }
   }
 
+  // The conv ops whose output reaches a linear op through channel-local ops alone
+  // (site_local.cuh, ConvTail). Not where rounding decides (the 0-1 loss, a sign or staircase
+  // after the linear op): the tail adds a change where the dense path recomputes the sum.
+  void plan_conv_tails() {
+    conv_tails_.assign(plan_.ops.size(), ConvTail{});
+    conv_tail_to_.assign(plan_.ops.size(), -1);
+    if (plan_.loss == kernels::LossKind::zero_one) return;
+    for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
+      if (plan_.ops[i].op != PP_OP_CONV) continue;
+      const pp_conv_attrs& a = plan_.ops[i].layer.conv;
+      ConvTail tail;
+      int64_t per_channel = a.out_size[0] * a.out_size[1];
+      std::size_t j = i + 1;
+      bool ok = true;
+      for (; ok && j < plan_.ops.size(); ++j) {
+        const OpPlan& op = plan_.ops[j];
+        if (op.op == PP_OP_ACTIVATION) {
+          if (op.fn == PP_ACT_IDENTITY) continue;
+          ActivationChain& chain = tail.pooled != 0 ? tail.after : tail.before;
+          if (chain.n == kFusedMaxChain) ok = false;
+          if (ok) chain.fn[chain.n] = op.fn, chain.step[chain.n++] = op.step;
+        } else if (op.op == PP_OP_POOL && tail.pooled == 0 && tail.after.n == 0) {
+          const pp_pool_attrs& pl = op.layer.pool;
+          ok = pl.channels == a.out_channels && pl.in_size[0] == a.out_size[0] &&
+               pl.in_size[1] == a.out_size[1];
+          tail.pooled = 1;
+          tail.pool = pl;
+          per_channel = pl.out_size[0] * pl.out_size[1];
+        } else {
+          break;
+        }
+      }
+      if (!ok || j == plan_.ops.size() || plan_.ops[j].op != PP_OP_LINEAR) continue;
+      const OpPlan& next = plan_.ops[j];
+      if (next.positions != 1 || next.in != a.out_channels * per_channel) continue;
+      bool steps_after = false;
+      for (std::size_t k = j + 1; k < plan_.ops.size(); ++k)
+        steps_after = steps_after ||
+                      (plan_.ops[k].op == PP_OP_ACTIVATION &&
+                       (plan_.ops[k].fn == PP_ACT_SIGN || plan_.ops[k].fn == PP_ACT_STAIRCASE));
+      if (steps_after) continue;
+      tail.per_channel = per_channel;
+      tail.outputs = next.out;
+      conv_tails_[i] = tail;
+      conv_tail_to_[i] = static_cast<int32_t>(j);
+    }
+  }
+
+  // The most site-buffer values one sample of a chunk needs.
+  int64_t site_scratch_max() const {
+    int64_t widest = 0;
+    for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
+      widest = std::max(widest, site_scratch_per_sample(plan_.ops[i].layer));
+      if (!conv_tails_.empty())
+        widest = std::max(widest, conv_tail_scratch_per_sample(conv_tails_[i]));
+    }
+    return widest;
+  }
+
   // Whether particle p's candidates run on the site-local path.
   bool site_local(int64_t p) const {
     return !site_kind_h_.empty() && site_kind_h_[sz(p)] != kSiteNone;
@@ -905,6 +974,17 @@ class DeviceSession final : public Session {
         layer_op(i, io, s);
       }
     }
+    if (site_local_) {
+      cheri_views_.resize(plan_.ops.size());
+      for (std::size_t i = 0; i < plan_.ops.size(); ++i) {
+        const OpPlan& op = plan_.ops[i];
+        if (op.op != PP_OP_CHERI_BLOCK) continue;
+        cheri_views_[i].reserve(sz(cheri_views_size(op.layer, batch_)));
+        launch_cheri_views<T>(op.layer, batch_, inc_scratch_[i].data(),
+                              eff_d_.data() + op.param_offset, cheri_views_[i].data(), blas_.get(),
+                              s);
+      }
+    }
     for (std::size_t i = 0; i < carries_.size(); ++i) {
       CheriCarry<T>& carry = carries_[i];
       if (carry.outputs == 0) continue;
@@ -925,12 +1005,7 @@ class DeviceSession final : public Session {
     if (path_ == PathKind::dense || path_ == PathKind::materialised)
       bytes += (largest_block() + elem_max_ + batch_ * largest_scratch()) * int64_t{sizeof(T)};
     if (autocast_ != 0) bytes += batch_ * plan_.max_width * int64_t{kReducedBytes};
-    if (site_local_) {
-      int64_t widest = 0;
-      for (const OpPlan& op : plan_.ops)
-        widest = std::max(widest, site_scratch_per_sample(op.layer));
-      bytes += batch_ * widest * int64_t{sizeof(T)};
-    }
+    if (site_local_) bytes += batch_ * site_scratch_max() * int64_t{sizeof(T)};
     return bytes;
   }
 
@@ -1133,12 +1208,28 @@ class DeviceSession final : public Session {
         shared = false;
         continue;
       }
+      if (site && changed && !conv_tails_.empty() && conv_tails_[i].outputs > 0) {
+        // The moved channels go through the channel-local ops into the linear op's output.
+        const auto j = sz(conv_tail_to_[i]);
+        const ConvTail& tail = conv_tails_[i];
+        site_buf_.reserve(sz(rows * conv_tail_scratch_per_sample(tail)));
+        const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
+        launch_site_conv_tail<T>(op.layer, tail, src, t, sites, count, batch_, acts_[i].data(),
+                                 eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
+                                 acts_[j].data(), eff_d_.data() + plan_.ops[j].param_offset,
+                                 acts_[j + 1].data(), site_buf_.data(), other, s);
+        std::swap(cur, other);
+        x = cur;
+        shared = false;
+        i = j;
+        continue;
+      }
       if (site && changed && !carries_.empty() && carries_[i].outputs > 0) {
         // The block's change goes straight into the next linear op's output.
         const auto j = sz(carry_to_[i]);
         site_buf_.reserve(sz(rows * site_scratch_per_sample(op.layer)));
         const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
-        launch_site_cheri_carry<T>(op.layer, src, t, sites, count, batch_, inc_scratch_[i].data(),
+        launch_site_cheri_carry<T>(op.layer, src, t, sites, count, batch_, cheri_views_[i].data(),
                                    eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
                                    site_buf_.data(), carries_[i], acts_[j + 1].data(), other, s);
         std::swap(cur, other);
@@ -1154,6 +1245,7 @@ class DeviceSession final : public Session {
         launch_site_op<T>(op.layer, static_cast<int32_t>(i), src, t, sites, count, batch_,
                           acts_[i].data(), acts_[i + 1].data(),
                           inc_scratch_.empty() ? nullptr : inc_scratch_[i].data(),
+                          cheri_views_.empty() ? nullptr : cheri_views_[i].data(),
                           eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
                           site_buf_.data(), other, s, &declined);
         if (!declined.empty()) note_declined(i, declined);
@@ -1523,6 +1615,9 @@ class DeviceSession final : public Session {
   std::vector<CheriCarry<T>> carries_;  // per op: outputs == 0 where none
   std::vector<int32_t> carry_to_;       // per op: the linear op a Cheri block carries into
   std::vector<DeviceBuffer<T>> carry_u_;
+  std::vector<DeviceBuffer<T>> cheri_views_;  // per Cheri op: launch_cheri_views
+  std::vector<ConvTail> conv_tails_;          // per op: outputs == 0 where none
+  std::vector<int32_t> conv_tail_to_;         // per op: the linear op a conv's tail reaches
   PathKind path_ = PathKind::automatic;
   DeviceBuffer<double> l2_terms_, l2c_;
   int64_t chunk_cap_ = 0, last_count_ = 0;

@@ -1,6 +1,7 @@
 // The site-local path's plans and kernels (site_local.cuh). Each kernel thread owns the
 // values it writes; a candidate reads its particle's plan and moved parameters from the
 // tables, so one launch serves a chunk of candidates of different particles.
+#include "blas.cuh"
 #include "candidate_source.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
@@ -148,35 +149,52 @@ __global__ void site_attention_out_kernel(LayerOp op, CandidateSource src, Parti
   }
 }
 
-// Cheri, 1 (kSiteCheriHidden): a thread per (candidate, sample, position, moved unit): the
-// unit's GELU output with the candidate's fc1 row minus the incumbent's, into the buffer
-// [count, batch, L, kSiteMax].
+// Where sample b's incumbent values sit in the Cheri views (site_local.cuh): feature-major,
+// so that the threads of a block, one position each, read them coalesced.
+template <class S>
+struct CheriViewsOf {
+  const S* n_t;  // [batch, C, L]: the normalised conv
+  const S* z_t;  // [batch, H, L]: fc1's output before GELU
+  __device__ CheriViewsOf(const S* views, const pp_cheri_attrs& a, int64_t batch, int64_t b)
+      : n_t(views + b * a.channels * a.length),
+        z_t(views + batch * a.channels * a.length + b * a.expansion * a.channels * a.length) {}
+};
+
+template <class S>
+__device__ inline S gelu(S v) {
+  return activate<S>(PP_ACT_GELU_TANH, v, S(0));
+}
+
+// Cheri, 1 (kSiteCheriHidden): a block per (candidate, sample), a thread per position: each
+// moved unit's GELU output minus the incumbent's, gelu(z + dz) - gelu(z), with dz the moved
+// fc1 entries' change times the normalised conv; into the buffer [count, batch, kSiteMax, L].
 template <class S>
 __global__ void site_cheri_hidden_kernel(LayerOp op, CandidateSource src, ParticleTable t,
-                                         SiteTable s, int64_t count, int64_t batch,
-                                         const S* inc_scratch, const S* params, int64_t offset,
-                                         const S* q_new, S* buffer) {
+                                         SiteTable s, int64_t count, int64_t batch, const S* views,
+                                         const S* params, int64_t offset, const S* q_new,
+                                         S* buffer) {
   const pp_cheri_attrs& a = op.cheri;
-  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
-  for (int64_t i = thread_index(); i < count * batch * L * kSiteMax; i += thread_stride()) {
-    const int64_t m = i % kSiteMax, pos = (i / kSiteMax) % L, r = i / (kSiteMax * L);
+  const int64_t L = a.length, C = a.channels;
+  for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
     const int64_t c = r / batch, b = r % batch;
     const int64_t p = particle_of(src, c);
-    if (m >= s.n[p]) continue;
-    const int64_t k = s.sites[p * kSiteMax + m];
-    const CheriLayout at = cheri_layout(a, batch, b);
-    const S* n = inc_scratch + at.conv + pos * C;
-    const S* w = params + 3 * C + k * C;
-    S acc = 0;
-    for (int64_t ch = 0; ch < C; ++ch) acc += n[ch] * w[ch];
-    // The moved entries of the row: their change times the input (the row is read once).
+    if (s.kind[p] != kSiteCheriHidden) continue;
+    const CheriViewsOf<S> v(views, a, batch, b);
     const Moves<S> moves(t, c, p, offset, q_new);
-    for (int32_t e = 0; e < moves.n; ++e) {
-      const int64_t ch = moves.local[e] - 3 * C - k * C;
-      if (ch >= 0 && ch < C) acc += (moves.value[e] - w[ch]) * n[ch];
+    for (int32_t m = 0; m < s.n[p]; ++m) {
+      const int64_t k = s.sites[p * kSiteMax + m];
+      S* out = buffer + (r * kSiteMax + m) * L;
+      for (int64_t pos = threadIdx.x; pos < L; pos += blockDim.x) {
+        const S z = v.z_t[k * L + pos];
+        S dz = 0;
+        for (int32_t e = 0; e < moves.n; ++e) {
+          const int64_t ch = moves.local[e] - 3 * C - k * C;
+          if (ch >= 0 && ch < C)
+            dz += (moves.value[e] - params[moves.local[e]]) * v.n_t[ch * L + pos];
+        }
+        out[pos] = gelu(z + dz) - gelu(z);
+      }
     }
-    const S g = inc_scratch[at.hidden + pos * H + k];
-    buffer[i] = activate<S>(PP_ACT_GELU_TANH, acc, S(0)) - g;
   }
 }
 
@@ -196,9 +214,9 @@ __global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleT
     const int64_t p = particle_of(src, c);
     S change = 0;
     if (s.kind[p] == kSiteCheriHidden) {
-      const S* dg = buffer + (r * L + pos) * kSiteMax;
       for (int32_t m = 0; m < s.n[p]; ++m)
-        change += params[fc2 + ch * H + s.sites[p * kSiteMax + m]] * dg[m];
+        change +=
+            params[fc2 + ch * H + s.sites[p * kSiteMax + m]] * buffer[(r * kSiteMax + m) * L + pos];
     } else {
       const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
       const S* g = inc_scratch + cheri_layout(a, batch, b).hidden + pos * H;
@@ -209,6 +227,16 @@ __global__ void site_cheri_out_kernel(LayerOp op, CandidateSource src, ParticleT
       }
     }
     y[i] = y_inc[b * sample + pos * C + ch] + static_cast<S>(kCheriResidualScale) * change;
+  }
+}
+
+// The views of the incumbent: n_t by transposition of the scratch's normalised conv.
+template <class S>
+__global__ void cheri_transpose_kernel(LayerOp op, int64_t batch, const S* scratch, S* n_t) {
+  const int64_t L = op.cheri.length, C = op.cheri.channels;
+  for (int64_t i = thread_index(); i < batch * C * L; i += thread_stride()) {
+    const int64_t b = i / (C * L), ch = (i / L) % C, pos = i % L;
+    n_t[i] = scratch[cheri_layout(op.cheri, batch, b).conv + pos * C + ch];
   }
 }
 
@@ -226,42 +254,129 @@ __global__ void cheri_carry_weights_kernel(LayerOp op, const S* params, CheriCar
   }
 }
 
-// A thread per (candidate, sample, row, output) of the linear op after the block: its
-// incumbent value plus 0.15 times the change the candidate's MLP makes through it.
+// A block per (candidate, sample), a thread per (row, output) of the linear op after the
+// block: its incumbent value plus 0.15 times the change the candidate's MLP makes through it.
 template <class S>
 __global__ void site_cheri_carry_kernel(LayerOp op, CandidateSource src, ParticleTable t,
-                                        SiteTable s, int64_t count, int64_t batch,
-                                        const S* inc_scratch, const S* params, int64_t offset,
-                                        const S* q_new, const S* buffer, CheriCarry<S> carry,
-                                        const S* z_inc, S* z) {
+                                        SiteTable s, int64_t count, int64_t batch, const S* views,
+                                        const S* params, int64_t offset, const S* q_new,
+                                        const S* buffer, CheriCarry<S> carry, const S* z_inc,
+                                        S* z) {
   const pp_cheri_attrs& a = op.cheri;
   const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   const int64_t fc2 = 3 * C + H * C, O = carry.outputs, Q = carry.per_row;
   const int64_t sample = carry.rows * O;
-  for (int64_t i = thread_index(); i < count * batch * sample; i += thread_stride()) {
-    const int64_t r = i / sample, c = r / batch, b = r % batch;
-    const int64_t row = (i / O) % carry.rows, o = i % O;
+  for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
+    const int64_t c = r / batch, b = r % batch;
     const int64_t p = particle_of(src, c);
-    S change = 0;
-    if (s.kind[p] == kSiteCheriHidden) {
-      const S* dg = buffer + (r * L + row * Q) * kSiteMax;
-      const S* u = carry.u + o * Q * H;
-      for (int64_t q = 0; q < Q; ++q)
-        for (int32_t m = 0; m < s.n[p]; ++m)
-          change += u[q * H + s.sites[p * kSiteMax + m]] * dg[q * kSiteMax + m];
-    } else {
-      const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
-      const S* g = inc_scratch + cheri_layout(a, batch, b).hidden + row * Q * H;
-      const S* w = carry.w_next + o * Q * C;
-      for (int64_t e = 0; e < n; ++e) {
-        const int64_t k = t.elem_raw[begin + e] - offset - fc2;  // fc2 [k / H, k % H]
-        const S step = q_new[c * t.elem_max + e] - params[fc2 + k];
-        S through = 0;
-        for (int64_t q = 0; q < Q; ++q) through += w[q * C + k / H] * g[q * H + k % H];
-        change += step * through;
+    const bool hidden = s.kind[p] == kSiteCheriHidden;
+    const int32_t units = s.n[p];
+    const CheriViewsOf<S> v(views, a, batch, b);
+    const int64_t begin = t.elem_begin[p], n = t.elem_begin[p + 1] - begin;
+    for (int64_t i = threadIdx.x; i < sample; i += blockDim.x) {
+      const int64_t row = i / O, o = i % O;
+      S change = 0;
+      if (hidden) {
+        const S* u = carry.u + o * Q * H;
+        for (int32_t m = 0; m < units; ++m) {
+          const int64_t k = s.sites[p * kSiteMax + m];
+          const S* dg = buffer + (r * kSiteMax + m) * L + row * Q;
+          for (int64_t q = 0; q < Q; ++q) change += u[q * H + k] * dg[q];
+        }
+      } else {
+        const S* w = carry.w_next + o * Q * C;
+        for (int64_t e = 0; e < n; ++e) {
+          const int64_t k = t.elem_raw[begin + e] - offset - fc2;  // fc2 [k / H, k % H]
+          const S step = q_new[c * t.elem_max + e] - params[fc2 + k];
+          const S* zk = v.z_t + (k % H) * L + row * Q;
+          S through = 0;
+          for (int64_t q = 0; q < Q; ++q) through += w[q * C + k / H] * gelu(zk[q]);
+          change += step * through;
+        }
       }
+      z[r * sample + i] = z_inc[b * sample + i] + static_cast<S>(kCheriResidualScale) * change;
     }
-    z[i] = z_inc[b * sample + row * O + o] + static_cast<S>(kCheriResidualScale) * change;
+  }
+}
+
+// The conv tail, 1: a block per (candidate, sample), a thread per (moved channel, feature at
+// the linear op's input): the feature recomputed through the tail's ops from the candidate's
+// conv values, minus the incumbent's, into the buffer [count, batch, kSiteMax, per_channel].
+template <class S>
+__device__ inline S apply_chain(const ActivationChain& f, S v) {
+  for (int32_t i = 0; i < f.n; ++i) v = activate<S>(f.fn[i], v, static_cast<S>(f.step[i]));
+  return v;
+}
+
+template <class S>
+__global__ void site_conv_tail_kernel(LayerOp op, ConvTail tail, CandidateSource src,
+                                      ParticleTable t, SiteTable s, int64_t count, int64_t batch,
+                                      const S* x_inc, const S* params, int64_t offset,
+                                      const S* q_new, const S* tail_inc, S* buffer) {
+  const pp_conv_attrs& a = op.conv;
+  const int64_t oh = a.out_size[0], ow = a.out_size[1];
+  const int64_t patch = a.in_channels / a.groups * a.kernel[0] * a.kernel[1];
+  const int64_t P = tail.per_channel;
+  for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
+    const int64_t c = r / batch, b = r % batch;
+    const int64_t p = particle_of(src, c);
+    const Moves<S> moves(t, c, p, offset, q_new);
+    const S* x = x_inc + b * op.in;
+    for (int64_t i = threadIdx.x; i < s.n[p] * P; i += blockDim.x) {
+      const int64_t m = i / P, q = i % P;
+      const int64_t oc = s.sites[p * kSiteMax + m];
+      const auto conv_at = [&](int64_t oi, int64_t oj) {
+        S v = conv_value<S>(a, x, oc, oi, oj,
+                            [&](int64_t k) { return moves.at(params, oc * patch + k); });
+        if (a.bias) v += moves.at(params, a.out_channels * patch + oc);
+        return apply_chain(tail.before, v);
+      };
+      S v;
+      if (tail.pooled != 0) {  // pool_kernel's order and NaN rule
+        const pp_pool_attrs& pl = tail.pool;
+        const int64_t pw = pl.out_size[1], qi = q / pw, qj = q % pw;
+        v = pl.average ? S(0) : -static_cast<S>(INFINITY);
+        for (int64_t ki = 0; ki < pl.kernel[0]; ++ki) {
+          const int64_t oi = qi * pl.stride[0] + ki - pl.padding[0];
+          if (oi < 0 || oi >= oh) continue;
+          for (int64_t kj = 0; kj < pl.kernel[1]; ++kj) {
+            const int64_t oj = qj * pl.stride[1] + kj - pl.padding[1];
+            if (oj < 0 || oj >= ow) continue;
+            const S u = conv_at(oi, oj);
+            if (pl.average)
+              v += u;
+            else if (u > v || isnan(u))
+              v = u;
+          }
+        }
+        if (pl.average) v = v / static_cast<S>(pl.kernel[0] * pl.kernel[1]);
+      } else {
+        v = conv_at(q / ow, q % ow);
+      }
+      v = apply_chain(tail.after, v);
+      buffer[(r * kSiteMax + m) * P + q] = v - tail_inc[b * a.out_channels * P + oc * P + q];
+    }
+  }
+}
+
+// The conv tail, 2: a block per (candidate, sample), a thread per output of the linear op.
+template <class S>
+__global__ void site_conv_tail_out_kernel(ConvTail tail, int64_t channels, CandidateSource src,
+                                          SiteTable s, int64_t count, int64_t batch,
+                                          const S* buffer, const S* w_next, const S* z_inc, S* z) {
+  const int64_t P = tail.per_channel, O = tail.outputs;
+  for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
+    const int64_t c = r / batch, b = r % batch;
+    const int64_t p = particle_of(src, c);
+    for (int64_t o = threadIdx.x; o < O; o += blockDim.x) {
+      S change = 0;
+      for (int32_t m = 0; m < s.n[p]; ++m) {
+        const S* w = w_next + o * channels * P + s.sites[p * kSiteMax + m] * P;
+        const S* d = buffer + (r * kSiteMax + m) * P;
+        for (int64_t q = 0; q < P; ++q) change += w[q] * d[q];
+      }
+      z[r * O + o] = z_inc[b * O + o] + change;
+    }
   }
 }
 
@@ -276,21 +391,77 @@ void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriC
   check(cudaGetLastError(), "Cheri carry weights kernel");
 }
 
+// Threads for a block that walks n items: a multiple of 32, at most kThreads.
+unsigned block_threads(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>(kThreads, (n + 31) / 32 * 32));
+}
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, int64_t{1} << 30));
+}
+
 template <class S>
 void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
-                             SiteTable sites, int64_t count, int64_t batch, const S* inc_scratch,
+                             SiteTable sites, int64_t count, int64_t batch, const S* views,
                              const S* params, int64_t offset, const S* q_new, S* buffer,
                              const CheriCarry<S>& carry, const S* z_inc, S* z,
                              cudaStream_t stream) {
-  const int64_t rows = count * batch, L = op.cheri.length;
-  site_cheri_hidden_kernel<S><<<grid(rows * L * kSiteMax), kThreads, 0, stream>>>(
-      op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer);
+  const int64_t rows = count * batch;
+  site_cheri_hidden_kernel<S><<<row_blocks(rows), block_threads(op.cheri.length), 0, stream>>>(
+      op, src, t, sites, count, batch, views, params, offset, q_new, buffer);
   check(cudaGetLastError(), "site-local Cheri hidden kernel");
-  site_cheri_carry_kernel<S><<<grid(rows * carry.rows * carry.outputs), kThreads, 0, stream>>>(
-      op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer, carry, z_inc, z);
+  site_cheri_carry_kernel<S>
+      <<<row_blocks(rows), block_threads(carry.rows * carry.outputs), 0, stream>>>(
+          op, src, t, sites, count, batch, views, params, offset, q_new, buffer, carry, z_inc, z);
   check(cudaGetLastError(), "site-local Cheri carry kernel");
 }
 
+template <class S>
+void launch_site_conv_tail(const LayerOp& op, const ConvTail& tail, CandidateSource src,
+                           ParticleTable t, SiteTable sites, int64_t count, int64_t batch,
+                           const S* x_inc, const S* params, int64_t offset, const S* q_new,
+                           const S* tail_inc, const S* w_next, const S* z_inc, S* buffer, S* z,
+                           cudaStream_t stream) {
+  const int64_t rows = count * batch;
+  site_conv_tail_kernel<S><<<row_blocks(rows), block_threads(tail.per_channel), 0, stream>>>(
+      op, tail, src, t, sites, count, batch, x_inc, params, offset, q_new, tail_inc, buffer);
+  check(cudaGetLastError(), "site-local conv tail kernel");
+  site_conv_tail_out_kernel<S><<<row_blocks(rows), block_threads(tail.outputs), 0, stream>>>(
+      tail, op.conv.out_channels, src, sites, count, batch, buffer, w_next, z_inc, z);
+  check(cudaGetLastError(), "site-local conv tail output kernel");
+}
+
+template void launch_site_conv_tail<float>(const LayerOp&, const ConvTail&, CandidateSource,
+                                           ParticleTable, SiteTable, int64_t, int64_t, const float*,
+                                           const float*, int64_t, const float*, const float*,
+                                           const float*, const float*, float*, float*,
+                                           cudaStream_t);
+template void launch_site_conv_tail<double>(const LayerOp&, const ConvTail&, CandidateSource,
+                                            ParticleTable, SiteTable, int64_t, int64_t,
+                                            const double*, const double*, int64_t, const double*,
+                                            const double*, const double*, const double*, double*,
+                                            double*, cudaStream_t);
+
+int64_t cheri_views_size(const LayerOp& op, int64_t batch) {
+  return batch * op.cheri.length * op.cheri.channels * (1 + op.cheri.expansion);
+}
+
+template <class S>
+void launch_cheri_views(const LayerOp& op, int64_t batch, const S* inc_scratch, const S* params,
+                        S* views, cublasHandle_t blas, cudaStream_t stream) {
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C;
+  cheri_transpose_kernel<S>
+      <<<grid(batch * C * L), kThreads, 0, stream>>>(op, batch, inc_scratch, views);
+  check(cudaGetLastError(), "Cheri transpose kernel");
+  // z_t[b] [H, L] = fc1 [H, C] n_b^T, n_b the sample's normalised conv [L, C].
+  gemm_batched<S>(blas, static_cast<int>(L), static_cast<int>(H), static_cast<int>(C), inc_scratch,
+                  L * C, params + 3 * C, 0, views + batch * C * L, H * L, static_cast<int>(batch));
+}
+
+template void launch_cheri_views<float>(const LayerOp&, int64_t, const float*, const float*, float*,
+                                        cublasHandle_t, cudaStream_t);
+template void launch_cheri_views<double>(const LayerOp&, int64_t, const double*, const double*,
+                                         double*, cublasHandle_t, cudaStream_t);
 template void launch_cheri_carry_weights<float>(const LayerOp&, const float*,
                                                 const CheriCarry<float>&, cudaStream_t);
 template void launch_cheri_carry_weights<double>(const LayerOp&, const double*,
@@ -367,8 +538,8 @@ int64_t site_scratch_per_sample(const LayerOp& op) {
 template <class S>
 void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
                     SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
-                    const S* inc_scratch, const S* params, int64_t offset, const S* q_new,
-                    S* buffer, S* y, cudaStream_t stream, std::string* declined) {
+                    const S* inc_scratch, const S* views, const S* params, int64_t offset,
+                    const S* q_new, S* buffer, S* y, cudaStream_t stream, std::string* declined) {
   (void)op_index;
   const int64_t rows = count * batch;
   switch (op.kind) {
@@ -393,9 +564,8 @@ void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, Pa
       break;
     }
     case PP_OP_CHERI_BLOCK: {
-      const int64_t L = op.cheri.length;
-      site_cheri_hidden_kernel<S><<<grid(rows * L * kSiteMax), kThreads, 0, stream>>>(
-          op, src, t, sites, count, batch, inc_scratch, params, offset, q_new, buffer);
+      site_cheri_hidden_kernel<S><<<row_blocks(rows), block_threads(op.cheri.length), 0, stream>>>(
+          op, src, t, sites, count, batch, views, params, offset, q_new, buffer);
       check(cudaGetLastError(), "site-local Cheri hidden kernel");
       site_cheri_out_kernel<S><<<grid(rows * op.out), kThreads, 0, stream>>>(
           op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer, y);
@@ -409,11 +579,11 @@ void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, Pa
 
 template void launch_site_op<float>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
                                     SiteTable, int64_t, int64_t, const float*, const float*,
-                                    const float*, const float*, int64_t, const float*, float*,
-                                    float*, cudaStream_t, std::string*);
+                                    const float*, const float*, const float*, int64_t, const float*,
+                                    float*, float*, cudaStream_t, std::string*);
 template void launch_site_op<double>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
                                      SiteTable, int64_t, int64_t, const double*, const double*,
-                                     const double*, const double*, int64_t, const double*, double*,
-                                     double*, cudaStream_t, std::string*);
+                                     const double*, const double*, const double*, int64_t,
+                                     const double*, double*, double*, cudaStream_t, std::string*);
 
 }  // namespace polyprobe::cuda

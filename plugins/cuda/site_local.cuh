@@ -13,10 +13,10 @@
 //                   incumbent's plus out_proj's columns of the head times the mix's change
 //   attention out   the incumbent's output plus the moved out_proj entries times the
 //                   incumbent's mix
-//   Cheri hidden    the moved hidden units' pre-activations from the incumbent's normalised
-//                   conv, then the output as the incumbent's plus 0.15 fc2 times the units'
-//                   change (the conv and its statistics are the incumbent's: fc1 cannot
-//                   move them)
+//   Cheri hidden    the moved hidden units' pre-activations as the incumbent's plus the moved
+//                   fc1 entries' change times the normalised conv, GELU's change there, then
+//                   the output as the incumbent's plus 0.15 fc2 times the units' change (the conv
+//                   and its statistics are the incumbent's: fc1 cannot move them)
 //   Cheri out       the incumbent's output plus 0.15 times the moved fc2 entries times the
 //                   incumbent's hidden values
 //   linear          (in a model with the kinds above) the incumbent's output plus the moved
@@ -25,6 +25,7 @@
 // ops, more than kSiteMax sites) run on the dense path.
 #pragma once
 
+#include "fused_tail.cuh"
 #include "kernels.cuh"
 #include "layer_ops.cuh"
 
@@ -74,7 +75,8 @@ int64_t site_scratch_per_sample(const LayerOp& op);
 
 // One chunk's site-local op: y [count, batch, op.out] from the incumbent's input x_inc and
 // output y_inc [batch, ...], its scratch inc_scratch (layer_ops.cuh's layout, for attention
-// and the Cheri block), its parameter block params (the effective values) that starts at raw
+// and the Cheri block) and, for the Cheri block, its views (launch_cheri_views), its
+// parameter block params (the effective values) that starts at raw
 // parameter `offset`, and the candidates' new values q_new [count, elem_max] of the
 // parameters they move (launch_deltas). `buffer` holds count * batch *
 // site_scratch_per_sample(op) values. Every particle of the chunk has a plan of op `op_index`.
@@ -83,8 +85,17 @@ int64_t site_scratch_per_sample(const LayerOp& op);
 template <class S>
 void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
                     SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
-                    const S* inc_scratch, const S* params, int64_t offset, const S* q_new,
-                    S* buffer, S* y, cudaStream_t stream, std::string* declined);
+                    const S* inc_scratch, const S* views, const S* params, int64_t offset,
+                    const S* q_new, S* buffer, S* y, cudaStream_t stream, std::string* declined);
+
+// The incumbent's Cheri values as its site-local candidates read them, feature-major per
+// sample so that a block's threads, one position each, read them coalesced: the normalised
+// conv [batch, C, L], then fc1's output before GELU [batch, e C, L]. `views` holds
+// cheri_views_size(op, batch) values; inc_scratch is the block's scratch, params its block.
+int64_t cheri_views_size(const LayerOp& op, int64_t batch);
+template <class S>
+void launch_cheri_views(const LayerOp& op, int64_t batch, const S* inc_scratch, const S* params,
+                        S* views, cublasHandle_t blas, cudaStream_t stream);
 
 // A Cheri block whose output feeds a linear op directly (identity activations and flatten
 // between): its site-local candidates carry their change into that op's output, rank one per
@@ -108,8 +119,37 @@ void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriC
 // launch_site_op's.
 template <class S>
 void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
-                             SiteTable sites, int64_t count, int64_t batch, const S* inc_scratch,
+                             SiteTable sites, int64_t count, int64_t batch, const S* views,
                              const S* params, int64_t offset, const S* q_new, S* buffer,
                              const CheriCarry<S>& carry, const S* z_inc, S* z, cudaStream_t stream);
+
+// A conv op whose output reaches a linear op through channel-local ops alone (activations,
+// at most one pooling, flatten): its site-local candidates take their moved channels through
+// those ops and into the linear op as a sparse change, z = z_inc + W[:, their features] (new -
+// old), never writing the conv's output per candidate (cpu_tbb's channel tail, on the GPU).
+struct ConvTail {
+  ActivationChain before{};  // on the conv's values
+  int32_t pooled = 0;        // 1: `pool` follows `before`
+  pp_pool_attrs pool{};
+  ActivationChain after{};  // on the pooled values (or after `before` when not pooled)
+  int64_t per_channel = 0;  // features per channel at the linear op's input
+  int64_t outputs = 0;      // the linear op's outputs
+};
+
+// Values per sample of the buffer launch_site_conv_tail needs.
+inline int64_t conv_tail_scratch_per_sample(const ConvTail& tail) {
+  return kSiteMax * tail.per_channel;
+}
+
+// A chunk's site-local conv candidates straight to the linear op's output z [count, batch,
+// outputs]: from the incumbent's conv input x_inc, the linear op's input tail_inc [batch,
+// C per_channel] and output z_inc [batch, outputs], its effective weights w_next; the other
+// arguments as launch_site_op's.
+template <class S>
+void launch_site_conv_tail(const LayerOp& op, const ConvTail& tail, CandidateSource src,
+                           ParticleTable t, SiteTable sites, int64_t count, int64_t batch,
+                           const S* x_inc, const S* params, int64_t offset, const S* q_new,
+                           const S* tail_inc, const S* w_next, const S* z_inc, S* buffer, S* z,
+                           cudaStream_t stream);
 
 }  // namespace polyprobe::cuda
