@@ -773,9 +773,9 @@ class DeviceSession final : public Session {
         return "the incumbent's output plus the moved weights' change times the incumbent's "
                "input";
       default:
-        return "fc1's moved hidden units recomputed from the incumbent's normalised conv and "
-               "their change through fc2, or fc2's moved entries times the incumbent's hidden "
-               "values";
+        return "fc1's moved hidden units: the incumbent's pre-activation plus the moved "
+               "entries times its normalised conv, GELU's change there through fc2; or fc2's "
+               "moved entries times the incumbent's hidden values";
     }
   }
 
