@@ -1242,8 +1242,8 @@ class DeviceSession final : public Session {
         site_buf_.reserve(sz(rows * site_scratch_per_sample(op.layer)));
         std::string declined;
         const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
-        launch_site_op<T>(op.layer, static_cast<int32_t>(i), src, t, sites, count, batch_,
-                          acts_[i].data(), acts_[i + 1].data(),
+        launch_site_op<T>(op.layer, src, t, sites, count, batch_, acts_[i].data(),
+                          acts_[i + 1].data(),
                           inc_scratch_.empty() ? nullptr : inc_scratch_[i].data(),
                           cheri_views_.empty() ? nullptr : cheri_views_[i].data(),
                           eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),

@@ -536,11 +536,10 @@ int64_t site_scratch_per_sample(const LayerOp& op) {
 }
 
 template <class S>
-void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
-                    SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
+void launch_site_op(const LayerOp& op, CandidateSource src, ParticleTable t, SiteTable sites,
+                    int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
                     const S* inc_scratch, const S* views, const S* params, int64_t offset,
                     const S* q_new, S* buffer, S* y, cudaStream_t stream, std::string* declined) {
-  (void)op_index;
   const int64_t rows = count * batch;
   switch (op.kind) {
     case PP_OP_CONV:
@@ -577,13 +576,13 @@ void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, Pa
   check(cudaGetLastError(), "site-local kernel");
 }
 
-template void launch_site_op<float>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
-                                    SiteTable, int64_t, int64_t, const float*, const float*,
-                                    const float*, const float*, const float*, int64_t, const float*,
-                                    float*, float*, cudaStream_t, std::string*);
-template void launch_site_op<double>(const LayerOp&, int32_t, CandidateSource, ParticleTable,
-                                     SiteTable, int64_t, int64_t, const double*, const double*,
-                                     const double*, const double*, const double*, int64_t,
-                                     const double*, double*, double*, cudaStream_t, std::string*);
+template void launch_site_op<float>(const LayerOp&, CandidateSource, ParticleTable, SiteTable,
+                                    int64_t, int64_t, const float*, const float*, const float*,
+                                    const float*, const float*, int64_t, const float*, float*,
+                                    float*, cudaStream_t, std::string*);
+template void launch_site_op<double>(const LayerOp&, CandidateSource, ParticleTable, SiteTable,
+                                     int64_t, int64_t, const double*, const double*, const double*,
+                                     const double*, const double*, int64_t, const double*, double*,
+                                     double*, cudaStream_t, std::string*);
 
 }  // namespace polyprobe::cuda

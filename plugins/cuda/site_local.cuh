@@ -79,12 +79,12 @@ int64_t site_scratch_per_sample(const LayerOp& op);
 // parameter block params (the effective values) that starts at raw
 // parameter `offset`, and the candidates' new values q_new [count, elem_max] of the
 // parameters they move (launch_deltas). `buffer` holds count * batch *
-// site_scratch_per_sample(op) values. Every particle of the chunk has a plan of op `op_index`.
+// site_scratch_per_sample(op) values. Every particle of the chunk has a site plan in `op`.
 // The attention mix uses op.sdpa when set; when the operation declines, the plugin's kernel
 // runs and *declined gets the reason.
 template <class S>
-void launch_site_op(const LayerOp& op, int32_t op_index, CandidateSource src, ParticleTable t,
-                    SiteTable sites, int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
+void launch_site_op(const LayerOp& op, CandidateSource src, ParticleTable t, SiteTable sites,
+                    int64_t count, int64_t batch, const S* x_inc, const S* y_inc,
                     const S* inc_scratch, const S* views, const S* params, int64_t offset,
                     const S* q_new, S* buffer, S* y, cudaStream_t stream, std::string* declined);
 
