@@ -166,45 +166,4 @@ void Job::abort(const std::string& message, double grace_s) const {
   std::_Exit(1);
 }
 
-std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
-                                     std::span<const double> weights) {
-  if (ranks < 1) throw Error("particle_slices: ranks must be >= 1");
-  if (!active.empty() && static_cast<int64_t>(active.size()) != particles)
-    throw Error("particle_slices: " + std::to_string(active.size()) + " active flags for " +
-                std::to_string(particles) + " particles");
-  if (!weights.empty() && static_cast<int64_t>(weights.size()) != particles)
-    throw Error("particle_slices: " + std::to_string(weights.size()) + " weights for " +
-                std::to_string(particles) + " particles");
-  std::vector<int64_t> bounds(static_cast<std::size_t>(ranks) + 1, particles);
-  bounds[0] = 0;
-  if (!weights.empty()) {
-    const auto counts = [&](int64_t i) {
-      return active.empty() || active[static_cast<std::size_t>(i)] != 0;
-    };
-    double total = 0;
-    for (int64_t i = 0; i < particles; ++i)
-      if (counts(i)) total += weights[static_cast<std::size_t>(i)];
-    double before = 0;
-    int r = 1;
-    for (int64_t i = 0; i < particles && r < ranks; ++i) {
-      while (r < ranks && before >= total * r / ranks) bounds[static_cast<std::size_t>(r++)] = i;
-      if (counts(i)) before += weights[static_cast<std::size_t>(i)];
-    }
-    return bounds;
-  }
-  if (active.empty()) {
-    for (int r = 1; r < ranks; ++r) bounds[static_cast<std::size_t>(r)] = particles * r / ranks;
-    return bounds;
-  }
-  const int64_t total = std::count_if(active.begin(), active.end(), [](char a) { return a != 0; });
-  // Rank r starts at the (total * r / ranks)-th active particle.
-  int64_t seen = 0;
-  int r = 1;
-  for (int64_t i = 0; i < particles && r < ranks; ++i) {
-    while (r < ranks && seen == total * r / ranks) bounds[static_cast<std::size_t>(r++)] = i;
-    if (active[static_cast<std::size_t>(i)] != 0) ++seen;
-  }
-  return bounds;
-}
-
 }  // namespace polyprobe::distributed

@@ -72,8 +72,7 @@ class ShardedEvaluator final : public Evaluator {
                      double* incumbent_loss) override {
     const int64_t P = bound_particles().count();
     const int64_t per_particle = bound_polytope().rows() * bound_probes();
-    if (static_cast<int64_t>(cost_.size()) != P) cost_.assign(idx(P), 1.0);
-    const std::vector<int64_t> slices = particle_slices(P, probe.active, job_.size(), cost_);
+    const std::vector<int64_t> slices = balancer_.slices(P, probe.active, job_.size());
     const auto rank = static_cast<std::size_t>(job_.rank());
     const int64_t first = slices[rank], last = slices[rank + 1];
     mine_.assign(idx(P), 0);
@@ -139,27 +138,15 @@ class ShardedEvaluator final : public Evaluator {
     return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
   }
 
-  // Moves every rank's cost estimates of its slice's particles halfway to what its scoring's CPU
-  // time says (the same arithmetic on the same all-gathered times on every rank).
+  // Every rank feeds the same all-gathered CPU times to its balancer, so all cut the same.
   void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
-    const int ranks = job_.size();
-    times_.assign(static_cast<std::size_t>(ranks), 0.0);
+    times_.assign(static_cast<std::size_t>(job_.size()), 0.0);
     times_[static_cast<std::size_t>(job_.rank())] = last_score_cpu_ms_;
     time_offsets_.resize(times_.size() + 1);
     for (std::size_t r = 0; r < time_offsets_.size(); ++r)
       time_offsets_[r] = static_cast<int64_t>(r);
     job_.allgather(times_, time_offsets_, "the ranks' scoring times");
-    for (int r = 0; r < ranks; ++r) {
-      const int64_t first = slices[static_cast<std::size_t>(r)];
-      const int64_t last = slices[static_cast<std::size_t>(r) + 1];
-      double predicted = 0;
-      for (int64_t i = first; i < last; ++i)
-        if (active.empty() || active[idx(i)] != 0) predicted += cost_[idx(i)];
-      const double measured = times_[static_cast<std::size_t>(r)];
-      if (!(predicted > 0) || !(measured > 0)) continue;
-      const double factor = 0.5 + 0.5 * measured / predicted;
-      for (int64_t i = first; i < last; ++i) cost_[idx(i)] *= factor;
-    }
+    balancer_.observe(slices, active, times_);
   }
 
   std::unique_ptr<Evaluator> inner_;
@@ -169,7 +156,7 @@ class ShardedEvaluator final : public Evaluator {
   std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
   std::vector<int64_t> last_slice_;
   double last_score_ms_ = 0, last_exchange_ms_ = 0, last_score_cpu_ms_ = 0;
-  std::vector<double> cost_;   // [P]: each particle's expected scoring cost (ms, once measured)
+  SliceBalancer balancer_;
   std::vector<double> times_;  // [ranks]: the last call's scoring times
   std::vector<int64_t> time_offsets_;
 };

@@ -82,6 +82,32 @@ class Job {
 std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
                                      std::span<const double> weights = {});
 
+// The cost model behind the sharded evaluator's cut: one relative cost estimate a particle
+// (starting at 1, so the first cut balances the candidate count), cut by particle_slices, and
+// corrected from each step's measured scoring times. Rank r's estimates are scaled by its share
+// of the measured time over its share of the predicted cost: the first measurement whole (the
+// starting guess knows nothing), later ones halfway, which averages out a single step's noise.
+// Measured costs are not uniform (a particle of a model's first layer runs its candidates
+// through more of the network than one of its last), and the cut follows them; it settles within
+// about five steps. Deterministic: every rank feeding it the same all-gathered times cuts the
+// same slices. Not thread-safe.
+class SliceBalancer {
+ public:
+  // The cut of this step (particles, active: as particle_slices). A new particle count resets
+  // the estimates.
+  std::vector<int64_t> slices(int64_t particles, std::span<const char> active, int ranks);
+  // The measured cost of each rank's slice of the cut `slices` returned (times[r] for slice r;
+  // any unit; a rank that measured nothing, 0, keeps its estimates).
+  void observe(std::span<const int64_t> slices, std::span<const char> active,
+               std::span<const double> times);
+  std::span<const double> costs() const { return cost_; }
+
+ private:
+  std::vector<double> cost_;       // [P]
+  std::vector<double> predicted_;  // [ranks]: the estimates' sum over each slice
+  bool calibrated_ = false;        // cost_ has taken one measurement
+};
+
 // Moves the losses of each step between ranks. The MPI job carries host buffers; a GPU job can
 // carry them between device buffers (make_nccl_exchange). Same collective rules as Job's.
 class LossExchange {
@@ -111,15 +137,15 @@ bool nccl_built();
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
 // over `exchange`. The slices start balanced by candidate count and are then balanced by cost:
 // after each call the ranks all-gather their scoring's CPU times (N doubles over `job`) and every
-// rank updates the same per-particle cost estimates from them (damped: halfway to what the
-// times say), so a slice whose candidates cost more (those of a model's first layers run
-// through more of it) shrinks; the losses do not depend on the cut. the incumbent's loss, when
-// asked for, is rank 0's, broadcast (one incumbent forward in the job, and every rank gets the same
-// number even if its backend or thread count differs). Explicit candidate sets (multifidelity
-// screens) are sliced by candidate count the same way. The stateless calls (evaluate,
-// evaluate_base) run on `inner` unsharded. `subspace` must be the one `inner` was made for (null:
-// raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`, which is
-// owned by the result. Every rank must make the same calls in the same order (the optimizer does).
+// rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of a
+// model's first layers run through more of it) shrinks; the losses do not depend on the cut. the
+// incumbent's loss, when asked for, is rank 0's, broadcast (one incumbent forward in the job, and
+// every rank gets the same number even if its backend or thread count differs). Explicit candidate
+// sets (multifidelity screens) are sliced by candidate count the same way. The stateless calls
+// (evaluate, evaluate_base) run on `inner` unsharded. `subspace` must be the one `inner` was made
+// for (null: raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`,
+// which is owned by the result. Every rank must make the same calls in the same order (the
+// optimizer does).
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange,
                                            const Subspace* subspace = nullptr);
