@@ -33,19 +33,27 @@ int as_count(const Job& job, int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-// Waits for `request`, testing it with a growing pause (1 us to 200 us) rather than spinning,
-// so a rank that finished its slice early leaves the cores to the ranks still computing (the
-// machine may be oversubscribed). Past the job's timeout it ends the job, naming `what`.
+// Waits for `request`: first polling it, yielding the core between tests, for up to 200 us (the
+// step's small exchanges, whose partners arrive within microseconds: a sleep, at least the
+// kernel's 50 us timer slack, would cost more than the exchange), then testing it with a
+// growing pause (50 us to 200 us), so a rank that finished its slice early leaves the cores to
+// the ranks still computing (the machine may be oversubscribed). Past the job's timeout it ends
+// the job, naming `what`.
 void wait(const Job& job, MPI_Request& request, const char* what) {
-  const auto start = std::chrono::steady_clock::now();
-  auto pause = std::chrono::microseconds(1);
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  constexpr auto kPoll = std::chrono::microseconds(200);
+  auto pause = std::chrono::microseconds(50);
   for (;;) {
     int done = 0;
     check(job, MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
     if (done != 0) return;
-    const double waited =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (job.timeout_s() > 0 && waited > job.timeout_s())
+    const auto waited = Clock::now() - start;
+    if (waited < kPoll) {
+      std::this_thread::yield();
+      continue;
+    }
+    if (job.timeout_s() > 0 && std::chrono::duration<double>(waited).count() > job.timeout_s())
       job.abort("no answer from every rank within " + std::to_string(job.timeout_s()) +
                     " s during " + what +
                     ": a rank died or hangs (or its work takes longer: raise --rank-timeout)",
@@ -65,6 +73,12 @@ bool launched_by_mpi() {
 
 Job::Job(double timeout_s) : timeout_s_(timeout_s) {
   if (!launched_by_mpi()) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized != 0)
+    throw Error(
+        "MPI was already finalised in this process (the Job that joined it ended), and MPI "
+        "cannot be joined twice: keep one Job for the life of the process");
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized == 0) {
@@ -106,6 +120,46 @@ void Job::allgather(std::span<double> values, std::span<const int64_t> offsets, 
                         displs.data(), MPI_DOUBLE, MPI_COMM_WORLD, &request),
         "MPI_Iallgatherv", what);
   wait(*this, request, what);
+}
+
+void Job::redistribute(std::span<double> values, std::span<const int64_t> from,
+                       std::span<const int64_t> to, const char* what) {
+  for (const auto& bounds : {from, to})
+    if (static_cast<int>(bounds.size()) != size_ + 1 || bounds.front() != 0 ||
+        bounds.back() != static_cast<int64_t>(values.size()))
+      throw Error(std::string("redistribute (") + what + "): " + std::to_string(bounds.size()) +
+                  " bounds for " + std::to_string(size_) + " ranks and " +
+                  std::to_string(values.size()) + " values");
+  if (size_ == 1) return;
+  const auto me = static_cast<std::size_t>(rank_);
+  // What this rank sends to rank r: its own values inside r's wanted range; what it receives
+  // from r: r's own values inside its wanted range. Each value travels once, to where it is
+  // wanted, and the send and receive ranges never overlap (a rank sends only what it owns).
+  std::vector<MPI_Request> requests;
+  constexpr int kTag = 0x5eed;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto i = static_cast<std::size_t>(r);
+    const int64_t send_first = std::max(from[me], to[i]);
+    const int64_t send_last = std::min(from[me + 1], to[i + 1]);
+    if (send_last > send_first) {
+      requests.push_back(MPI_REQUEST_NULL);
+      check(*this,
+            MPI_Isend(values.data() + send_first, as_count(*this, send_last - send_first, what),
+                      MPI_DOUBLE, r, kTag, MPI_COMM_WORLD, &requests.back()),
+            "MPI_Isend", what);
+    }
+    const int64_t recv_first = std::max(from[i], to[me]);
+    const int64_t recv_last = std::min(from[i + 1], to[me + 1]);
+    if (recv_last > recv_first) {
+      requests.push_back(MPI_REQUEST_NULL);
+      check(*this,
+            MPI_Irecv(values.data() + recv_first, as_count(*this, recv_last - recv_first, what),
+                      MPI_DOUBLE, r, kTag, MPI_COMM_WORLD, &requests.back()),
+            "MPI_Irecv", what);
+    }
+  }
+  for (MPI_Request& request : requests) wait(*this, request, what);
 }
 
 void Job::broadcast(std::span<double> values, int root, const char* what) {

@@ -2,6 +2,7 @@
 // backend, then the losses are all-gathered, so every rank finishes the step on all of them.
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/error.hpp>
+#include <polyprobe/step_shard.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -29,7 +30,7 @@ class MpiExchange final : public LossExchange {
   Job& job_;
 };
 
-class ShardedEvaluator final : public Evaluator {
+class ShardedEvaluator final : public Evaluator, public StepShard {
  public:
   ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
                    const Subspace* subspace)
@@ -38,6 +39,17 @@ class ShardedEvaluator final : public Evaluator {
   }
 
   std::string name() const override { return inner_->name(); }
+  StepShard* step_shard() override { return this; }
+
+  // --- StepShard: the optimizer finishes the step on this rank's slice of the last call.
+  void gather_losses(bool all) override { gather_losses_ = all; }
+  std::span<const int64_t> bounds() const override { return finish_bounds_; }
+  int index() const override { return job_.rank(); }
+  void share(std::span<double> values, std::span<const int64_t> offsets,
+             const char* what) override {
+    job_.allgather(values, offsets, what);
+  }
+
   void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
   double evaluate_base(std::span<const double> base) override {
     return inner_->evaluate_base(base);
@@ -49,14 +61,18 @@ class ShardedEvaluator final : public Evaluator {
   // The inner evaluator's account (of this rank's slice) and the slicing.
   nlohmann::json explain() const override {
     nlohmann::json e = inner_->explain();
-    e["distributed"] = {{"ranks", job_.size()},
-                        {"rank", job_.rank()},
-                        {"exchange", exchange_.name()},
-                        {"last_slice", last_slice_},
-                        {"last_score_ms", last_score_ms_},
-                        {"last_exchange_ms", last_exchange_ms_},
-                        {"last_score_cpu_ms", last_score_cpu_ms_},
-                        {"note", "paths and counts are this rank's slice of the candidates"}};
+    e["distributed"] = {
+        {"ranks", job_.size()},
+        {"rank", job_.rank()},
+        {"exchange", exchange_.name()},
+        {"last_slice", last_slice_},
+        {"last_score_ms", last_score_ms_},
+        {"last_exchange_ms", last_exchange_ms_},
+        {"last_score_cpu_ms", last_score_cpu_ms_},
+        {"last_losses", last_gathered_ ? "all-gathered"
+                                       : "the particles this rank finishes (the optimizer "
+                                         "finished the step sharded)"},
+        {"note", "paths and counts are this rank's slice of the candidates"}};
     return e;
   }
 
@@ -86,9 +102,25 @@ class ShardedEvaluator final : public Evaluator {
     inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
     last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
+    last_gathered_ = gather_losses_;
     offsets_.resize(slices.size());
     for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
-    exchange_.allgather(losses, offsets_);
+    if (gather_losses_) {
+      exchange_.allgather(losses, offsets_);
+    } else {
+      // Each rank finishes an even, chunk-aligned share of the particles (StepShard::bounds):
+      // the losses scored elsewhere for its share come to it, and no others.
+      finish_bounds_.resize(slices.size());
+      wanted_.resize(slices.size());
+      const auto ranks = static_cast<int64_t>(job_.size());
+      for (int64_t r = 0; r <= ranks; ++r) {
+        const int64_t even = (P * r / ranks + kGrain / 2) / kGrain * kGrain;
+        finish_bounds_[idx(r)] = r == ranks ? P : std::min(P, even);
+        wanted_[idx(r)] = finish_bounds_[idx(r)] * per_particle;
+      }
+      job_.redistribute(losses, offsets_, wanted_,
+                        "the step's losses, to the ranks finishing them");
+    }
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
     record(start, scored);
     rebalance(slices, probe.active);
@@ -116,6 +148,7 @@ class ShardedEvaluator final : public Evaluator {
     const auto scored = Clock::now();
     last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
     exchange_.allgather(losses, offsets_);
+    last_gathered_ = true;
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
     record(start, scored);
   }
@@ -157,6 +190,9 @@ class ShardedEvaluator final : public Evaluator {
   std::vector<int64_t> last_slice_;
   double last_score_ms_ = 0, last_exchange_ms_ = 0, last_score_cpu_ms_ = 0;
   SliceBalancer balancer_;
+  std::vector<int64_t> finish_bounds_;  // [ranks + 1]: the particles each rank finishes
+  std::vector<int64_t> wanted_;         // [ranks + 1]: their losses' offsets
+  bool gather_losses_ = true, last_gathered_ = true;
   std::vector<double> times_;  // [ranks]: the last call's scoring times
   std::vector<int64_t> time_offsets_;
 };

@@ -35,10 +35,22 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
   timing.min_warmup = 8;
   timing.min_warmup_seconds = 0;  // the same number of calls on every rank (each is collective)
   std::vector<BenchRecord> records;
+  std::vector<bool> finishes;  // sharded_finish of each run
+  std::stringstream finish_list(ctx.vm["scale-finish"].as<std::string>());
+  for (std::string f; std::getline(finish_list, f, ',');) {
+    if (f != "sharded" && f != "gathered")
+      throw UsageError("--scale-finish takes sharded and/or gathered, not '" + f + "'");
+    finishes.push_back(f == "sharded");
+  }
   std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
-  for (std::string name; std::getline(list, name, ',');) {
+  std::vector<std::pair<std::string, bool>> runs;
+  for (std::string name; std::getline(list, name, ',');)
+    for (const bool sharded : finishes) runs.emplace_back(name, sharded);
+  for (const auto& [name, sharded_finish] : runs) {
     Workload w = build_workload(find_workload(name));
-    PolytopeOptimizer optimizer(*w.model, complete_step_config(w, "step@train"), w.subspace.get());
+    OptimizerConfig config = complete_step_config(w, "step@train");
+    config.sharded_finish = sharded_finish;
+    PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
     EvaluatorRequest request;
     request.backend = ctx.vm["bench-backend"].as<std::string>();
     request.options.dtype = DType::f32;
@@ -91,7 +103,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     BenchRecord r;
     r.suite = "scale";
     r.workload = name;
-    r.path = "step@train";
+    r.path = sharded_finish ? "step@train" : "step@train+gathered-finish";
     r.threads = threads;
     r.candidates = last.candidates;
     r.batch = w.spec.batch;
@@ -100,6 +112,11 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.extra["ranks"] = ranks.size();
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
+    // Where rank 0's last timed step went (StepInfo::Phases).
+    const StepInfo::Phases& ph = last.phase_ms;
+    r.extra["last_step_phases_ms"] = {
+        {"plan", ph.plan}, {"score", ph.score}, {"cost", ph.cost},  {"transport", ph.transport},
+        {"move", ph.move}, {"tail", ph.tail},   {"apply", ph.apply}};
     r.extra["what"] =
         "complete optimizer steps at train's radii (step@train of bench step), candidates "
         "sharded over the ranks, losses all-gathered";
@@ -139,15 +156,16 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   for (const BenchRecord& r : records) {
     nlohmann::json timing = {
         {"cold", r.timing.cold_ms}, {"median", r.timing.median_ms}, {"iqr", r.timing.iqr_ms}};
-    rows.push_back({r.workload, std::to_string(r.extra.value("ranks", 1)),
-                    std::to_string(r.threads), std::to_string(r.candidates), ms(timing, "cold"),
-                    ms(timing, "median"), ms(timing, "iqr"), ms(r.extra, "score_max_ms"),
-                    ms(r.extra, "imbalance"), ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
+    rows.push_back({r.workload, r.path == "step@train" ? "sharded" : "gathered",
+                    std::to_string(r.extra.value("ranks", 1)), std::to_string(r.threads),
+                    std::to_string(r.candidates), ms(timing, "cold"), ms(timing, "median"),
+                    ms(timing, "iqr"), ms(r.extra, "score_max_ms"), ms(r.extra, "imbalance"),
+                    ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
   }
   print_columns(out,
-                {"workload", "ranks", "threads", "candidates", "cold ms", "median ms", "iqr ms",
-                 "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
-                {false, true, true, true, true, true, true, true, true, true, true}, rows);
+                {"workload", "finish", "ranks", "threads", "candidates", "cold ms", "median ms",
+                 "iqr ms", "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
+                {false, false, true, true, true, true, true, true, true, true, true, true}, rows);
 }
 
 }  // namespace
@@ -161,7 +179,11 @@ BenchSuite scale_suite() {
     o.add_options()("scale-workloads",
                     po::value<std::string>()->default_value("mlp256-full,mnist64-full"),
                     "scale: comma-separated workloads")(
-        "scale-threads", po::value<int>()->default_value(1), "scale: threads per rank");
+        "scale-threads", po::value<int>()->default_value(1), "scale: threads per rank")(
+        "scale-finish", po::value<std::string>()->default_value("sharded"),
+        "scale: how the ranks finish a step, comma-separated: sharded (each its own particles, "
+        "sharing partial sums and moves) and/or gathered (every rank gathers all losses and "
+        "finishes the whole step)");
   };
   s.run = run_scale;
   s.table = print_scale;

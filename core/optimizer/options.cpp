@@ -454,6 +454,12 @@ std::vector<OptimizerOption> make_table() {
                     "let a backend that offers it (cuda) solve the cost matrix, transport and "
                     "move where the losses are; off: on the host (same formulas)"},
                    [](S s) -> bool& { return s.optimizer.device_transport; }));
+  t.push_back(flag({"sharded-finish", transport,
+                    "under mpirun, each rank computes the cost rows, transport and move of its "
+                    "own particles only, exchanging partial sums and moves instead of every "
+                    "loss; off: every rank gathers all losses and finishes the whole step "
+                    "(the same bits)"},
+                   [](S s) -> bool& { return s.optimizer.sharded_finish; }));
 
   // Blocks.
   t.push_back(choice<BlockStrategy>(

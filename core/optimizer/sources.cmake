@@ -7,6 +7,7 @@ target_sources(polyprobe_core PRIVATE
   ${CMAKE_CURRENT_LIST_DIR}/optimizer.cpp
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/radius_model.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/row_chunks.cpp
   ${CMAKE_CURRENT_LIST_DIR}/schedule.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_engine.cpp
   ${CMAKE_CURRENT_LIST_DIR}/step_threads.cpp

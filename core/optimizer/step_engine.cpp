@@ -3,6 +3,7 @@
 
 #include "metric.hpp"
 #include "quadratic_fit.hpp"
+#include "row_chunks.hpp"
 #include "state_io.hpp"
 #include "transport_threads.hpp"
 
@@ -49,45 +50,94 @@ std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 
 // scaled <- cost with every non-finite entry replaced by a finite penalty above every finite
 // cost of the block, so a diverging candidate repels mass instead of poisoning the solve.
-// False when none is finite. Chunks of rows in parallel: the worst cost is a maximum, exact in
-// any order, so the bits do not depend on the thread count.
+// False when none is finite. This process's chunks of rows (RowChunks), in parallel; the worst
+// cost is a maximum, exact in any order.
 bool copy_penalised(const ConstMatrixRef<double>& cost, MatrixRef<double> scaled, double margin,
-                    const StepThreads& threads) {
-  struct Partial {
+                    const RowChunks& chunks, const StepThreads& threads) {
+  const auto cols = cost.cols();
+  // Per chunk: the worst finite cost, whether any entry is finite, whether any is not.
+  std::vector<double> partial(idx(chunks.count() * 3));
+  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
     double worst = -std::numeric_limits<double>::infinity();
     bool any_finite = false, any_nonfinite = false;
-  };
-  const auto cols = cost.cols();
-  std::vector<Partial> partial(idx(StepThreads::chunk_count(cost.rows(), kParticleGrain)));
-  threads.for_chunks(cost.rows(), kParticleGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    Partial& part = partial[idx(chunk)];
     for (Eigen::Index i = begin; i < end; ++i)
       for (Eigen::Index v = 0; v < cols; ++v) {
         const double c = cost(i, v);
         scaled(i, v) = c;
         if (std::isfinite(c)) {
-          part.worst = std::max(part.worst, c);
-          part.any_finite = true;
+          worst = std::max(worst, c);
+          any_finite = true;
         } else {
-          part.any_nonfinite = true;
+          any_nonfinite = true;
         }
       }
+    double* out = partial.data() + 3 * chunk;
+    out[0] = worst;
+    out[1] = any_finite ? 1 : 0;
+    out[2] = any_nonfinite ? 1 : 0;
   });
-  Partial all;
-  for (const Partial& part : partial) {
-    all.worst = std::max(all.worst, part.worst);
-    all.any_finite = all.any_finite || part.any_finite;
-    all.any_nonfinite = all.any_nonfinite || part.any_nonfinite;
+  chunks.share_chunks(partial, 3, "the cost matrix's worst finite cost");
+  double worst = -std::numeric_limits<double>::infinity();
+  bool any_finite = false, any_nonfinite = false;
+  for (int64_t c = 0; c < chunks.count(); ++c) {
+    worst = std::max(worst, partial[idx(3 * c)]);
+    any_finite = any_finite || partial[idx(3 * c + 1)] != 0;
+    any_nonfinite = any_nonfinite || partial[idx(3 * c + 2)] != 0;
   }
-  if (!all.any_finite) return false;
-  if (!all.any_nonfinite) return true;
-  const double penalty = all.worst + margin * (1 + std::abs(all.worst));
-  threads.for_chunks(cost.rows(), kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+  if (!any_finite) return false;
+  if (!any_nonfinite) return true;
+  const double penalty = worst + margin * (1 + std::abs(worst));
+  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
     for (Eigen::Index i = begin; i < end; ++i)
       for (Eigen::Index v = 0; v < cols; ++v)
         if (!std::isfinite(scaled(i, v))) scaled(i, v) = penalty;
   });
   return true;
+}
+
+// scale_cost (transport.hpp) of a block, its statistic (the mean or maximum magnitude, or the
+// range) from chunk partials in chunk order, applied to this process's rows.
+void scale_rows(CostScaling scaling, MatrixRef<double> scaled, const RowChunks& chunks,
+                const StepThreads& threads) {
+  if (scaling == CostScaling::none || scaled.size() == 0) return;
+  const auto cols = scaled.cols();
+  // Per chunk: sum |c| (mean), max |c| (max_cost), or min and max (min_max).
+  std::vector<double> partial(idx(chunks.count() * 2));
+  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
+    double a = scaling == CostScaling::min_max ? std::numeric_limits<double>::infinity() : 0.0;
+    double b = -std::numeric_limits<double>::infinity();
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (Eigen::Index v = 0; v < cols; ++v) {
+        const double c = scaled(i, v);
+        if (scaling == CostScaling::mean) a += std::abs(c);
+        if (scaling == CostScaling::max_cost) a = std::max(a, std::abs(c));
+        if (scaling == CostScaling::min_max) a = std::min(a, c), b = std::max(b, c);
+      }
+    partial[idx(2 * chunk)] = a;
+    partial[idx(2 * chunk + 1)] = b;
+  });
+  chunks.share_chunks(partial, 2, "the cost scaling's statistic");
+  double a = scaling == CostScaling::min_max ? std::numeric_limits<double>::infinity() : 0.0;
+  double b = -std::numeric_limits<double>::infinity();
+  for (int64_t c = 0; c < chunks.count(); ++c) {
+    const double pa = partial[idx(2 * c)], pb = partial[idx(2 * c + 1)];
+    if (scaling == CostScaling::mean) a += pa;
+    if (scaling == CostScaling::max_cost) a = std::max(a, pa);
+    if (scaling == CostScaling::min_max) a = std::min(a, pa), b = std::max(b, pb);
+  }
+  double shift = 0, divisor = 1;
+  if (scaling == CostScaling::mean) divisor = a / static_cast<double>(scaled.size());
+  if (scaling == CostScaling::max_cost) divisor = a;
+  if (scaling == CostScaling::min_max) shift = a, divisor = b - a;
+  if (!(divisor > 0)) divisor = 1;
+  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
+    for (Eigen::Index i = begin; i < end; ++i)
+      for (Eigen::Index v = 0; v < cols; ++v) {
+        double& c = scaled(i, v);
+        if (shift != 0) c -= shift;
+        if (divisor != 1) c /= divisor;
+      }
+  });
 }
 
 // Flags travel through the checkpoint as doubles (state_io has no other vector type).
@@ -312,33 +362,36 @@ const std::vector<char>& StepEngine::screen(std::span<const double> screen_losse
   return keep_;
 }
 
-TransportResult StepEngine::solve_block(const BlockRange& block, double temperature) {
+TransportResult StepEngine::solve_block(const BlockRange& block, double temperature,
+                                        StepShard* shard) {
   const auto cost = cost_.middleRows(block.first, block.count);
   auto weights = weights_.middleRows(block.first, block.count);
   auto scaled = scaled_.middleRows(block.first, block.count);
+  const RowChunks chunks(block.first, block.count, shard);
   TransportResult result;
   // The buffer is kept: no allocation per step.
-  if (!copy_penalised(cost, scaled, config_.nonfinite_margin, threads_)) {
+  if (!copy_penalised(cost, scaled, config_.nonfinite_margin, chunks, threads_)) {
     weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
     return result;
   }
-  scale_cost(config_.cost_scaling, scaled);
+  scale_rows(config_.cost_scaling, scaled, chunks, threads_);
   const bool lone = block.count == 1 && solver_ == TransportSolver::sinkhorn;
   switch (lone ? TransportSolver::softmax : solver_) {
     case TransportSolver::sinkhorn: {
       const SinkhornSettings settings{config_.sinkhorn_max_iterations, config_.sinkhorn_tolerance};
       const auto b = static_cast<std::size_t>(&block - blocks_.data());
-      result = detail::solve_sinkhorn(scaled, temperature, settings, duals_[b], weights, threads_);
+      result = detail::solve_sinkhorn(scaled, temperature, settings, duals_[b], weights, chunks,
+                                      threads_);
       break;
     }
     case TransportSolver::softmax:
-      detail::solve_softmax(scaled, temperature, weights, threads_);
+      detail::solve_softmax(scaled, temperature, weights, chunks, threads_);
       break;
     case TransportSolver::greedy:
-      detail::solve_top_k(scaled, 1, weights, threads_);
+      detail::solve_top_k(scaled, 1, weights, chunks, threads_);
       break;
     case TransportSolver::top_k:
-      detail::solve_top_k(scaled, config_.top_k, weights, threads_);
+      detail::solve_top_k(scaled, config_.top_k, weights, chunks, threads_);
       break;
     case TransportSolver::automatic:
       break;
@@ -392,7 +445,11 @@ double StepEngine::observe_incumbent(std::span<const double> incumbents, bool re
 }
 
 StepInfo StepEngine::finish(std::span<const double> losses, std::span<const double> incumbents,
-                            std::span<double> moves) {
+                            std::span<double> moves, StepShard* shard) {
+  if (shard != nullptr && !transport_offloadable())
+    throw Error(
+        "finish: a step with screening, adaptive probes or a metric cannot be finished "
+        "sharded");
   bool reviewed = false;
   incumbents = check_finish(incumbents, moves, reviewed);
   const auto P = particles_, V = vertices_;
@@ -409,30 +466,28 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   auto start = Clock::now();
   // Cost matrix: mean over probes; reused rows from the cache; unscreened vertices from the
   // screen loss plus the particle's offset calibrated on its kept vertices. Per chunk of
-  // particles the sum, count and minimum of the finite costs, added in chunk order.
+  // particles (RowChunks: this process's, shared with the others) the sum, count and minimum of
+  // the finite costs and the reused rows, added in chunk order.
   cost_.resize(P, V);
   weights_.resize(P, V);
   scaled_.resize(P, V);
-  const int64_t chunks = StepThreads::chunk_count(P, kParticleGrain);
-  struct CostPartial {
+  const RowChunks all(0, P, shard);
+  std::vector<double> cost_partial(idx(all.count() * 4));  // sum, best, finite, reused
+  all.for_own(threads_, [&](int64_t chunk, int64_t begin, int64_t end) {
     double sum = 0, best = std::numeric_limits<double>::infinity();
     int64_t finite = 0, reused = 0;
-  };
-  std::vector<CostPartial> cost_partial(idx(chunks));
-  threads_.for_chunks(P, kParticleGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    CostPartial& part = cost_partial[idx(chunk)];
     for (int64_t i = begin; i < end; ++i) {
       if (reused_[idx(i)]) {
         for (int64_t v = 0; v < V; ++v) cost_(i, v) = cache_costs_[idx(i * V + v)];
-        ++part.reused;
+        ++reused;
       } else {
         double offset = 0;
         int64_t kept = 0;
         for (int64_t v = 0; v < V; ++v) {
           if (screened_ && !keep_[idx(i * V + v)]) continue;
-          double sum = 0;
-          for (int32_t k = 0; k < K; ++k) sum += losses[idx((i * V + v) * K + k)];
-          cost_(i, v) = sum / K;
+          double total = 0;
+          for (int32_t k = 0; k < K; ++k) total += losses[idx((i * V + v) * K + k)];
+          cost_(i, v) = total / K;
           if (screened_ && std::isfinite(cost_(i, v) - screen_losses_[idx(i * V + v)])) {
             offset += cost_(i, v) - screen_losses_[idx(i * V + v)];
             ++kept;
@@ -446,23 +501,30 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
       }
       for (int64_t v = 0; v < V; ++v)
         if (std::isfinite(cost_(i, v))) {
-          part.sum += cost_(i, v);
-          part.best = std::min(part.best, cost_(i, v));
-          ++part.finite;
+          sum += cost_(i, v);
+          best = std::min(best, cost_(i, v));
+          ++finite;
         }
     }
+    double* out = cost_partial.data() + 4 * chunk;
+    out[0] = sum;
+    out[1] = best;
+    out[2] = static_cast<double>(finite);
+    out[3] = static_cast<double>(reused);
   });
+  all.share_chunks(cost_partial, 4, "the cost matrix's statistics");
   {
-    CostPartial all;
-    for (const CostPartial& part : cost_partial) {
-      all.sum += part.sum;
-      all.best = std::min(all.best, part.best);
-      all.finite += part.finite;
-      all.reused += part.reused;
+    double sum = 0, best = std::numeric_limits<double>::infinity(), finite = 0, reused = 0;
+    for (int64_t c = 0; c < all.count(); ++c) {
+      const double* part = cost_partial.data() + 4 * c;
+      sum += part[0];
+      best = std::min(best, part[1]);
+      finite += part[2];
+      reused += part[3];
     }
-    info.reused = all.reused * V * K;
-    info.mean_cost = all.finite > 0 ? all.sum / static_cast<double>(all.finite) : kNaN;
-    info.best_cost = all.finite > 0 ? all.best : kNaN;
+    info.reused = static_cast<int64_t>(reused) * V * K;
+    info.mean_cost = finite > 0 ? sum / finite : kNaN;
+    info.best_cost = finite > 0 ? best : kNaN;
   }
 
   // The incumbent closes the deferred trust-region comparison before the step radius is set.
@@ -476,9 +538,16 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   const double temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
   const auto n_blocks = static_cast<int64_t>(blocks_.size());
   std::vector<TransportResult> solved(blocks_.size());
-  threads_.for_chunks(n_blocks, 1, [&](int64_t b, int64_t, int64_t) {
-    solved[idx(b)] = solve_block(blocks_[idx(b)], temperature);
-  });
+  if (shard == nullptr) {
+    threads_.for_chunks(n_blocks, 1, [&](int64_t b, int64_t, int64_t) {
+      solved[idx(b)] = solve_block(blocks_[idx(b)], temperature, nullptr);
+    });
+  } else {
+    // One block after another on this thread: their exchanges with the other processes are
+    // collectives, called in the same order everywhere, from the thread that joined them.
+    for (int64_t b = 0; b < n_blocks; ++b)
+      solved[idx(b)] = solve_block(blocks_[idx(b)], temperature, shard);
+  }
   for (const TransportResult& r : solved) {
     info.transport_iterations = std::max(info.transport_iterations, r.iterations);
     info.transport_converged = info.transport_converged && r.converged;
@@ -517,20 +586,21 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   };
   std::vector<BlockModel> models;
   if (!quadratic) {
-    threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+    all.for_own(threads_, [&](int64_t, int64_t begin, int64_t end) {
       Vector<double> m(d_);
       for (int64_t i = begin; i < end; ++i) move_particle(m, i);
     });
   } else {
     const double scaled_radius = probe_r_ * K / (K + 1.0);
     gradients_.resize(idx(P * d_));
-    std::vector<BlockModel> partial;
+    std::vector<double> partial;  // per chunk of the block: slope, curvature
     for (const BlockRange& block : blocks_) {
-      partial.assign(idx(StepThreads::chunk_count(block.count, kParticleGrain)), BlockModel{});
-      threads_.for_chunks(block.count, kParticleGrain, [&](int64_t chunk, int64_t b, int64_t e) {
+      const RowChunks chunks(block.first, block.count, shard);
+      partial.assign(idx(2 * chunks.count()), 0.0);
+      chunks.for_own(threads_, [&](int64_t chunk, int64_t b, int64_t e) {
         Vector<double> m(d_);
         std::vector<double> outer(idx(V));
-        BlockModel& model = partial[idx(chunk)];
+        BlockModel model;
         for (int64_t i = block.first + b; i < block.first + e; ++i) {
           move_particle(m, i);
           for (int64_t v = 0; v < V; ++v) outer[idx(v)] = losses[idx((i * V + v) * K + (K - 1))];
@@ -548,15 +618,20 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
             model.curvature += curvature * norm2;
           }
         }
+        partial[idx(2 * chunk)] = model.slope;
+        partial[idx(2 * chunk + 1)] = model.curvature;
       });
+      chunks.share_chunks(partial, 2, "the quadratic model's sums");
       BlockModel model;
-      for (const BlockModel& part : partial) {
-        model.slope += part.slope;
-        model.curvature += part.curvature;
+      for (int64_t c = 0; c < chunks.count(); ++c) {
+        model.slope += partial[idx(2 * c)];
+        model.curvature += partial[idx(2 * c + 1)];
       }
       models.push_back(model);
     }
   }
+  // Every process's moves (its rows of the plan, the fit and the move stay its own).
+  all.share_rows(moves, d_, "the step's moves");
   info.phase_ms.move = since(start);
   start = Clock::now();
   StepInfo done = finish_tail(info, models, moves, /*host_costs=*/true);

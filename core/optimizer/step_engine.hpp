@@ -27,7 +27,8 @@
 
 namespace polyprobe {
 class Evaluator;
-}
+class StepShard;
+}  // namespace polyprobe
 
 namespace polyprobe::detail {
 
@@ -94,8 +95,13 @@ class StepEngine {
   // Phase 2: `losses` [P V K] (entries of reused particles and unscreened vertices are
   // ignored); `incumbents` holds f(X) (one shared value) or f(X_i) (one per particle) when
   // needs_incumbent(), else nothing. Writes the particle moves into `moves` [P d].
+  // With `shard` (not null; only where transport_offloadable()): this process's particles
+  // (shard->bounds()) are the only ones whose losses are read and whose cost rows, plan rows and
+  // moves are computed; the chunk partials, Sinkhorn's row duals and the moves are shared, so
+  // every process returns the same info and all moves, the bits of an unsharded finish.
+  // cost_, weights() and the scaled costs then hold only this process's rows.
   StepInfo finish(std::span<const double> losses, std::span<const double> incumbents,
-                  std::span<double> moves);
+                  std::span<double> moves, StepShard* shard = nullptr);
 
   // Phase 2 with the transport on the backend (Evaluator::solves_transport()): the losses of
   // the step were scored with score(probe, {}) and stayed with `backend`, which computes the
@@ -103,8 +109,9 @@ class StepEngine {
   // finish() does. Only for steps where transport_offloadable().
   StepInfo finish_on(Evaluator& backend, std::span<const double> incumbents,
                      std::span<double> moves);
-  // Whether the planned step's transport may run on a backend: no screening, no adaptive
-  // probes (their caches keep cost rows on the host) and the identity metric.
+  // Whether the planned step's transport may run on a backend, or be finished sharded: no
+  // screening, no adaptive probes (their caches keep cost rows on the host) and the identity
+  // metric.
   bool transport_offloadable() const;
   // finish_on() also fetches the transport plan, so weights() holds it (tests).
   void keep_weights(bool keep) { keep_weights_ = keep; }
@@ -126,7 +133,8 @@ class StepEngine {
  private:
   // Solves one block's transport into weights_; returns its Sinkhorn result (iterations and
   // convergence; the closed-form rules report 0 and converged).
-  TransportResult solve_block(const BlockRange& block, double temperature);
+  // With `shard`, only this process's rows (and the exchanges of their partials).
+  TransportResult solve_block(const BlockRange& block, double temperature, StepShard* shard);
   StepInfo begin_info() const;
   // finish()'s common parts: the checks and the reviewed incumbent; the radius model's view
   // of f(X) and the step radius; the block step lengths, momentum, the finiteness check and

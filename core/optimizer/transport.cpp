@@ -89,26 +89,21 @@ void scale_cost(CostScaling scaling, MatrixRef<double> cost) {
 
 namespace {
 
-// Rows per chunk of the parallel passes. Fixed, so the column sums add the same partials in
-// the same order for any thread count (step_threads.hpp).
-constexpr int64_t kRowGrain = 1024;
+using detail::RowChunks;
 
-// Per chunk of rows, the column maxima max_i (f_i - C_iv) and the partial column sums of
-// update_column_duals: [2 V] doubles per chunk, added in chunk order (the bits never depend
-// on the thread count).
+// Per fixed chunk of rows (RowChunks), the column maxima max_i (f_i - C_iv) and the partial
+// column sums of update_column_duals: [V] doubles each per chunk, added in chunk order (the bits
+// depend on neither the thread nor the process count).
 struct ColumnPartials {
-  std::vector<double> values;
-  int64_t chunks = 0;
+  std::vector<double> maxima, sums;  // [chunks V]
   std::size_t cols = 0;
-  void resize(int64_t rows, std::size_t v) {
-    chunks = detail::StepThreads::chunk_count(rows, kRowGrain);
+  void resize(int64_t chunks, std::size_t v) {
     cols = v;
-    values.resize(2 * cols * static_cast<std::size_t>(chunks));
+    maxima.resize(cols * static_cast<std::size_t>(chunks));
+    sums.resize(maxima.size());
   }
-  double* max_of(int64_t chunk) {
-    return values.data() + 2 * cols * static_cast<std::size_t>(chunk);
-  }
-  double* sum_of(int64_t chunk) { return max_of(chunk) + cols; }
+  double* max_of(int64_t chunk) { return maxima.data() + cols * static_cast<std::size_t>(chunk); }
+  double* sum_of(int64_t chunk) { return sums.data() + cols * static_cast<std::size_t>(chunk); }
 };
 
 // Column maxima of f_i - C_iv over the rows [begin, end) into `column_max`.
@@ -123,22 +118,23 @@ void column_maxima(const ConstMatrixRef<double>& cost, const std::vector<double>
 }
 
 // g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
-// The chunks' column maxima are already in `partial` (maxima_ready) or computed first.
+// The own chunks' column maxima are already in `partial` (maxima_ready) or computed first.
 void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
                          const std::vector<double>& f, std::vector<double>& g,
-                         ColumnPartials& partial, bool maxima_ready,
+                         ColumnPartials& partial, bool maxima_ready, const RowChunks& chunks,
                          const detail::StepThreads& threads) {
   const auto rows = cost.rows();
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (!maxima_ready)
-    threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+    chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
       column_maxima(cost, f, begin, end, partial.max_of(chunk));
     });
+  chunks.share_chunks(partial.maxima, static_cast<int64_t>(cols), "Sinkhorn's column maxima");
   std::vector<double> column_max(cols, -std::numeric_limits<double>::infinity());
-  for (int64_t c = 0; c < partial.chunks; ++c)
+  for (int64_t c = 0; c < chunks.count(); ++c)
     for (std::size_t v = 0; v < cols; ++v)
       column_max[v] = std::max(column_max[v], partial.max_of(c)[v]);
-  threads.for_chunks(rows, kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
+  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
     // The chunk's exponents, then their exponentials in one vector pass, then the sums in
     // row order. The buffer is the thread's (a chunk's rows, kept between calls).
     thread_local std::vector<double> exponents;
@@ -157,10 +153,11 @@ void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
     for (const double* row = e; row < e + count; row += cols)
       for (std::size_t v = 0; v < cols; ++v) sums[v] += row[v];
   });
+  chunks.share_chunks(partial.sums, static_cast<int64_t>(cols), "Sinkhorn's column sums");
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
     double sum = 0;
-    for (int64_t c = 0; c < partial.chunks; ++c) sum += partial.sum_of(c)[v];
+    for (int64_t c = 0; c < chunks.count(); ++c) sum += partial.sum_of(c)[v];
     g[v] = -(column_max[v] + eps * (std::log(sum) - log_rows));
   }
 }
@@ -197,17 +194,17 @@ void plan_rows(const ConstMatrixRef<double>& cost, const std::vector<double>& g,
 }
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P. The same
-// pass leaves what the next steps would otherwise read the whole cost again for: each
+// pass leaves what the next steps would otherwise read the whole cost again for: each own
 // chunk's column maxima of f_i - C_iv with the new f (the next column update's first half),
 // and the row-normalised plan for this g (solve_sinkhorn's result if g does not change
 // again), both the bits a separate pass would compute.
 void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std::vector<double>& g,
                       std::vector<double>& f, ColumnPartials& partial, MatrixRef<double> weights,
-                      const detail::StepThreads& threads) {
+                      const RowChunks& chunks, const detail::StepThreads& threads) {
   const auto cols = cost.cols();
   const double log_cols = std::log(static_cast<double>(cols));
-  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t chunk, int64_t begin, int64_t end) {
-    RowPlan rows[kRowGrain];
+  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
+    RowPlan rows[StepShard::kGrain];
     plan_rows(cost, g, eps, begin, end, weights, rows);
     for (Eigen::Index i = begin; i < end; ++i) {
       const RowPlan& r = rows[i - begin];
@@ -229,13 +226,17 @@ const detail::StepThreads& serial() {
   return one;
 }
 
+// Every row of a problem of its own (the public serial forms).
+RowChunks whole(const ConstMatrixRef<double>& cost) { return RowChunks(0, cost.rows(), nullptr); }
+
 }  // namespace
 
 namespace detail {
 
 TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilon,
                                const SinkhornSettings& settings, SinkhornDuals& duals,
-                               MatrixRef<double> weights, const StepThreads& threads) {
+                               MatrixRef<double> weights, const RowChunks& chunks,
+                               const StepThreads& threads) {
   check_sizes(cost, weights);
   const auto rows = static_cast<std::size_t>(cost.rows());
   const auto cols = static_cast<std::size_t>(cost.cols());
@@ -245,13 +246,13 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   if (weights.data() == cost.data() && cost.size() > 0)
     throw Error("sinkhorn: the weights must not share the cost's memory (pass another matrix)");
   ColumnPartials partial;
-  partial.resize(cost.rows(), cols);
+  partial.resize(chunks.count(), cols);
   // After a row update, the plan for the current g and the next column maxima are known.
   bool fresh = false;
   if (duals.f.size() != rows || duals.g.size() != cols) {
     duals.f.assign(rows, 0.0);
     duals.g.assign(cols, 0.0);
-    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, threads);
+    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, chunks, threads);
     fresh = true;
   }
   TransportResult result;
@@ -260,7 +261,7 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
   for (int32_t it = 0; it < settings.max_iterations; ++it) {
     // With rows exact, the column sums times V are exp((g_v - g_v') / eps), where g' is the
     // update: the error check costs nothing extra.
-    update_column_duals(cost, epsilon, duals.f, next_g, partial, fresh, threads);
+    update_column_duals(cost, epsilon, duals.f, next_g, partial, fresh, chunks, threads);
     double error = 0;
     for (std::size_t v = 0; v < cols; ++v)
       error = std::max(error, std::abs(std::expm1((duals.g[v] - next_g[v]) / epsilon)));
@@ -271,37 +272,39 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
       break;
     }
     duals.g = next_g;
-    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, threads);
+    update_row_duals(cost, epsilon, duals.g, duals.f, partial, weights, chunks, threads);
     fresh = true;
     result.iterations = it + 1;
   }
+  // Every process's rows of f: the next step's warm start may cut the rows otherwise.
+  chunks.share_rows(duals.f, 1, "Sinkhorn's row duals");
   if (fresh) return result;  // the last row update left the plan for this g
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
-  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
     plan_rows(cost, duals.g, epsilon, begin, end, weights, nullptr);
   });
   return result;
 }
 
 void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon, MatrixRef<double> weights,
-                   const StepThreads& threads) {
+                   const RowChunks& chunks, const StepThreads& threads) {
   check_sizes(cost, weights);
   // The plan of Sinkhorn's first row update from g = 0 (the same formula: exp(-(C_iv - min_v
   // C_iv) / eps) normalised by row).
   const std::vector<double> zero(static_cast<std::size_t>(cost.cols()), 0.0);
-  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
     plan_rows(cost, zero, epsilon, begin, end, weights, nullptr);
   });
 }
 
 void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k, MatrixRef<double> weights,
-                 const StepThreads& threads) {
+                 const RowChunks& chunks, const StepThreads& threads) {
   check_sizes(cost, weights);
   const auto cols = static_cast<std::size_t>(cost.cols());
   if (k < 1 || static_cast<std::size_t>(k) > cols)
     throw Error("top_k: k = " + std::to_string(k) + " must be in [1, " + std::to_string(cols) +
                 "]");
-  threads.for_chunks(cost.rows(), kRowGrain, [&](int64_t, int64_t begin, int64_t end) {
+  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
     std::vector<int64_t> order(cols);
     for (Eigen::Index i = begin; i < end; ++i) {
       weights.row(i).setZero();
@@ -320,7 +323,7 @@ TransportResult solve_sinkhorn(
     const ConstMatrixRef<double>& cost, double epsilon, const SinkhornSettings& settings,
     SinkhornDuals& duals,
     MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
-  return detail::solve_sinkhorn(cost, epsilon, settings, duals, weights, serial());
+  return detail::solve_sinkhorn(cost, epsilon, settings, duals, weights, whole(cost), serial());
 }
 
 Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
@@ -338,17 +341,17 @@ Matrix<double> sinkhorn_plan(const ConstMatrixRef<double>& cost, double epsilon,
 // A writable Eigen::Ref travels by value (Eigen's advice); passing it on is not a copy of data.
 void solve_softmax(const ConstMatrixRef<double>& cost, double epsilon,
                    MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
-  detail::solve_softmax(cost, epsilon, weights, serial());
+  detail::solve_softmax(cost, epsilon, weights, whole(cost), serial());
 }
 
 void solve_greedy(const ConstMatrixRef<double>& cost,
                   MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
-  detail::solve_top_k(cost, 1, weights, serial());
+  detail::solve_top_k(cost, 1, weights, whole(cost), serial());
 }
 
 void solve_top_k(const ConstMatrixRef<double>& cost, int32_t k,
                  MatrixRef<double> weights) {  // NOLINT(performance-unnecessary-value-param)
-  detail::solve_top_k(cost, k, weights, serial());
+  detail::solve_top_k(cost, k, weights, whole(cost), serial());
 }
 
 }  // namespace polyprobe

@@ -141,7 +141,8 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   double incumbent = 0;
   losses_.assign(static_cast<std::size_t>(P * V * K), 0.0);
   int64_t screened = 0, scored = 0;
-  bool offload = false;  // the backend solves this step's transport
+  bool offload = false;        // the backend solves this step's transport
+  StepShard* shard = nullptr;  // processes that finish the step together
   if (config_.multifidelity_screen) {
     if (screen == nullptr)
       throw Error(
@@ -178,6 +179,12 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     const bool rotated = config_.metric == MetricKind::identity;
     offload =
         config_.device_transport && evaluator.solves_transport() && engine_.transport_offloadable();
+    // Processes that share the step each finish their own particles, so they need not gather
+    // one another's losses (StepShard).
+    if (StepShard* processes = evaluator.step_shard(); processes != nullptr) {
+      if (config_.sharded_finish && !offload && engine_.transport_offloadable()) shard = processes;
+      processes->gather_losses(shard == nullptr);
+    }
     const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_,
                               rotated ? engine_.rotations() : std::span<const double>()};
     // Offloaded, the losses stay with the backend for its transport solve.
@@ -192,7 +199,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   const auto incumbents =
       score_incumbent ? std::span<const double>(&incumbent, 1) : std::span<const double>();
   StepInfo info = offload ? engine_.finish_on(evaluator, incumbents, moves_)
-                          : engine_.finish(losses_, incumbents, moves_);
+                          : engine_.finish(losses_, incumbents, moves_, shard);
   info.phase_ms.plan = plan_ms;
   info.phase_ms.score = score_ms;
   start = Clock::now();

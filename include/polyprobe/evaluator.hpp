@@ -23,6 +23,7 @@
 
 #include <polyprobe/batch.hpp>
 #include <polyprobe/candidates.hpp>
+#include <polyprobe/step_shard.hpp>
 #include <polyprobe/tensor.hpp>
 #include <polyprobe/transport.hpp>
 
@@ -146,6 +147,9 @@ class Evaluator {
   // evaluator does not solve transports.
   virtual void solve_transport(const TransportStepRequest& request,
                                std::span<TransportBlockResult> blocks);
+  // The processes this evaluator's steps are shared with (a sharding decorator, StepShard),
+  // or null (the default): one process scores and finishes every step. Owned by the evaluator.
+  virtual StepShard* step_shard() { return nullptr; }
   // The incumbent as the evaluator holds it (read back from a plugin's device).
   std::vector<double> read_incumbent();
   // The host mirror of the incumbent (empty before the first sync).

@@ -6,6 +6,8 @@
 #include "cpu_tbb/cpu_tbb_fixture.hpp"
 
 #include <polyprobe/distributed.hpp>
+#include <polyprobe/optimizer.hpp>
+#include <polyprobe/radius_model.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -195,8 +197,14 @@ TEST_CASE("a candidate's loss does not depend on the candidates that share its c
   }
 }
 
+// MPI is joined once a process: every test case shares this job.
+distributed::Job& the_job() {
+  static distributed::Job job;
+  return job;
+}
+
 TEST_CASE("the sharded evaluator scores what the unsharded one does, on every rank", "[sharded]") {
-  distributed::Job job;
+  distributed::Job& job = the_job();
   auto exchange = distributed::make_mpi_exchange(job);
   for (const DType dtype : {DType::f32, DType::f64}) {
     const Session s = make_session(11);
@@ -246,6 +254,107 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
     sharded->move_incumbent(moves);
     CHECK(sharded->read_incumbent() == plain->read_incumbent());
     CHECK(sharded->explain().at("distributed").at("ranks") == job.size());
+  }
+}
+
+TEST_CASE("redistribute delivers each rank the values it wants from their owners", "[sharded]") {
+  distributed::Job& job = the_job();
+  const auto ranks = static_cast<std::size_t>(job.size());
+  const auto me = static_cast<std::size_t>(job.rank());
+  std::mt19937_64 rng(17);  // the same bounds on every rank
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t n = static_cast<int64_t>(rng() % 200);
+    const auto cut = [&] {
+      std::vector<int64_t> b{0};
+      for (std::size_t r = 1; r < ranks; ++r) b.push_back(static_cast<int64_t>(rng() % (n + 1)));
+      b.push_back(n);
+      std::sort(b.begin(), b.end());
+      return b;
+    };
+    const std::vector<int64_t> from = cut(), to = cut();
+    std::vector<double> values(static_cast<std::size_t>(n), -1.0);
+    for (int64_t i = from[me]; i < from[me + 1]; ++i)
+      values[static_cast<std::size_t>(i)] = static_cast<double>(i);
+    job.redistribute(values, from, to, "the test's values");
+    INFO("trial " << trial << ", rank " << me);
+    for (int64_t i = to[me]; i < to[me + 1]; ++i)
+      CHECK(values[static_cast<std::size_t>(i)] == static_cast<double>(i));
+  }
+  std::vector<double> values(4);
+  CHECK_THROWS_WITH(job.redistribute(values, std::vector<int64_t>{0, 4}, std::vector<int64_t>{0, 3},
+                                     "bad bounds"),
+                    Catch::Contains("redistribute (bad bounds)"));
+}
+
+// The optimizer over a sharded evaluator: every rank finishes only its slice of each step
+// (StepShard) and shares chunk partials, Sinkhorn's row duals and the moves; the parameters
+// must be the unsharded optimizer's bit for bit, for every solver, cost scaling, block strategy
+// and radius model that can be finished sharded.
+TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]") {
+  distributed::Job& job = the_job();
+  auto exchange = distributed::make_mpi_exchange(job);
+  struct Setting {
+    TransportSolver solver;
+    CostScaling scaling;
+    RadiusModelKind radius;
+    BlockStrategy blocks;
+    int32_t d;
+  };
+  const std::vector<Setting> settings = {
+      {TransportSolver::sinkhorn, CostScaling::none, RadiusModelKind::quadratic,
+       BlockStrategy::monolithic, 2},
+      {TransportSolver::sinkhorn, CostScaling::mean, RadiusModelKind::fixed,
+       BlockStrategy::per_layer, 3},
+      {TransportSolver::softmax, CostScaling::min_max, RadiusModelKind::quadratic,
+       BlockStrategy::per_layer, 2},
+      {TransportSolver::top_k, CostScaling::max_cost, RadiusModelKind::adaptive,
+       BlockStrategy::monolithic, 4},
+  };
+  for (std::size_t k = 0; k < settings.size(); ++k) {
+    const Setting& set = settings[k];
+    INFO(job.size() << " ranks, rank " << job.rank() << ", setting " << k);
+    // 10-40-40-4: 2,244 parameters, some 560-1,100 particles: several reduction chunks a rank.
+    const Model initial = make_model(10,
+                                     {{"linear", {{"out_features", 40}}},
+                                      {"relu", nlohmann::json::object()},
+                                      {"linear", {{"out_features", 40}}},
+                                      {"tanh", nlohmann::json::object()},
+                                      {"linear", {{"out_features", 4}}}},
+                                     30 + k);
+    const auto loss = make_loss("cross_entropy");
+    const Batch batch = make_batch(initial, 24, 40 + k);
+    OptimizerConfig config;
+    config.seed = 50 + k;
+    config.solver = set.solver;
+    config.cost_scaling = set.scaling;
+    config.radius.kind = set.radius;
+    config.blocks = set.blocks;
+    config.particle_dim = set.d;
+    config.top_k = 2;
+    config.sinkhorn_max_iterations = 40;
+    config.sinkhorn_tolerance = 1e-10;  // several iterations a step
+    std::vector<std::vector<double>> finals;
+    std::vector<std::vector<StepInfo>> infos(2);
+    for (const bool sharded : {false, true}) {
+      Model model = initial;
+      auto evaluator = cpu_registry().make_evaluator(model, *loss, request("cpu_tbb", DType::f64));
+      if (sharded) evaluator = distributed::shard_evaluator(std::move(evaluator), job, *exchange);
+      PolytopeOptimizer optimizer(model, config);
+      optimizer.register_evaluator(*evaluator, batch);
+      for (int step = 0; step < 6; ++step) infos[sharded ? 1 : 0].push_back(optimizer.step());
+      finals.emplace_back(model.parameters().begin(), model.parameters().end());
+      if (sharded)
+        CHECK_THAT(evaluator->explain().at("distributed").at("last_losses").get<std::string>(),
+                   Catch::Contains("finished the step sharded"));
+    }
+    CHECK(finals[1] == finals[0]);
+    for (std::size_t step = 0; step < infos[0].size(); ++step) {
+      INFO("step " << step);
+      CHECK(infos[1][step].mean_cost == infos[0][step].mean_cost);
+      CHECK(infos[1][step].move_norm == infos[0][step].move_norm);
+      CHECK(infos[1][step].transport_iterations == infos[0][step].transport_iterations);
+      CHECK(infos[1][step].step_radius == infos[0][step].step_radius);
+    }
   }
 }
 

@@ -32,8 +32,8 @@ namespace polyprobe::distributed {
 // from the launcher's environment variables; without one no MPI call is ever made.
 bool launched_by_mpi();
 
-// This process's place in the job (MPI_COMM_WORLD). One per process, owned by the caller of
-// join(); MPI is finalised when the last Job ends.
+// This process's place in the job (MPI_COMM_WORLD). One per process: the Job that initialised
+// MPI finalises it when it ends, and MPI cannot be joined again (a later Job throws saying so).
 class Job {
  public:
   // Initialises MPI when launched_by_mpi(), else makes a job of one that never calls MPI.
@@ -53,6 +53,11 @@ class Job {
   // values[offsets[r], offsets[r + 1]) (offsets: size() + 1 ascending entries from 0 to
   // values.size()); afterwards every rank holds every rank's slice.
   void allgather(std::span<double> values, std::span<const int64_t> offsets, const char* what);
+  // In place: rank r owns values[from[r], from[r + 1]) and wants values[to[r], to[r + 1]) (both
+  // size() + 1 ascending bounds from 0 to values.size()); afterwards every rank holds what it
+  // wants. Point to point: each value crosses once, to the rank that wants it.
+  void redistribute(std::span<double> values, std::span<const int64_t> from,
+                    std::span<const int64_t> to, const char* what);
   // values on every rank become rank `root`'s.
   void broadcast(std::span<double> values, int root, const char* what);
   void broadcast(std::span<uint32_t> values, int root, const char* what);
