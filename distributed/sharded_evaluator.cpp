@@ -44,6 +44,18 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   // --- StepShard: the optimizer finishes the step on this rank's slice of the last call.
   void gather_losses(bool all) override { gather_losses_ = all; }
   std::span<const int64_t> bounds() const override { return finish_bounds_; }
+  std::vector<ParticleRange> planned_particles(int64_t particles) override {
+    // The cut session_score will make (the balancer's state does not change in between) and
+    // the share this rank will finish, merged where they overlap or touch.
+    const std::vector<int64_t> slices = balancer_.slices(particles, {}, job_.size());
+    cut_finish(particles);
+    const auto rank = static_cast<std::size_t>(job_.rank());
+    ParticleRange score{slices[rank], slices[rank + 1]};
+    ParticleRange finish{finish_bounds_[rank], finish_bounds_[rank + 1]};
+    if (finish.first < score.first) std::swap(score, finish);
+    if (finish.first <= score.last) return {{score.first, std::max(score.last, finish.last)}};
+    return {score, finish};
+  }
   int index() const override { return job_.rank(); }
   void share(std::span<double> values, std::span<const int64_t> offsets,
              const char* what) override {
@@ -110,14 +122,9 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     } else {
       // Each rank finishes an even, chunk-aligned share of the particles (StepShard::bounds):
       // the losses scored elsewhere for its share come to it, and no others.
-      finish_bounds_.resize(slices.size());
+      cut_finish(P);
       wanted_.resize(slices.size());
-      const auto ranks = static_cast<int64_t>(job_.size());
-      for (int64_t r = 0; r <= ranks; ++r) {
-        const int64_t even = (P * r / ranks + kGrain / 2) / kGrain * kGrain;
-        finish_bounds_[idx(r)] = r == ranks ? P : std::min(P, even);
-        wanted_[idx(r)] = finish_bounds_[idx(r)] * per_particle;
-      }
+      for (std::size_t r = 0; r < slices.size(); ++r) wanted_[r] = finish_bounds_[r] * per_particle;
       job_.redistribute(losses, offsets_, wanted_,
                         "the step's losses, to the ranks finishing them");
     }
@@ -169,6 +176,16 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     timespec ts{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return 1e3 * static_cast<double>(ts.tv_sec) + 1e-6 * static_cast<double>(ts.tv_nsec);
+  }
+
+  // An even share of the particles a rank, cut at multiples of StepShard::kGrain.
+  void cut_finish(int64_t P) {
+    const auto ranks = static_cast<int64_t>(job_.size());
+    finish_bounds_.resize(idx(ranks + 1));
+    for (int64_t r = 0; r <= ranks; ++r) {
+      const int64_t even = (P * r / ranks + kGrain / 2) / kGrain * kGrain;
+      finish_bounds_[idx(r)] = r == ranks ? P : std::min(P, even);
+    }
   }
 
   // Every rank feeds the same all-gathered CPU times to its balancer, so all cut the same.

@@ -235,7 +235,7 @@ StepInfo StepEngine::scored_info() const {
   return info;
 }
 
-void StepEngine::plan(uint64_t objective_key) {
+void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> only) {
   if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
   key_ = objective_key;
   epsilon_ = schedule_.at(step_);
@@ -252,8 +252,21 @@ void StepEngine::plan(uint64_t objective_key) {
   const bool may_reuse = config_.adaptive_probes && key_ == cache_key_ &&
                          step_r_plan_ == cache_step_r_ && probe_r_ == cache_probe_r_;
   const RotationStream stream{config_.seed, static_cast<uint64_t>(step_)};
-  threads_.for_chunks(P, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
-    const int64_t n = end - begin;
+  const ParticleRange every{0, P};
+  for (const ParticleRange& range : only.empty() ? std::span<const ParticleRange>(&every, 1) : only)
+    plan_particles(stream, may_reuse, range);
+  displacements_ready_ = false;
+  screened_ = false;
+  planned_ = true;
+}
+
+void StepEngine::plan_particles(const RotationStream& stream, bool may_reuse,
+                                const ParticleRange& range) {
+  const auto V = vertices_;
+  const int64_t dd = int64_t{d_} * d_;
+  const bool shaped = config_.metric == MetricKind::bfgs;
+  threads_.for_chunks(range.last - range.first, kParticleGrain, [&](int64_t, int64_t b, int64_t e) {
+    const int64_t begin = range.first + b, end = range.first + e, n = e - b;
     draw_rotations(stream, begin, n, d_, rotation_method_,
                    std::span<double>(rotations_).subspan(idx(begin * dd), idx(n * dd)),
                    config_.biased_rotation
@@ -282,9 +295,6 @@ void StepEngine::plan(uint64_t objective_key) {
       }
     }
   });
-  displacements_ready_ = false;
-  screened_ = false;
-  planned_ = true;
 }
 
 std::span<const double> StepEngine::displacements() const {

@@ -16,6 +16,7 @@
 
 #include "step_threads.hpp"
 
+#include <polyprobe/geometry.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/radius_model.hpp>
 
@@ -25,9 +26,10 @@
 #include <span>
 #include <vector>
 
+#include <polyprobe/step_shard.hpp>
+
 namespace polyprobe {
 class Evaluator;
-class StepShard;
 }  // namespace polyprobe
 
 namespace polyprobe::detail {
@@ -64,7 +66,10 @@ class StepEngine {
 
   // Phase 1 of a scored step: draws rotations and fills displacements() in candidate order
   // c = (i V + v) K + (k - 1). `objective_key` changes whenever the objective does.
-  void plan(uint64_t objective_key);
+  // With `only` (ascending, disjoint ranges; empty: every particle), only those particles'
+  // rotations and directions are drawn (processes that share the step, StepShard): each is
+  // the bits it would be in a whole plan, and the others keep stale values nobody may read.
+  void plan(uint64_t objective_key, std::span<const ParticleRange> only = {});
   // [P V K d], expanded from the probe directions on first use (the one-call polytope form
   // of VectorSearch never needs it).
   std::span<const double> displacements() const;
@@ -133,6 +138,8 @@ class StepEngine {
  private:
   // Solves one block's transport into weights_; returns its Sinkhorn result (iterations and
   // convergence; the closed-form rules report 0 and converged).
+  // plan()'s draws and directions for the particles of `range`.
+  void plan_particles(const RotationStream& stream, bool may_reuse, const ParticleRange& range);
   // With `shard`, only this process's rows (and the exchanges of their partials).
   TransportResult solve_block(const BlockRange& block, double temperature, StepShard* shard);
   StepInfo begin_info() const;

@@ -93,8 +93,18 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   auto since = [](Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
   };
+  // Processes that share the step (StepShard) each plan, receive the losses of and finish only
+  // their own particles, where the step can be finished in pieces.
+  StepShard* const processes = evaluator.step_shard();
+  StepShard* shard = nullptr;
+  if (processes != nullptr && config_.sharded_finish && !config_.multifidelity_screen &&
+      !config_.adaptive_probes && config_.metric == MetricKind::identity &&
+      !(config_.device_transport && evaluator.solves_transport()))
+    shard = processes;
   auto start = Clock::now();
-  engine_.plan(objective_key);
+  planned_.clear();
+  if (shard != nullptr) planned_ = shard->planned_particles(P);
+  engine_.plan(objective_key, planned_);
   const double plan_ms = since(start);
   start = Clock::now();
   const auto& reused = engine_.reused();
@@ -141,8 +151,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   double incumbent = 0;
   losses_.assign(static_cast<std::size_t>(P * V * K), 0.0);
   int64_t screened = 0, scored = 0;
-  bool offload = false;        // the backend solves this step's transport
-  StepShard* shard = nullptr;  // processes that finish the step together
+  bool offload = false;  // the backend solves this step's transport
   if (config_.multifidelity_screen) {
     if (screen == nullptr)
       throw Error(
@@ -179,12 +188,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     const bool rotated = config_.metric == MetricKind::identity;
     offload =
         config_.device_transport && evaluator.solves_transport() && engine_.transport_offloadable();
-    // Processes that share the step each finish their own particles, so they need not gather
-    // one another's losses (StepShard).
-    if (StepShard* processes = evaluator.step_shard(); processes != nullptr) {
-      if (config_.sharded_finish && !offload && engine_.transport_offloadable()) shard = processes;
-      processes->gather_losses(shard == nullptr);
-    }
+    if (processes != nullptr) processes->gather_losses(shard == nullptr);
     const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_,
                               rotated ? engine_.rotations() : std::span<const double>()};
     // Offloaded, the losses stay with the backend for its transport solve.

@@ -51,6 +51,7 @@ class VectorSearch {
   std::vector<int64_t> candidate_particle_, candidate_index_;
   std::vector<double> candidate_displacement_, candidate_losses_, losses_, moves_;
   std::vector<char> active_;  // [P] when adaptive_probes reuses some particles, else empty
+  std::vector<ParticleRange> planned_;  // a shared step's particles this process plans
   // No coordinate belongs to two particles: the move may be applied in parallel.
   bool distinct_coords_ = false;
   // trust_reject: the search vector before the last applied move (checkpointed).

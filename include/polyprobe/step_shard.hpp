@@ -14,8 +14,15 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 namespace polyprobe {
+
+// Particles [first, last) of a step.
+struct ParticleRange {
+  int64_t first = 0;
+  int64_t last = 0;
+};
 
 class StepShard {
  public:
@@ -34,6 +41,11 @@ class StepShard {
   // processes + 1 ascending bounds from 0 to P, each a multiple of kGrain but the last;
   // process r finishes [bounds[r], bounds[r + 1]).
   virtual std::span<const int64_t> bounds() const = 0;
+  // The particles whose rotations and directions this process needs for the coming step
+  // scored with gather_losses(false) (those it will score and those it will finish), as
+  // ascending, disjoint ranges: the optimizer plans only these.
+  virtual std::vector<ParticleRange> planned_particles(int64_t particles) = 0;
+
   // This process's index into bounds().
   virtual int index() const = 0;
 
