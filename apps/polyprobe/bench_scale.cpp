@@ -112,6 +112,9 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.extra["ranks"] = ranks.size();
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
+    // Rank 0's backend's own phases of its last call, when it reports them.
+    const nlohmann::json plugin = evaluator->explain().value("plugin", nlohmann::json::object());
+    if (plugin.contains("last_call_ms")) r.extra["last_call_ms"] = plugin["last_call_ms"];
     // Where rank 0's last timed step went (StepInfo::Phases).
     const StepInfo::Phases& ph = last.phase_ms;
     r.extra["last_step_phases_ms"] = {

@@ -34,6 +34,37 @@
 #include <stdexcept>
 
 namespace polyprobe::cpu_tbb {
+namespace {
+// Input units whose kink-table responses are one product: fixed, so a unit's column is the same
+// bits whichever other blocks a call builds (a rank of a sharded step builds only those its
+// slice's candidates read).
+constexpr int64_t kUnitBlock = 32;
+}  // namespace
+
+template <class S>
+std::vector<char> DeltaPath<S>::changed_units(std::size_t layer, int64_t units) const {
+  std::vector<char> changed(static_cast<std::size_t>(units), 0);
+  // A sparse change reaches `layer`'s input from the nearest affine layer before it through
+  // elementwise layers only; anything else (a host layer between, none before): every unit.
+  int64_t source = static_cast<int64_t>(layer) - 1;
+  while (source >= 0 &&
+         ctx_.plan.layers[static_cast<std::size_t>(source)].op == LayerOp::elementwise)
+    --source;
+  if (source < 0 || ctx_.plan.layers[static_cast<std::size_t>(source)].op != LayerOp::affine ||
+      ctx_.plan.layers[static_cast<std::size_t>(source)].out != units)
+    return std::vector<char>(changed.size(), 1);
+  const std::vector<Term>& terms = ctx_.planner->terms();
+  for (const Group& g : ctx_.planner->groups()) {
+    if (g.path != Path::delta) continue;
+    for (int64_t k = g.terms_begin; k < g.terms_end; ++k) {
+      const Term& t = terms[static_cast<std::size_t>(k)];
+      if (t.layer != source) continue;
+      if (t.row < 0 || t.row >= units) return std::vector<char>(changed.size(), 1);  // dense u
+      changed[static_cast<std::size_t>(t.row)] = 1;
+    }
+  }
+  return changed;
+}
 
 template <class S>
 double DeltaPath<S>::table_bytes() const {
@@ -89,9 +120,12 @@ void DeltaPath<S>::build_kink_tables() {
     for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k + 1 < n_layers; ++k)
       users += ctx_.planner->first_layer_candidates()[k];
     const int64_t own = ctx_.planner->first_layer_candidates()[n_layers - 1];
-    if (users > 0 && users + own > 3 * last.in)
+    if (users > 0 && users + own > 3 * last.in) {
+      // The directions this call reads: the units its candidates change at the last layer's input.
+      const std::vector<char> used = changed_units(n_layers - 1, last.in);
       build_cumulants(last_layer_cumulants_, last.in, ctx_.inc.eff.data() + last.offset, 1, last.in,
-                      0);
+                      0, used);
+    }
   }
   for (std::size_t l = 0; l + 2 < n_layers; ++l) {
     KinkTable& table = kink_[l];
@@ -106,6 +140,14 @@ void DeltaPath<S>::build_kink_tables() {
       users += ctx_.planner->first_layer_candidates()[k];
     if (users <= first.in) continue;
     const int64_t in = first.in, mid = first.out, out = second.out, batch = ctx_.inc.batch;
+    // Only the blocks of units this call's candidates change (all of them in one process; a
+    // rank of a sharded step reads a few): the rest of the table is left as it was, unread.
+    const std::vector<char> used = changed_units(l, in);
+    std::vector<int64_t> blocks;  // first unit of each block to build
+    for (int64_t u0 = 0; u0 < in; u0 += kUnitBlock)
+      if (std::any_of(used.begin() + u0, used.begin() + std::min(in, u0 + kUnitBlock),
+                      [](char c) { return c != 0; }))
+        blocks.push_back(u0);
     table.response.resize(in * out, batch);
     table.inv_room.resize(in, batch);
     table.room_up.resize(in, batch);
@@ -118,7 +160,7 @@ void DeltaPath<S>::build_kink_tables() {
     ctx_.arena->execute([&] {
       tbb::parallel_for(
           tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
-            Mat<S> masked(out, mid), response(out, in);
+            Mat<S> masked(out, mid), response(out, kUnitBlock);
             Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
             for (int64_t b = r.begin(); b != r.end(); ++b) {
               for (int64_t j = 0; j < mid; ++j) {
@@ -132,13 +174,18 @@ void DeltaPath<S>::build_kink_tables() {
               }
               // A unit exactly at its kink crosses for any move: that sample is always exact.
               const bool at_kink = (z.col(b).array() == S(0)).any();
-              response.noalias() = masked * w_first;
-              for (int64_t u = 0; u < in; ++u) {
-                table.response.col(b).segment(u * out, out) = response.col(u);
-                table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
-                ratio = ctx_.inc.weights_t[l].row(u).array() * signed_inv_z;
-                table.room_up(u, b) = at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
-                table.room_down(u, b) = at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
+              for (const int64_t u0 : blocks) {
+                const int64_t width = std::min(kUnitBlock, in - u0);
+                response.leftCols(width).noalias() = masked * w_first.middleCols(u0, width);
+                for (int64_t u = u0; u < u0 + width; ++u) {
+                  table.response.col(b).segment(u * out, out) = response.col(u - u0);
+                  table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
+                  ratio = ctx_.inc.weights_t[l].row(u).array() * signed_inv_z;
+                  table.room_up(u, b) =
+                      at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
+                  table.room_down(u, b) =
+                      at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
+                }
               }
             }
           });
@@ -147,7 +194,7 @@ void DeltaPath<S>::build_kink_tables() {
     table.cumulants.built = false;
     if (std::is_same_v<S, float> && ctx_.loss == kernels::LossKind::cross_entropy &&
         l + 3 == n_layers)
-      build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1);
+      build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1, used);
   }
 }
 
@@ -612,6 +659,7 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
   template void DeltaPath<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t, Scratch&) \
       const;                                                                                       \
   template void DeltaPath<S>::build_kink_tables();                                                 \
+  template std::vector<char> DeltaPath<S>::changed_units(std::size_t, int64_t) const;              \
   template void DeltaPath<S>::apply_kink(std::size_t, int64_t, Scratch&) const;                    \
   template void DeltaPath<S>::build_direction_tables();                                            \
   template void DeltaPath<S>::apply_direction(std::size_t, int32_t, int64_t, Scratch&) const;      \

@@ -78,9 +78,14 @@ class DeltaPath {
     Mat<S> coef;    // [directions * kernels::kCgfTerms, batch]: row u * N + t holds s^(t+1)'s
     Mat<S> spread;  // [directions, batch]
   };
-  // g(u, k, b) = g[u * su + k * sk + b * sb].
+  // g(u, k, b) = g[u * su + k * sk + b * sb]; only the directions u with used[u] != 0 (each
+  // direction's rows are the same bits whichever others are built).
   void build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su, int64_t sk,
-                       int64_t sb) const;
+                       int64_t sb, const std::vector<char>& used) const;
+  // Flags over the `units` inputs of `layer`: the units this call's delta candidates change
+  // there (a sparse change from the nearest affine layer before it through elementwise
+  // layers), or every unit where that cannot be told (a dense direction, a host layer between).
+  std::vector<char> changed_units(std::size_t layer, int64_t units) const;
   // The losses of n candidates whose logits change by s[i, b] g_{u,b}: g is column u of the
   // last layer's W (kink_layer < 0) or the kink response of layer kink_layer. Samples outside
   // the certified range, or whose ReLU units may cross a kink, are computed exactly: they wait

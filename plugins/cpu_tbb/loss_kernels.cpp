@@ -173,7 +173,7 @@ bool DeltaPath<S>::sparse_delta_losses(const std::vector<int64_t>& units, const 
 // exact route.
 template <class S>
 void DeltaPath<S>::build_cumulants(Cumulants& table, int64_t directions, const S* g, int64_t su,
-                                   int64_t sk, int64_t sb) const {
+                                   int64_t sk, int64_t sb, const std::vector<char>& used) const {
   constexpr int terms = kernels::kCgfTerms;
   constexpr int64_t width = 8;  // samples per packet of the build (float64 lanes)
   using Lanes = Eigen::Array<double, width, 1>;
@@ -198,6 +198,7 @@ void DeltaPath<S>::build_cumulants(Cumulants& table, int64_t directions, const S
           Eigen::Array<double, 1, Eigen::Dynamic> label_value(padded);
           Lanes coef[terms];
           for (int64_t u = range.begin(); u != range.end(); ++u) {
+            if (used[static_cast<std::size_t>(u)] == 0) continue;  // no candidate reads it
             for (int64_t k = 0; k < classes; ++k)
               for (int64_t b = 0; b < padded; ++b)
                 values(k, b) =
@@ -455,7 +456,7 @@ void DeltaPath<S>::finish_task(Scratch& s, double* losses) const {
                                                   int64_t, double*) const;                       \
   template bool DeltaPath<S>::one_logit_losses(int64_t, const Mat<S>&, int64_t, double*) const;  \
   template void DeltaPath<S>::build_cumulants(Cumulants&, int64_t, const S*, int64_t, int64_t,   \
-                                              int64_t) const;                                    \
+                                              int64_t, const std::vector<char>&) const;          \
   template void DeltaPath<S>::rank_one_losses(const Cumulants&, int64_t, const Mat<S>&, int64_t, \
                                               int64_t, ExactLanes<S>&) const;                    \
   template S DeltaPath<S>::rank_one_exact(int64_t, S, int64_t, int64_t) const;                   \

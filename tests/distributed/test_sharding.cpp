@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 namespace polyprobe::test {
 namespace {
@@ -32,12 +33,19 @@ struct Session {
   std::vector<double> directions;
 };
 
-Session make_session(uint64_t seed) {
-  Session s(make_model(6,
-                       {{"linear", {{"out_features", 8}}},
-                        {"relu", nlohmann::json::object()},
-                        {"linear", {{"out_features", 4}}}},
-                       seed));
+// 6-8-4, or with `deep` 6-16-16-4, where cpu_tbb builds kink tables and cumulant tables (for
+// the units a call's candidates change only: a slice builds part of them).
+Session make_session(uint64_t seed, bool deep = false) {
+  using Layers = std::vector<std::pair<std::string, nlohmann::json>>;
+  const nlohmann::json relu = nlohmann::json::object();
+  const auto linear = [](int out) { return nlohmann::json{{"out_features", out}}; };
+  const Layers layers = deep ? Layers{{"linear", linear(16)},
+                                      {"relu", relu},
+                                      {"linear", linear(16)},
+                                      {"relu", relu},
+                                      {"linear", linear(4)}}
+                             : Layers{{"linear", linear(8)}, {"relu", relu}, {"linear", linear(4)}};
+  Session s(make_model(6, layers, seed));
   s.batch = make_batch(s.model, 17, seed + 1);
   s.particles = ParticleMap::contiguous(s.model.num_parameters(), 2);
   s.polytope = Matrix<double>(3, 2);
@@ -168,10 +176,14 @@ TEST_CASE("the slice balancer settles on measured costs within a few steps", "[s
 
 TEST_CASE("a candidate's loss does not depend on the candidates that share its call",
           "[independence]") {
-  for (const auto& [backend, dtype] : {std::pair{std::string("reference"), DType::f64},
-                                       std::pair{std::string("cpu_tbb"), DType::f32},
-                                       std::pair{std::string("cpu_tbb"), DType::f64}}) {
-    const Session s = make_session(7);
+  for (const auto& [backend, dtype, deep] :
+       {std::tuple{std::string("reference"), DType::f64, false},
+        std::tuple{std::string("cpu_tbb"), DType::f32, false},
+        std::tuple{std::string("cpu_tbb"), DType::f64, false},
+        std::tuple{std::string("cpu_tbb"), DType::f32, true},
+        std::tuple{std::string("cpu_tbb"), DType::f64, true}}) {
+    INFO((deep ? "6-16-16-4" : "6-8-4"));
+    const Session s = make_session(7, deep);
     const int64_t P = s.particles.count(), VK = 3 * s.probes;
     auto whole = make(s, backend, dtype);
     std::vector<double> expect(static_cast<std::size_t>(P * VK));
