@@ -118,8 +118,8 @@ void DeltaPath<S>::build_kink_tables() {
     // ranks of a sharded run deciding as before (docs/scale.md).
     int64_t users = 0;
     for (std::size_t k = n_layers >= 3 ? n_layers - 3 : 0; k + 1 < n_layers; ++k)
-      users += ctx_.planner->first_layer_candidates()[k];
-    const int64_t own = ctx_.planner->first_layer_candidates()[n_layers - 1];
+      users += ctx_.planner->threshold_candidates()[k];
+    const int64_t own = ctx_.planner->threshold_candidates()[n_layers - 1];
     if (users > 0 && users + own > 3 * last.in) {
       // The directions this call reads: the units its candidates change at the last layer's input.
       const std::vector<char> used = changed_units(n_layers - 1, last.in);
@@ -137,7 +137,7 @@ void DeltaPath<S>::build_kink_tables() {
       continue;
     int64_t users = 0;  // delta candidates whose sparse change can reach layer l
     for (std::size_t k = l >= 2 ? l - 2 : 0; k < l; ++k)
-      users += ctx_.planner->first_layer_candidates()[k];
+      users += ctx_.planner->threshold_candidates()[k];
     if (users <= first.in) continue;
     const int64_t in = first.in, mid = first.out, out = second.out, batch = ctx_.inc.batch;
     // Only the blocks of units this call's candidates change (all of them in one process; a
@@ -148,6 +148,14 @@ void DeltaPath<S>::build_kink_tables() {
       if (std::any_of(used.begin() + u0, used.begin() + std::min(in, u0 + kUnitBlock),
                       [](char c) { return c != 0; }))
         blocks.push_back(u0);
+    if (blocks.empty()) {
+      // No candidate of this call reads the table (its slice of the step lies elsewhere): it
+      // counts as built, as the whole step decided, and nothing is computed (the incumbent's
+      // activations it would read are not even transposed for this call).
+      table.built = true;
+      table.cumulants.built = false;
+      continue;
+    }
     table.response.resize(in * out, batch);
     table.inv_room.resize(in, batch);
     table.room_up.resize(in, batch);

@@ -36,6 +36,13 @@ struct Candidates {
   // coordinates (the session's expansion of an unchanged layout, every particle active), so
   // the evaluator may reuse that call's plan of groups and paths. 0: plan afresh.
   uint64_t structure_key = 0;
+  // A probe-form step (the session's expansion of a polytope probe): its candidates a particle
+  // (V K), and a key that changes whenever the bound layout does. Then the tables' thresholds
+  // count the whole layout's candidates, not this call's, so a call that scores a slice of the
+  // step (a rank of a sharded step) takes every candidate's route as the whole step does: the
+  // same bits. 0: count this call's.
+  int64_t step_candidates_per_particle = 0;
+  uint64_t layout_key = 0;
 };
 
 class CandidateEvaluator {

@@ -136,8 +136,33 @@ Decline GroupPlanner::build_terms(const Candidates& c, int64_t particle, std::ve
   return why;
 }
 
+bool GroupPlanner::takes_delta(Decline why, bool has_terms) const {
+  const bool force_delta = forced_ == "sparse" || forced_ == "subspace-delta";
+  return has_terms && plan_.no_prefix_reuse.empty() && (forced_.empty() || force_delta) &&
+         why == Decline::none;
+}
+
+void GroupPlanner::count_layout(const Candidates& c) {
+  layout_counted_ = c.step_candidates_per_particle > 0 && c.layout_key != 0;
+  if (!layout_counted_ ||
+      (c.layout_key == layout_key_ && c.step_candidates_per_particle == layout_per_))
+    return;
+  layout_candidates_.assign(plan_.layers.size(), 0);
+  std::vector<Term> scratch;
+  for (int64_t particle = 0; particle < c.n_particles; ++particle) {
+    scratch.clear();
+    int32_t first = 0;
+    const Decline why = build_terms(c, particle, scratch, first);
+    if (takes_delta(why, !scratch.empty()))
+      layout_candidates_[static_cast<std::size_t>(first)] += c.step_candidates_per_particle;
+  }
+  layout_key_ = c.layout_key;
+  layout_per_ = c.step_candidates_per_particle;
+}
+
 void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_dense,
                         const SiteDecline& site_decline) {
+  count_layout(c);
   groups_.clear();
   terms_.clear();
   path_candidates_.fill(0);
@@ -176,7 +201,7 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
                                       : Path::fallback;
       if (g.why == Decline::none) g.why = Decline::forced;
       g.site_why = site_decline(g, true);
-    } else if (g.why == Decline::none && !force_site) {
+    } else if (takes_delta(g.why, true)) {
       g.path = Path::delta;
       first_layer_candidates_[static_cast<std::size_t>(g.first_layer)] += run_end - begin;
     } else {

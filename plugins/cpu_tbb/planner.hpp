@@ -96,6 +96,11 @@ class GroupPlanner {
   const std::vector<Term>& terms() const { return terms_; }
   // Per layer: the delta candidates whose first changed layer it is (last call).
   const std::vector<int64_t>& first_layer_candidates() const { return first_layer_candidates_; }
+  // What the tables' thresholds count: first_layer_candidates() over the whole bound layout
+  // for a probe-form step (Candidates::step_candidates_per_particle), else over the last call.
+  const std::vector<int64_t>& threshold_candidates() const {
+    return layout_counted_ ? layout_candidates_ : first_layer_candidates_;
+  }
   // Per layer (the first the particle changes): candidates per path and per decline.
   const std::vector<std::array<int64_t, kPathCount>>& layer_path_candidates() const {
     return layer_path_candidates_;
@@ -106,6 +111,10 @@ class GroupPlanner {
   const std::array<int64_t, kPathCount>& path_candidates() const { return path_candidates_; }
 
  private:
+  // Whether a particle whose build_terms gave `why` (and `has_terms`) takes the delta path.
+  bool takes_delta(Decline why, bool has_terms) const;
+  // layout_candidates_ for c's layout, unless already counted for it.
+  void count_layout(const Candidates& c);
   // Appends the particle's terms to `out`; returns why the delta path cannot take it.
   Decline build_terms(const Candidates& c, int64_t particle, std::vector<Term>& out,
                       int32_t& first) const;
@@ -117,6 +126,10 @@ class GroupPlanner {
   std::vector<Group> groups_;
   std::vector<Term> terms_;
   std::vector<int64_t> first_layer_candidates_;
+  std::vector<int64_t> layout_candidates_;  // count_layout's, for layout_key_ and layout_per_
+  uint64_t layout_key_ = 0;
+  int64_t layout_per_ = 0;
+  bool layout_counted_ = false;  // threshold_candidates() reads layout_candidates_
   std::array<int64_t, kPathCount> path_candidates_{};
   std::vector<std::array<int64_t, kPathCount>> layer_path_candidates_;
   std::vector<std::array<int64_t, kDeclineCount>> layer_declines_;

@@ -162,6 +162,8 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   c.particle = particle_.data();
   c.displacement = displacement_.data();
   c.structure_key = key;
+  c.step_candidates_per_particle = V * K;
+  c.layout_key = layout_generation_;
   if (r.active == nullptr) {
     evaluator_->evaluate(c, losses, incumbent_loss, version_);
     return;
