@@ -180,6 +180,17 @@ void PolytopeOptimizer::resync_from_model() {
   impl_->search_.engine().forget_history();
 }
 
+void PolytopeOptimizer::gather_state() {
+  detail::StepEngine& engine = impl_->search_.engine();
+  if (!engine.duals_spread()) return;
+  StepShard* shard = impl_->evaluator_ != nullptr ? impl_->evaluator_->step_shard() : nullptr;
+  if (shard == nullptr)
+    throw Error(
+        "gather_state: the state is spread over the processes of a sharded evaluator, and the "
+        "registered evaluator shares its steps with none");
+  engine.gather_duals(*shard);
+}
+
 void PolytopeOptimizer::save_state(std::ostream& out) const {
   state_io::put_tag(out, "polyprobe-optimizer-state-v1");
   out << '\n';

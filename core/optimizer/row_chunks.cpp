@@ -13,7 +13,8 @@ constexpr int64_t kGrain = StepShard::kGrain;
 constexpr int64_t kChunksPerTask = 16;
 }  // namespace
 
-RowChunks::RowChunks(int64_t origin, int64_t rows, StepShard* shard)
+RowChunks::RowChunks(int64_t origin, int64_t rows, StepShard* shard,
+                     std::span<const int64_t> bounds)
     : origin_(origin),
       rows_(rows),
       first_global_(origin / kGrain),
@@ -21,7 +22,7 @@ RowChunks::RowChunks(int64_t origin, int64_t rows, StepShard* shard)
       shard_(shard),
       own_last_(count_) {
   if (shard_ == nullptr) return;
-  const std::span<const int64_t> bounds = shard_->bounds();
+  if (bounds.empty()) bounds = shard_->bounds();
   const int index = shard_->index();
   if (bounds.size() < 2 || index < 0 || static_cast<std::size_t>(index) + 1 >= bounds.size())
     throw Error("step shard: process " + std::to_string(index) + " of " +

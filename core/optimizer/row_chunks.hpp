@@ -23,7 +23,8 @@ namespace polyprobe::detail {
 class RowChunks {
  public:
   // `shard` may be null (this process computes every chunk); it must outlive the object.
-  RowChunks(int64_t origin, int64_t rows, StepShard* shard);
+  // `bounds` (empty: shard->bounds()) are the processes' particles to cut by.
+  RowChunks(int64_t origin, int64_t rows, StepShard* shard, std::span<const int64_t> bounds = {});
 
   int64_t count() const { return count_; }
   // Rows of chunk c, relative to the range.

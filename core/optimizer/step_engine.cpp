@@ -547,6 +547,17 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
   // rows) and their results are combined in block order.
   const double temperature = config_.ent_epsilon > 0 ? config_.ent_epsilon : epsilon_;
   const auto n_blocks = static_cast<int64_t>(blocks_.size());
+  // Sinkhorn's row duals of the last sharded step stay with the processes that finished them;
+  // a step that cuts the particles otherwise needs them whole first.
+  if (!spread_duals_.empty()) {
+    if (shard == nullptr)
+      throw Error(
+          "finish: Sinkhorn's row duals are spread over the processes of the last sharded "
+          "step, and this step is not sharded (call gather_duals with their shard first)");
+    const std::span<const int64_t> now = shard->bounds();
+    if (!std::equal(now.begin(), now.end(), spread_duals_.begin(), spread_duals_.end()))
+      gather_duals(*shard);
+  }
   std::vector<TransportResult> solved(blocks_.size());
   if (shard == nullptr) {
     threads_.for_chunks(n_blocks, 1, [&](int64_t b, int64_t, int64_t) {
@@ -557,6 +568,12 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     // collectives, called in the same order everywhere, from the thread that joined them.
     for (int64_t b = 0; b < n_blocks; ++b)
       solved[idx(b)] = solve_block(blocks_[idx(b)], temperature, shard);
+    // Each process now holds the row duals of its own particles only: they cross only when
+    // they are needed whole (gather_duals: a checkpoint, another cut), not every step.
+    if (solver_ == TransportSolver::sinkhorn) {
+      const std::span<const int64_t> now = shard->bounds();
+      spread_duals_.assign(now.begin(), now.end());
+    }
   }
   for (const TransportResult& r : solved) {
     info.transport_iterations = std::max(info.transport_iterations, r.iterations);
@@ -655,6 +672,8 @@ StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incum
     throw Error(
         "finish_on: this step needs the host's transport (screening, adaptive probes "
         "or a metric)");
+  if (!spread_duals_.empty())
+    throw Error("finish_on: Sinkhorn's row duals are spread over processes (gather_duals first)");
   bool reviewed = false;
   incumbents = check_finish(incumbents, moves, reviewed);
   const auto P = particles_;
@@ -876,7 +895,22 @@ void StepEngine::change_basis() {
   }
 }
 
+void StepEngine::gather_duals(StepShard& shard) {
+  if (spread_duals_.empty()) return;
+  for (std::size_t b = 0; b < blocks_.size(); ++b) {
+    std::vector<double>& f = duals_[b].f;
+    if (static_cast<int64_t>(f.size()) != blocks_[b].count) continue;  // never solved
+    const RowChunks chunks(blocks_[b].first, blocks_[b].count, &shard, spread_duals_);
+    chunks.share_rows(f, 1, "Sinkhorn's row duals");
+  }
+  spread_duals_.clear();
+}
+
 void StepEngine::save(std::ostream& out) const {
+  if (!spread_duals_.empty())
+    throw Error(
+        "saving the optimizer state: Sinkhorn's row duals are spread over the processes that "
+        "share the steps; call PolytopeOptimizer::gather_state() on every process first");
   using namespace state_io;
   put(out, "engine.rotation_stream", kRotationStream);
   put(out, "engine.particles", particles_);
@@ -914,6 +948,7 @@ void StepEngine::save(std::ostream& out) const {
 }
 
 void StepEngine::load(std::istream& in) {
+  spread_duals_.clear();
   using namespace state_io;
   int64_t particles = 0, vertices = 0, blocks = 0, stream = 0;
   int32_t d = 0;

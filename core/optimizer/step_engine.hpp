@@ -132,6 +132,13 @@ class StepEngine {
   // duals stay.
   void change_basis();
 
+  // After sharded steps each process holds Sinkhorn's row duals of its own particles only
+  // (they are not sent every step); this makes them whole on every process, through `shard`
+  // (the processes of those steps, every one calling it). A no-op when they are whole.
+  void gather_duals(StepShard& shard);
+  bool duals_spread() const { return !spread_duals_.empty(); }
+
+  // Throws while the row duals are spread (gather_duals first).
   void save(std::ostream& out) const;
   void load(std::istream& in);
 
@@ -173,7 +180,10 @@ class StepEngine {
 
   // Persistent state (checkpointed).
   int64_t step_ = 0;
-  std::vector<SinkhornDuals> duals_;     // per block
+  std::vector<SinkhornDuals> duals_;  // per block
+  // Not empty: the bounds of the sharded step whose row duals each process kept for its own
+  // particles (gather_duals makes them whole).
+  std::vector<int64_t> spread_duals_;
   std::vector<double> velocity_;         // [P d]
   std::vector<double> last_move_;        // [P d]
   std::vector<double> cache_costs_;      // [P V]

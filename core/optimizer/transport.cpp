@@ -276,8 +276,6 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
     fresh = true;
     result.iterations = it + 1;
   }
-  // Every process's rows of f: the next step's warm start may cut the rows otherwise.
-  chunks.share_rows(duals.f, 1, "Sinkhorn's row duals");
   if (fresh) return result;  // the last row update left the plan for this g
   // Row-normalised plan: W_iv = exp((f_i + g_v - C_iv) / eps) / V, renormalised exactly.
   chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {

@@ -2,8 +2,9 @@
 // public serial forms in <polyprobe/transport.hpp>, bit for bit, for any thread count when the
 // problem starts at a multiple of StepShard::kGrain particles: rows are independent, and
 // Sinkhorn's column sums add fixed chunks of rows (RowChunks) in chunk order. With a shard, a
-// process computes the plan's rows of its own chunks; Sinkhorn's duals come out whole on every
-// process (its column partials and, at the end, its row duals are shared).
+// process computes the plan's rows and the row duals f of its own chunks (the column partials
+// are shared, so the column duals g come out whole on every process; f's other rows are left
+// as they were: StepEngine gathers them when they are needed).
 #pragma once
 
 #include "row_chunks.hpp"

@@ -247,6 +247,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
   const auto save_checkpoint = [&] {
+    // Every process, even those that write nothing: a sharded state is gathered collectively.
+    optimizer.gather_state();
     if (options.checkpoint_path.empty() || !options.write_files) return;
     state.parameters.assign(model.parameters().begin(), model.parameters().end());
     state.epoch = stream.epoch();

@@ -179,7 +179,13 @@ class PolytopeOptimizer {
 
   // The whole optimizer state (RNG, duals, radii and controllers, pending prediction,
   // momentum, caches), exactly; load_state requires the same configuration and model shape.
+  // After steps finished sharded (an evaluator with a StepShard: mpirun), every process must
+  // call gather_state() first: save_state throws until then.
   void save_state(std::ostream& out) const;
+  // Processes that share the steps keep part of the state each (Sinkhorn's row duals of their
+  // own particles) between steps; this makes it whole on every process. Every process calls it,
+  // at the same point; a no-op for one process.
+  void gather_state();
   void load_state(std::istream& in);
 
   const OptimizerConfig& config() const;

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <tuple>
 
 namespace polyprobe::test {
@@ -349,6 +350,7 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
     config.sinkhorn_tolerance = 1e-10;  // several iterations a step
     std::vector<std::vector<double>> finals;
     std::vector<std::vector<StepInfo>> infos(2);
+    std::vector<std::string> states;
     for (const bool sharded : {false, true}) {
       Model model = initial;
       auto evaluator = cpu_registry().make_evaluator(model, *loss, request("cpu_tbb", DType::f64));
@@ -357,10 +359,25 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
       optimizer.register_evaluator(*evaluator, batch);
       for (int step = 0; step < 6; ++step) infos[sharded ? 1 : 0].push_back(optimizer.step());
       finals.emplace_back(model.parameters().begin(), model.parameters().end());
-      if (sharded)
+      if (sharded) {
         CHECK_THAT(evaluator->explain().at("distributed").at("last_losses").get<std::string>(),
                    Catch::Contains("finished the step sharded"));
+        // Sinkhorn's row duals stay with the ranks that finished them until gathered.
+        std::ostringstream early;
+        if (set.solver == TransportSolver::sinkhorn && job.size() > 1)
+          CHECK_THROWS_WITH(optimizer.save_state(early), Catch::Contains("gather_state()"));
+      }
+      optimizer.gather_state();
+      std::ostringstream state;
+      optimizer.save_state(state);
+      states.push_back(state.str());
+      // The gathered state resumes the unsharded trajectory: one more step each.
+      std::istringstream in(states.back());
+      optimizer.load_state(in);
+      infos[sharded ? 1 : 0].push_back(optimizer.step());
+      finals.back().assign(model.parameters().begin(), model.parameters().end());
     }
+    CHECK(states[1] == states[0]);
     CHECK(finals[1] == finals[0]);
     for (std::size_t step = 0; step < infos[0].size(); ++step) {
       INFO("step " << step);
