@@ -569,7 +569,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << "model: " << model.num_layers() << " layers, " << model.num_parameters()
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (ranks.size() > 1)
-    out << " on each of " << ranks.size() << " ranks (losses over " << ranks.exchange() << ")";
+    out << " on each of " << ranks.size() << " ranks (exchanges over " << ranks.exchange()
+        << "; sharded finish " << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
   if (settings.optimizer.radius.kind == RadiusModelKind::plugin)

@@ -43,6 +43,12 @@ for n in 1 2 3; do
   [[ $(grep -c "test accuracy" r$n.out) == 1 ]] || fail "$n ranks printed the result more than once"
 done
 grep -q "on each of 2 ranks" r2.out || fail "the 2-rank run does not say it is sharded: $(cat r2.out)"
+# The same trajectory when every rank gathers all losses and finishes the whole step.
+timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --sharded-finish off --metrics g2.jsonl \
+  --save g2.safetensors >g2.out 2>&1 || fail "mpirun -np 2 train --sharded-finish off: $(cat g2.out)"
+cmp -s alone.safetensors g2.safetensors ||
+  fail "weights at 2 ranks with the gathered finish differ from the run without mpirun"
+grep -q "sharded finish off" g2.out || fail "the gathered run does not say so: $(cat g2.out)"
 
 # 2. A rank killed mid-run ends the job (bounded), and the last checkpoint resumes on 1 rank.
 long=(train --epochs 16 --hidden 64 --threads 1 --validate-every 4 --quiet)
