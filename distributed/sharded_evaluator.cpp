@@ -1,5 +1,7 @@
 // The sharding decorator: each rank scores its slice of the step's candidates on its own
-// backend, then the losses are all-gathered, so every rank finishes the step on all of them.
+// backend; then either the losses are all-gathered and every rank finishes the whole step, or
+// (StepShard, the optimizer's sharded finish) each rank receives the losses of the particles it
+// finishes.
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/step_shard.hpp>
@@ -41,7 +43,8 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   std::string name() const override { return inner_->name(); }
   StepShard* step_shard() override { return this; }
 
-  // --- StepShard: the optimizer finishes the step on this rank's slice of the last call.
+  // --- StepShard: the scoring cut stays the balancer's (by measured cost); the finishing cut
+  // is an even share of the particles a rank (the finish costs the same per particle).
   void gather_losses(bool all) override { gather_losses_ = all; }
   std::span<const int64_t> bounds() const override { return finish_bounds_; }
   std::vector<ParticleRange> planned_particles(int64_t particles) override {

@@ -140,10 +140,13 @@ bool nccl_built();
 
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
-// over `exchange`. The slices start balanced by candidate count and are then balanced by cost:
+// over `exchange`; or, when the optimizer finishes the step sharded (the result's
+// step_shard(): StepShard::gather_losses(false)), send each rank only the losses of the even
+// share of particles it finishes (Job::redistribute, point to point), the finish's exchanges
+// going over `job`. The slices start balanced by candidate count and are then balanced by cost:
 // after each call the ranks all-gather their scoring's CPU times (N doubles over `job`) and every
 // rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of a
-// model's first layers run through more of it) shrinks; the losses do not depend on the cut. the
+// model's first layers run through more of it) shrinks; the losses do not depend on the cut. The
 // incumbent's loss, when asked for, is rank 0's, broadcast (one incumbent forward in the job, and
 // every rank gets the same number even if its backend or thread count differs). Explicit candidate
 // sets (multifidelity screens) are sliced by candidate count the same way. The stateless calls
