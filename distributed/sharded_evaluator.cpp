@@ -62,7 +62,10 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   int index() const override { return job_.rank(); }
   void share(std::span<double> values, std::span<const int64_t> offsets,
              const char* what) override {
+    const auto start = Clock::now();
     job_.allgather(values, offsets, what);
+    finish_exchange_ms_ += std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    ++finish_exchanges_;
   }
 
   void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
@@ -84,6 +87,10 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
         {"last_score_ms", last_score_ms_},
         {"last_exchange_ms", last_exchange_ms_},
         {"last_score_cpu_ms", last_score_cpu_ms_},
+        // The optimizer's exchanges since the last score call (the sharded finish's partial
+        // sums, moves and row duals), waits for slower ranks included.
+        {"finish_exchange_ms", finish_exchange_ms_},
+        {"finish_exchanges", finish_exchanges_},
         {"last_losses", last_gathered_ ? "all-gathered"
                                        : "the particles this rank finishes (the optimizer "
                                          "finished the step sharded)"},
@@ -103,6 +110,8 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
                      double* incumbent_loss) override {
     const int64_t P = bound_particles().count();
     const int64_t per_particle = bound_polytope().rows() * bound_probes();
+    finish_exchange_ms_ = 0;
+    finish_exchanges_ = 0;
     const std::vector<int64_t> slices = balancer_.slices(P, probe.active, job_.size());
     const auto rank = static_cast<std::size_t>(job_.rank());
     const int64_t first = slices[rank], last = slices[rank + 1];
@@ -213,6 +222,8 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   std::vector<int64_t> finish_bounds_;  // [ranks + 1]: the particles each rank finishes
   std::vector<int64_t> wanted_;         // [ranks + 1]: their losses' offsets
   bool gather_losses_ = true, last_gathered_ = true;
+  double finish_exchange_ms_ = 0;  // in share() since the last probe call
+  int64_t finish_exchanges_ = 0;
   std::vector<double> times_;  // [ranks]: the last call's scoring times
   std::vector<int64_t> time_offsets_;
 };

@@ -58,7 +58,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.subspace = w.subspace.get();
     auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request));
     optimizer.register_evaluator(*evaluator, w.batch);
-    std::vector<double> score_ms, exchange_ms, score_cpu_ms;
+    std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
     nlohmann::json slice = nlohmann::json::array();
     StepInfo last;
     const Timing t = time_calls(
@@ -67,6 +67,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
           last = optimizer.step();
           const nlohmann::json d = evaluator->explain().value("distributed", nlohmann::json());
           if (d.is_object()) {
+            finish_exchange_ms.push_back(d.value("finish_exchange_ms", 0.0));
             score_ms.push_back(d.value("last_score_ms", 0.0));
             exchange_ms.push_back(d.value("last_exchange_ms", 0.0));
             score_cpu_ms.push_back(d.value("last_score_cpu_ms", 0.0));
@@ -81,16 +82,19 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     };
     std::ostringstream mine;
     mine << timed(score_ms) << " " << timed(exchange_ms) << " " << timed(score_cpu_ms) << " "
-         << (slice.size() == 2 ? slice[1].get<int64_t>() - slice[0].get<int64_t>() : 0);
+         << (slice.size() == 2 ? slice[1].get<int64_t>() - slice[0].get<int64_t>() : 0) << " "
+         << timed(finish_exchange_ms);
     double score_max = 0, score_sum = 0, exchange_min = 1e300;
     nlohmann::json particles = nlohmann::json::array();  // each rank's in the last step
-    nlohmann::json score_per_rank = nlohmann::json::array(), cpu_per_rank = score_per_rank;
+    nlohmann::json score_per_rank = nlohmann::json::array(), cpu_per_rank = score_per_rank,
+                   finish_exchange_per_rank = score_per_rank;
     double cpu_max = 0, cpu_sum = 0;
     for (const std::string& text : ranks.gather(mine.str())) {
       std::istringstream in(text);
-      double s = 0, e = 0, c = 0;
+      double s = 0, e = 0, c = 0, f = 0;
       int64_t p = 0;
-      in >> s >> e >> c >> p;
+      in >> s >> e >> c >> p >> f;
+      finish_exchange_per_rank.push_back(f);
       particles.push_back(p);
       score_per_rank.push_back(s);
       cpu_per_rank.push_back(c);
@@ -133,6 +137,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       r.extra["particles_per_rank"] = particles;
       r.extra["score_ms_per_rank"] = score_per_rank;
       r.extra["score_cpu_ms_per_rank"] = cpu_per_rank;
+      // Each rank's time in the sharded finish's exchanges (waits for slower ranks included).
+      r.extra["finish_exchange_ms_per_rank"] = finish_exchange_per_rank;
       // The same, in the CPU time of each rank's scoring (what the slices are balanced by).
       r.extra["cpu_imbalance"] = cpu_sum > 0 ? cpu_max / (cpu_sum / ranks.size()) : 1.0;
       r.extra["rest_ms"] = std::max(0.0, t.median_ms - score_max - exchange_min);
