@@ -101,12 +101,20 @@ Job::~Job() {
   if (finalized == 0) MPI_Finalize();
 }
 
+namespace {
+// Throws unless `bounds` are ranks + 1 entries from 0 to `values` (their order is the caller's).
+void check_bounds(std::span<const int64_t> bounds, int ranks, std::size_t values, const char* call,
+                  const char* what) {
+  if (static_cast<int>(bounds.size()) != ranks + 1 || bounds.front() != 0 ||
+      bounds.back() != static_cast<int64_t>(values))
+    throw Error(std::string(call) + " (" + what + "): " + std::to_string(bounds.size()) +
+                " bounds for " + std::to_string(ranks) + " ranks and " + std::to_string(values) +
+                " values");
+}
+}  // namespace
+
 void Job::allgather(std::span<double> values, std::span<const int64_t> offsets, const char* what) {
-  if (static_cast<int>(offsets.size()) != size_ + 1 || offsets.front() != 0 ||
-      offsets.back() != static_cast<int64_t>(values.size()))
-    throw Error(std::string("allgather (") + what + "): " + std::to_string(offsets.size()) +
-                " offsets for " + std::to_string(size_) + " ranks and " +
-                std::to_string(values.size()) + " values");
+  check_bounds(offsets, size_, values.size(), "allgather", what);
   if (size_ == 1) return;
   std::vector<int> counts(static_cast<std::size_t>(size_)), displs(counts.size());
   for (int r = 0; r < size_; ++r) {
@@ -124,40 +132,30 @@ void Job::allgather(std::span<double> values, std::span<const int64_t> offsets, 
 
 void Job::redistribute(std::span<double> values, std::span<const int64_t> from,
                        std::span<const int64_t> to, const char* what) {
-  for (const auto& bounds : {from, to})
-    if (static_cast<int>(bounds.size()) != size_ + 1 || bounds.front() != 0 ||
-        bounds.back() != static_cast<int64_t>(values.size()))
-      throw Error(std::string("redistribute (") + what + "): " + std::to_string(bounds.size()) +
-                  " bounds for " + std::to_string(size_) + " ranks and " +
-                  std::to_string(values.size()) + " values");
+  check_bounds(from, size_, values.size(), "redistribute", what);
+  check_bounds(to, size_, values.size(), "redistribute", what);
   if (size_ == 1) return;
   const auto me = static_cast<std::size_t>(rank_);
   // What this rank sends to rank r: its own values inside r's wanted range; what it receives
   // from r: r's own values inside its wanted range. Each value travels once, to where it is
   // wanted, and the send and receive ranges never overlap (a rank sends only what it owns).
   std::vector<MPI_Request> requests;
-  constexpr int kTag = 0x5eed;
+  const auto post = [&](bool send, int peer, int64_t first, int64_t last) {
+    if (last <= first) return;
+    constexpr int kTag = 0x5eed;
+    requests.push_back(MPI_REQUEST_NULL);
+    double* data = values.data() + first;
+    const int count = as_count(*this, last - first, what);
+    check(*this,
+          send ? MPI_Isend(data, count, MPI_DOUBLE, peer, kTag, MPI_COMM_WORLD, &requests.back())
+               : MPI_Irecv(data, count, MPI_DOUBLE, peer, kTag, MPI_COMM_WORLD, &requests.back()),
+          send ? "MPI_Isend" : "MPI_Irecv", what);
+  };
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const auto i = static_cast<std::size_t>(r);
-    const int64_t send_first = std::max(from[me], to[i]);
-    const int64_t send_last = std::min(from[me + 1], to[i + 1]);
-    if (send_last > send_first) {
-      requests.push_back(MPI_REQUEST_NULL);
-      check(*this,
-            MPI_Isend(values.data() + send_first, as_count(*this, send_last - send_first, what),
-                      MPI_DOUBLE, r, kTag, MPI_COMM_WORLD, &requests.back()),
-            "MPI_Isend", what);
-    }
-    const int64_t recv_first = std::max(from[i], to[me]);
-    const int64_t recv_last = std::min(from[i + 1], to[me + 1]);
-    if (recv_last > recv_first) {
-      requests.push_back(MPI_REQUEST_NULL);
-      check(*this,
-            MPI_Irecv(values.data() + recv_first, as_count(*this, recv_last - recv_first, what),
-                      MPI_DOUBLE, r, kTag, MPI_COMM_WORLD, &requests.back()),
-            "MPI_Irecv", what);
-    }
+    post(true, r, std::max(from[me], to[i]), std::min(from[me + 1], to[i + 1]));
+    post(false, r, std::max(from[i], to[me]), std::min(from[i + 1], to[me + 1]));
   }
   for (MPI_Request& request : requests) wait(*this, request, what);
 }

@@ -4,6 +4,7 @@
 // ranks changes no loss by a single bit. Run under mpirun ([sharded] at 2 ranks, CMakeLists),
 // the decorator is checked against the unsharded evaluator on every rank.
 #include "cpu_tbb/cpu_tbb_fixture.hpp"
+#include "optimizer/optimizer_fixtures.hpp"
 
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/optimizer.hpp>
@@ -308,25 +309,10 @@ TEST_CASE("redistribute delivers each rank the values it wants from their owners
 TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]") {
   distributed::Job& job = the_job();
   auto exchange = distributed::make_mpi_exchange(job);
-  struct Setting {
-    TransportSolver solver;
-    CostScaling scaling;
-    RadiusModelKind radius;
-    BlockStrategy blocks;
-    int32_t d;
-  };
-  const std::vector<Setting> settings = {
-      {TransportSolver::sinkhorn, CostScaling::none, RadiusModelKind::quadratic,
-       BlockStrategy::monolithic, 2},
-      {TransportSolver::sinkhorn, CostScaling::mean, RadiusModelKind::fixed,
-       BlockStrategy::per_layer, 3},
-      {TransportSolver::softmax, CostScaling::min_max, RadiusModelKind::quadratic,
-       BlockStrategy::per_layer, 2},
-      {TransportSolver::top_k, CostScaling::max_cost, RadiusModelKind::adaptive,
-       BlockStrategy::monolithic, 4},
-  };
+  const std::vector<testing::TransportSetting> settings = testing::transport_settings();
+  const int32_t particle_dim[] = {2, 3, 2, 4};  // per setting
   for (std::size_t k = 0; k < settings.size(); ++k) {
-    const Setting& set = settings[k];
+    const testing::TransportSetting& set = settings[k];
     INFO(job.size() << " ranks, rank " << job.rank() << ", setting " << k);
     // 10-40-40-4: 2,244 parameters, some 560-1,100 particles: several reduction chunks a rank.
     const Model initial = make_model(10,
@@ -340,11 +326,8 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
     const Batch batch = make_batch(initial, 24, 40 + k);
     OptimizerConfig config;
     config.seed = 50 + k;
-    config.solver = set.solver;
-    config.cost_scaling = set.scaling;
-    config.radius.kind = set.radius;
-    config.blocks = set.blocks;
-    config.particle_dim = set.d;
+    set.apply(config);
+    config.particle_dim = particle_dim[k];
     config.top_k = 2;
     config.sinkhorn_max_iterations = 40;
     config.sinkhorn_tolerance = 1e-10;  // several iterations a step

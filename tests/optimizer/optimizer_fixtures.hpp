@@ -4,10 +4,13 @@
 #include <polyprobe/batch.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
+#include <polyprobe/optimizer.hpp>
+#include <polyprobe/radius_model.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <random>
+#include <vector>
 
 namespace polyprobe::testing {
 
@@ -36,6 +39,32 @@ inline Batch random_batch(uint64_t seed, int64_t rows = 24, int64_t inputs = 4,
   }
   (void)classes;
   return b;
+}
+
+// The settings an alternative finish of a step (a backend's transport, the sharded finish
+// under mpirun) is checked across: every solver, every cost scaling, both block strategies and
+// the radius models with and without an incumbent.
+struct TransportSetting {
+  TransportSolver solver;
+  CostScaling scaling;
+  RadiusModelKind radius;
+  BlockStrategy blocks;
+  void apply(OptimizerConfig& config) const {
+    config.solver = solver;
+    config.cost_scaling = scaling;
+    config.radius.kind = radius;
+    config.blocks = blocks;
+  }
+};
+inline std::vector<TransportSetting> transport_settings() {
+  return {{TransportSolver::sinkhorn, CostScaling::none, RadiusModelKind::quadratic,
+           BlockStrategy::monolithic},
+          {TransportSolver::sinkhorn, CostScaling::mean, RadiusModelKind::fixed,
+           BlockStrategy::per_layer},
+          {TransportSolver::softmax, CostScaling::min_max, RadiusModelKind::quadratic,
+           BlockStrategy::per_layer},
+          {TransportSolver::top_k, CostScaling::max_cost, RadiusModelKind::adaptive,
+           BlockStrategy::monolithic}};
 }
 
 }  // namespace polyprobe::testing

@@ -135,27 +135,13 @@ class SolvingEvaluator final : public Evaluator {
 TEST_CASE("a transport solved by the backend gives the host's trajectory", "[optimizer]") {
   const Batch batch = random_batch(8);
   const auto loss = make_loss("cross_entropy", 1e-3);
-  struct Setting {
-    TransportSolver solver;
-    CostScaling scaling;
-    RadiusModelKind radius;
-    BlockStrategy blocks;
-    int32_t probes;
-  };
-  for (const Setting& set : {Setting{TransportSolver::sinkhorn, CostScaling::none,
-                                     RadiusModelKind::quadratic, BlockStrategy::monolithic, 1},
-                             Setting{TransportSolver::sinkhorn, CostScaling::mean,
-                                     RadiusModelKind::fixed, BlockStrategy::per_layer, 2},
-                             Setting{TransportSolver::softmax, CostScaling::min_max,
-                                     RadiusModelKind::quadratic, BlockStrategy::per_layer, 1},
-                             Setting{TransportSolver::top_k, CostScaling::max_cost,
-                                     RadiusModelKind::adaptive, BlockStrategy::monolithic, 2}}) {
+  const std::vector<polyprobe::testing::TransportSetting> settings =
+      polyprobe::testing::transport_settings();
+  for (std::size_t k = 0; k < settings.size(); ++k) {
+    const auto& set = settings[k];
     OptimizerConfig config;
-    config.solver = set.solver;
-    config.cost_scaling = set.scaling;
-    config.radius.kind = set.radius;
-    config.blocks = set.blocks;
-    config.num_probe = set.probes;
+    set.apply(config);
+    config.num_probe = k % 2 == 0 ? 1 : 2;
     config.particle_dim = 3;
     config.seed = 5;
     std::vector<std::vector<double>> finals;
