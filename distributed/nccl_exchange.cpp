@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -87,6 +88,45 @@ class NcclExchange final : public LossExchange {
     wait("the step's loss exchange (NCCL)");
   }
 
+  void redistribute(std::span<double> values, std::span<const int64_t> from,
+                    std::span<const int64_t> to) override {
+    const auto ranks = static_cast<std::size_t>(job_.size());
+    if (from.size() != ranks + 1 || to.size() != ranks + 1 ||
+        from.back() != static_cast<int64_t>(values.size()) ||
+        to.back() != static_cast<int64_t>(values.size()))
+      throw Error("the NCCL exchange: bounds do not cut the loss buffer into one slice a rank");
+    reserve(values.size());
+    const auto me = static_cast<std::size_t>(job_.rank());
+    const auto bytes = [](int64_t n) { return static_cast<std::size_t>(n) * sizeof(double); };
+    check_cuda(cudaMemcpyAsync(buffer_ + from[me], values.data() + from[me],
+                               bytes(from[me + 1] - from[me]), cudaMemcpyHostToDevice, stream_),
+               "cudaMemcpyAsync (slice to the device)");
+    // As Job::redistribute: to each peer the part of this rank's values it wants, from each
+    // the part of its values this rank wants; the two never overlap.
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    for (std::size_t r = 0; r < ranks; ++r) {
+      if (r == me) continue;
+      const int64_t send_first = std::max(from[me], to[r]),
+                    send_last = std::min(from[me + 1], to[r + 1]);
+      if (send_last > send_first)
+        check_nccl(ncclSend(buffer_ + send_first, static_cast<std::size_t>(send_last - send_first),
+                            ncclDouble, static_cast<int>(r), comm_, stream_),
+                   "ncclSend");
+      const int64_t recv_first = std::max(from[r], to[me]),
+                    recv_last = std::min(from[r + 1], to[me + 1]);
+      if (recv_last > recv_first)
+        check_nccl(ncclRecv(buffer_ + recv_first, static_cast<std::size_t>(recv_last - recv_first),
+                            ncclDouble, static_cast<int>(r), comm_, stream_),
+                   "ncclRecv");
+    }
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+    // This rank's own values inside its wanted range came up with the slice, unchanged.
+    check_cuda(cudaMemcpyAsync(values.data() + to[me], buffer_ + to[me], bytes(to[me + 1] - to[me]),
+                               cudaMemcpyDeviceToHost, stream_),
+               "cudaMemcpyAsync (losses to the host)");
+    wait("the step's losses, to the ranks finishing them (NCCL)");
+  }
+
   void broadcast_from_leader(double& value) override {
     reserve(1);
     check_cuda(cudaMemcpyAsync(buffer_, &value, sizeof(double), cudaMemcpyHostToDevice, stream_),
@@ -147,6 +187,18 @@ class NcclExchange final : public LossExchange {
 }  // namespace
 
 bool nccl_built() { return true; }
+
+std::string nccl_unusable() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+    return "no CUDA device is visible to it (check the driver and CUDA_VISIBLE_DEVICES)";
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int on_node = local != nullptr ? std::max(1, std::atoi(local)) : 1;
+  if (on_node > devices)
+    return std::to_string(on_node) + " ranks on its node share " + std::to_string(devices) +
+           " GPU(s), and NCCL refuses two ranks of one communicator on one GPU";
+  return "";
+}
 
 std::unique_ptr<LossExchange> make_nccl_exchange(Job& job, int device) {
   return std::make_unique<NcclExchange>(job, device);

@@ -1,10 +1,15 @@
-// make_nccl_exchange in builds without NCCL (POLYPROBE_NCCL off or not found).
+// make_nccl_exchange and nccl_unusable in builds without NCCL (POLYPROBE_NCCL off or not found).
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/error.hpp>
 
 namespace polyprobe::distributed {
 
 bool nccl_built() { return false; }
+
+std::string nccl_unusable() {
+  return "this polyprobe was built without NCCL (configure with -DPOLYPROBE_NCCL=ON and the CUDA "
+         "Toolkit's libnccl in /usr/local/cuda)";
+}
 
 std::unique_ptr<LossExchange> make_nccl_exchange(Job&, int) {
   throw Error(

@@ -17,21 +17,6 @@ namespace {
 
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 
-class MpiExchange final : public LossExchange {
- public:
-  explicit MpiExchange(Job& job) : job_(job) {}
-  void allgather(std::span<double> values, std::span<const int64_t> offsets) override {
-    job_.allgather(values, offsets, "the step's loss exchange");
-  }
-  void broadcast_from_leader(double& value) override {
-    job_.broadcast(std::span<double>(&value, 1), 0, "the incumbent loss broadcast");
-  }
-  std::string name() const override { return "mpi"; }
-
- private:
-  Job& job_;
-};
-
 class ShardedEvaluator final : public Evaluator, public StepShard {
  public:
   ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
@@ -137,8 +122,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
       cut_finish(P);
       wanted_.resize(slices.size());
       for (std::size_t r = 0; r < slices.size(); ++r) wanted_[r] = finish_bounds_[r] * per_particle;
-      job_.redistribute(losses, offsets_, wanted_,
-                        "the step's losses, to the ranks finishing them");
+      exchange_.redistribute(losses, offsets_, wanted_);
     }
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
     record(start, scored);
@@ -229,10 +213,6 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
 };
 
 }  // namespace
-
-std::unique_ptr<LossExchange> make_mpi_exchange(Job& job) {
-  return std::make_unique<MpiExchange>(job);
-}
 
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange, const Subspace* subspace) {

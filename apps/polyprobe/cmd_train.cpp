@@ -557,7 +557,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
 
   if (ranks.size() > 1) {
     ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
-    evaluator = ranks.shard(std::move(evaluator));
+    evaluator = ranks.shard(std::move(evaluator), vm["rank-exchange"].as<std::string>(),
+                            request.device == "cuda");
     options.write_files = ranks.leader();
     options.agree_on_stop = ranks.stop_agreement();
   }
@@ -653,8 +654,9 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   const EvaluationResult test =
       evaluate_model(model, *loss, splits.test, options.dtype, evaluator->threads());
   // The metrics file ends with the test result of the restored state, so a file alone gives
-  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py).
-  if (!options.metrics_path.empty())
+  // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py). Rank 0 alone
+  // writes it, as every other file.
+  if (!options.metrics_path.empty() && ranks.leader())
     std::ofstream(options.metrics_path, std::ios::app)
         << nlohmann::json{{"split", "test"},           {"step", result.steps},
                           {"seconds", result.seconds}, {"restored_step", result.best_step},
@@ -672,6 +674,9 @@ int run(Context& ctx) {
   const double timeout = ctx.vm["rank-timeout"].as<double>();
   if (!(timeout >= 0) || !std::isfinite(timeout))
     throw UsageError("--rank-timeout must be a number of seconds >= 0 (0: wait for ever)");
+  const std::string exchange = ctx.vm["rank-exchange"].as<std::string>();
+  if (exchange != "auto" && exchange != "mpi" && exchange != "nccl")
+    throw UsageError("--rank-exchange must be auto, mpi or nccl, got '" + exchange + "'");
   // Shared with ctx.after_error, which outlives this frame.
   const auto held = std::make_shared<TrainRanks>(timeout);
   TrainRanks& ranks = *held;
@@ -775,7 +780,11 @@ Command train_command() {
         "options of a plugin's radius model (--radius-model), as a JSON object")(
         "rank-timeout", number_value(300),
         "under mpirun: seconds a rank waits for the others (a step, the start-up) before it "
-        "ends the job saying which wait timed out (0: wait for ever)");
+        "ends the job saying which wait timed out (0: wait for ever)")(
+        "rank-exchange", po::value<std::string>()->default_value("auto")->value_name("HOW"),
+        "under mpirun: how the losses cross between ranks: mpi (host memory), nccl (between GPU "
+        "buffers, one GPU a rank), or auto (nccl when the backend runs on the GPU and every rank "
+        "has its own, else mpi); the start-up line says which and why");
     add_optimizer_options(o);
     add_backend_options(o);
   };

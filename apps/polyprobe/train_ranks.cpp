@@ -32,9 +32,9 @@ class NullBuffer final : public std::streambuf {
 
 #if POLYPROBE_HAVE_MPI
 struct TrainRanks::Impl {
-  explicit Impl(double timeout_s) : job(timeout_s), exchange(distributed::make_mpi_exchange(job)) {}
+  explicit Impl(double timeout_s) : job(timeout_s) {}
   distributed::Job job;
-  std::unique_ptr<distributed::LossExchange> exchange;
+  std::unique_ptr<distributed::LossExchange> exchange;  // chosen by shard()
 };
 #else
 struct TrainRanks::Impl {};
@@ -67,7 +67,7 @@ TrainRanks::~TrainRanks() = default;
 
 std::string TrainRanks::exchange() const {
 #if POLYPROBE_HAVE_MPI
-  if (size_ > 1) return impl_->exchange->name();
+  if (impl_->exchange) return impl_->exchange->name() + ", why: " + exchange_why_;
 #endif
   return "";
 }
@@ -92,10 +92,16 @@ void TrainRanks::agree_to_start(const std::string& failure,
 #endif
 }
 
-std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluator) {
+std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluator,
+                                             const std::string& exchange, bool gpu_backend) {
 #if POLYPROBE_HAVE_MPI
-  if (size_ > 1)
+  if (size_ > 1) {
+    impl_->exchange =
+        distributed::choose_exchange(impl_->job, exchange, gpu_backend, exchange_why_);
     return distributed::shard_evaluator(std::move(evaluator), impl_->job, *impl_->exchange);
+  }
+#else
+  (void)exchange, (void)gpu_backend;
 #endif
   return evaluator;
 }

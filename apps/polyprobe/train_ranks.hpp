@@ -41,7 +41,8 @@ class TrainRanks {
   // it returned.
   bool asked() const { return asked_; }
   bool agreed() const { return agreed_; }
-  // How the losses travel: "" alone, else "mpi".
+  // How the losses travel, and why: "" alone or before shard(), else "mpi, why: REASON" or
+  // "nccl, why: REASON".
   std::string exchange() const;
 
   // The start-up agreement (every rank once): `failure` is "" when this rank is ready, else why
@@ -49,8 +50,12 @@ class TrainRanks {
   // polyprobe::Error on every rank unless all are ready and agree. Alone: returns.
   void agree_to_start(const std::string& failure,
                       const std::vector<std::pair<std::string, std::string>>& facts);
-  // The evaluator that scores this rank's slice and all-gathers the losses (alone: itself).
-  std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator);
+  // The evaluator that scores this rank's slice and exchanges the losses (alone: itself), over
+  // `exchange`: "mpi", "nccl" or "auto" (NCCL when `gpu_backend` and every rank can use it;
+  // distributed::choose_exchange). Every rank, after agree_to_start; throws on every rank when
+  // NCCL was asked for and a rank cannot use it.
+  std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator,
+                                   const std::string& exchange = "mpi", bool gpu_backend = false);
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
@@ -72,6 +77,7 @@ class TrainRanks {
   int size_ = 1;
   bool asked_ = false;
   bool agreed_ = false;
+  std::string exchange_why_;
 };
 
 }  // namespace polyprobe::app

@@ -3,7 +3,8 @@
 # without mpirun and at 1, 2 and 3 ranks (oversubscribed); a rank killed mid-run ends the job
 # within a bound, naming the rank, and its last checkpoint resumes on one rank to the very
 # weights of an uninterrupted run; ranks that disagree or cannot start are refused at start-up
-# with one message naming the rank and the difference.
+# with one message naming the rank and the difference; NCCL asked for where a rank cannot use it
+# ends the job saying why.
 # usage: mpi_train_test.sh POLYPROBE MPIRUN
 set -uo pipefail
 polyprobe=$(realpath "$1")
@@ -24,7 +25,7 @@ trajectory() {
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    print(r["step"], r["epoch"], r.get("split", "train"), repr(r["loss"]), repr(r["accuracy"]), r["candidates"])
+    print(r["step"], r.get("epoch"), r.get("split", "train"), repr(r["loss"]), repr(r["accuracy"]), r.get("candidates"))
 ' "$1"
 }
 
@@ -43,6 +44,11 @@ for n in 1 2 3; do
   [[ $(grep -c "test accuracy" r$n.out) == 1 ]] || fail "$n ranks printed the result more than once"
 done
 grep -q "on each of 2 ranks" r2.out || fail "the 2-rank run does not say it is sharded: $(cat r2.out)"
+grep -q "exchanges over mpi, why: the backend's losses are in host memory" r2.out ||
+  fail "the 2-rank run does not say how its losses cross and why: $(cat r2.out)"
+timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange mpi --save m2.safetensors \
+  >m2.out 2>&1 || fail "mpirun -np 2 train --rank-exchange mpi: $(cat m2.out)"
+cmp -s alone.safetensors m2.safetensors || fail "weights with --rank-exchange mpi differ"
 # The same trajectory when every rank gathers all losses and finishes the whole step.
 timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --sharded-finish off --metrics g2.jsonl \
   --save g2.safetensors >g2.out 2>&1 || fail "mpirun -np 2 train --sharded-finish off: $(cat g2.out)"
@@ -104,9 +110,20 @@ timeout 60 "${mpi[@]}" -np 1 "$polyprobe" "${run[@]}" --backend cpu_tbb : -np 1 
 grep -q "rank 1 of 2: .*cpu_tbb" backend.out || fail "the rank without cpu_tbb is not named: $(cat backend.out)"
 [[ $(grep -c "cannot start" backend.out) == 1 ]] || fail "the backend failure is not said once: $(cat backend.out)"
 
-# 5. Bad values are refused before any work.
+# 5. NCCL asked for where a rank cannot use it (no GPU, a build without NCCL, or ranks sharing
+# a GPU): the job ends on every rank, bounded, naming the rank, the reason and the way out.
+timeout 60 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange nccl >nccl.out 2>&1
+code=$?
+((code != 0 && code != 124)) || fail "--rank-exchange nccl without a usable GPU gave exit $code"
+grep -q "rank-exchange nccl: rank 0 cannot use NCCL: .*use --rank-exchange mpi" nccl.out ||
+  fail "the NCCL refusal does not name the rank, the reason and the way out: $(cat nccl.out)"
+
+# 6. Bad values are refused before any work.
 "$polyprobe" train --rank-timeout -1 >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-timeout must be" bad.out || fail "--rank-timeout -1: $(cat bad.out)"
+"$polyprobe" train --rank-exchange gloo >bad.out 2>&1
+[[ $? == 2 ]] && grep -q -- "--rank-exchange must be auto, mpi or nccl, got 'gloo'" bad.out ||
+  fail "--rank-exchange gloo: $(cat bad.out)"
 
 if ((failures > 0)); then
   echo "$failures check(s) failed"

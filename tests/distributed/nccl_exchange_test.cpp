@@ -1,7 +1,8 @@
 // The NCCL loss exchange on every rank of `mpirun -np N` (one GPU a rank, or ranks sharing one
 // GPU when NCCL allows it; when it refuses, the test says so and skips): each rank fills its slice
 // with values naming the rank and the index, the exchange all-gathers them, every rank checks every
-// value; then rank 0's incumbent loss is broadcast. Exits 77 (ctest's skip) with the reason when no
+// value; then the values are redistributed to another cut and each rank checks the ones it wants;
+// then rank 0's incumbent loss is broadcast. Exits 77 (ctest's skip) with the reason when no
 // GPU is visible.
 #include <polyprobe/distributed.hpp>
 
@@ -47,6 +48,18 @@ int main() {
       for (int64_t i = offsets[static_cast<std::size_t>(r)];
            i < offsets[static_cast<std::size_t>(r) + 1]; ++i)
         wrong += values[static_cast<std::size_t>(i)] != 1000.0 * r + 1e-3 * static_cast<double>(i);
+    // Redistribute: rank r owns its slice of `offsets` and wants another cut's (the last rank
+    // the most), so most values cross; only the wanted ones are checked.
+    std::vector<int64_t> wanted{0};
+    const int64_t weight_sum = static_cast<int64_t>(job.size()) * (job.size() + 1) / 2;
+    for (int r = 1; r <= job.size(); ++r)
+      wanted.push_back(total * (static_cast<int64_t>(r) * (r + 1) / 2) / weight_sum);
+    std::vector<double> moved(static_cast<std::size_t>(total), -1.0);
+    for (int64_t i = offsets[mine]; i < offsets[mine + 1]; ++i)
+      moved[static_cast<std::size_t>(i)] = 1e-3 * static_cast<double>(i);
+    exchange->redistribute(moved, offsets, wanted);
+    for (int64_t i = wanted[mine]; i < wanted[mine + 1]; ++i)
+      wrong += moved[static_cast<std::size_t>(i)] != 1e-3 * static_cast<double>(i);
     double incumbent = job.leader() ? 42.5 : 0.0;
     exchange->broadcast_from_leader(incumbent);
     std::printf("rank %d of %d (%d visible devices): %lld wrong values of %lld, incumbent %g\n",

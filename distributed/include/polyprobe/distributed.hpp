@@ -120,6 +120,10 @@ class LossExchange {
   virtual ~LossExchange() = default;
   // As Job::allgather: every rank's slice of `values` on every rank.
   virtual void allgather(std::span<double> values, std::span<const int64_t> offsets) = 0;
+  // As Job::redistribute: rank r owns values[from[r], from[r + 1]) and afterwards holds
+  // values[to[r], to[r + 1]); each value crosses once, to the rank that wants it.
+  virtual void redistribute(std::span<double> values, std::span<const int64_t> from,
+                            std::span<const int64_t> to) = 0;
   // `value` on every rank becomes rank 0's.
   virtual void broadcast_from_leader(double& value) = 0;
   virtual std::string name() const = 0;  // "mpi" or "nccl"
@@ -137,6 +141,18 @@ std::unique_ptr<LossExchange> make_mpi_exchange(Job& job);
 // POLYPROBE_NCCL; elsewhere it throws saying so.
 std::unique_ptr<LossExchange> make_nccl_exchange(Job& job, int device = -1);
 bool nccl_built();
+// Why this rank could not join an NCCL exchange ("" when it can): a build without NCCL, no
+// visible CUDA device, or more ranks on this node than it has devices (NCCL refuses two ranks
+// of one communicator on one GPU). Local: no MPI call, so each rank can state it at start-up.
+std::string nccl_unusable();
+
+// How `train` moves the losses between ranks: `asked` is "mpi", "nccl" or "auto" (NCCL when
+// the backend runs on a GPU and every rank can use NCCL, else MPI). Every rank calls it in the
+// same order; they exchange their nccl_unusable() verdicts, so they all choose alike. Returns
+// the exchange and, in `why`, one line saying why it was chosen. Throws polyprobe::Error on
+// every rank when "nccl" was asked for and a rank cannot use it, naming the rank and the reason.
+std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked, bool gpu_backend,
+                                              std::string& why);
 
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
