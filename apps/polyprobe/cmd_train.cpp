@@ -656,13 +656,17 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   // The metrics file ends with the test result of the restored state, so a file alone gives
   // one point of a test-accuracy-against-time curve (scripts/accuracy_curves.py). Rank 0 alone
   // writes it, as every other file.
-  if (!options.metrics_path.empty() && ranks.leader())
-    std::ofstream(options.metrics_path, std::ios::app)
-        << nlohmann::json{{"split", "test"},           {"step", result.steps},
-                          {"seconds", result.seconds}, {"restored_step", result.best_step},
-                          {"loss", test.loss},         {"accuracy", test.accuracy}}
-               .dump()
-        << "\n";
+  if (!options.metrics_path.empty() && ranks.leader()) {
+    std::ofstream metrics(options.metrics_path, std::ios::app);
+    metrics << nlohmann::json{{"split", "test"},           {"step", result.steps},
+                              {"seconds", result.seconds}, {"restored_step", result.best_step},
+                              {"loss", test.loss},         {"accuracy", test.accuracy}}
+                   .dump()
+            << std::endl;
+    if (!metrics)
+      throw Error("writing the test record to the metrics file '" + options.metrics_path.string() +
+                  "' failed (is its disk full?)");
+  }
   out << "test loss: " << std::setprecision(4) << test.loss << "\n";
   out << "test accuracy: " << percent(test.accuracy) << std::endl;
   return 0;

@@ -97,16 +97,22 @@ EvaluationResult evaluate_data(const Model& model, const Loss& loss, const Datas
 // Appends one JSON object per line to the metrics file, flushed so a crash loses nothing.
 class MetricsLog {
  public:
-  MetricsLog(const std::filesystem::path& path, bool append) {
+  MetricsLog(const std::filesystem::path& path, bool append) : path_(path) {
     if (path.empty()) return;
     file_.open(path, append ? std::ios::app : std::ios::trunc);
     if (!file_) throw Error("cannot write the metrics file '" + path.string() + "'");
   }
+  // Each record is flushed, so a failed write (a full disk) is caught at the record it loses.
   void write(const nlohmann::json& record) {
-    if (file_.is_open()) file_ << record.dump() << std::endl;
+    if (!file_.is_open()) return;
+    file_ << record.dump() << std::endl;
+    if (!file_)
+      throw Error("writing the metrics file '" + path_.string() +
+                  "' failed (is its disk full?); the records up to the last one are in it");
   }
 
  private:
+  std::filesystem::path path_;
   std::ofstream file_;
 };
 

@@ -522,6 +522,17 @@ TEST_CASE("bench dfo --dfo-config reads the option table's keys") {
   CHECK_THAT(ignored.err, Catch::Contains("--trust-min has no effect here"));
 }
 
+TEST_CASE("a metrics write that fails ends the run naming the file") {
+  // /dev/full opens for writing and fails every write (ENOSPC), as a full disk would.
+  if (!std::filesystem::exists("/dev/full")) {
+    WARN("no /dev/full on this system: not checked");
+    return;
+  }
+  const auto r = polyprobe("train --quiet --epochs 1 --metrics /dev/full");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("writing the metrics file '/dev/full' failed"));
+}
+
 TEST_CASE("the metrics file ends with the restored state's test result") {
   const std::string path = std::string(POLYPROBE_TEST_TMP) + "/final-test.jsonl";
   std::filesystem::create_directories(POLYPROBE_TEST_TMP);
