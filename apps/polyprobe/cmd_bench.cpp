@@ -2,6 +2,7 @@
 #include "bench.hpp"
 #include "train_ranks.hpp"
 
+#include <polyprobe/atomic_file.hpp>
 #include <polyprobe/error.hpp>
 
 #include <algorithm>
@@ -178,14 +179,9 @@ int run(Context& ctx) {
     const std::string path = ctx.vm["json"].as<std::string>();
     nlohmann::json list = nlohmann::json::array();
     for (const auto& r : records) list.push_back(r.to_json());
-    const std::string tmp = path + ".tmp";
-    {
-      std::ofstream file(tmp);
-      if (!file) throw Error("cannot write '" + tmp + "'");
+    io::write_file_atomically(path, [&](std::ostream& file) {
       file << nlohmann::json{{"records", list}, {"env", bench_environment()}}.dump(1) << "\n";
-      if (!file) throw Error("cannot write '" + tmp + "'");
-    }
-    std::filesystem::rename(tmp, path);
+    });
     *ctx.out << "wrote " << records.size() << " records to " << path << "\n";
   }
   return 0;

@@ -8,6 +8,8 @@
 // record, or a file without records is an error naming the file and the line.
 #include "cli.hpp"
 
+#include <polyprobe/atomic_file.hpp>
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -510,14 +512,7 @@ int run(Context& ctx) {
                                 ? vm["title"].as<std::string>()
                                 : "polyprobe training report: " + std::to_string(runs.size()) +
                                       " run" + (runs.size() == 1 ? "" : "s");
-  const fs::path tmp = output.string() + ".tmp";
-  {
-    std::ofstream file(tmp);
-    if (!file) throw Error("cannot write '" + output.string() + "'");
-    file << page(runs, title);
-    if (!file.flush()) throw Error("cannot write '" + output.string() + "'");
-  }
-  fs::rename(tmp, output);
+  io::write_file_atomically(output, [&](std::ostream& file) { file << page(runs, title); });
   *ctx.out << "wrote " << output.string() << " (" << runs.size() << " run"
            << (runs.size() == 1 ? "" : "s") << ")\n";
   return 0;

@@ -1,12 +1,12 @@
 // File helpers shared by the readers and writers of core/io and core/train: bounded whole-file
-// reads (gzip-aware), and atomic writes (a temporary file renamed over the target, so an
-// interrupted writer never leaves a partial file behind).
+// reads (gzip-aware), and atomic writes (polyprobe/atomic_file.hpp: a temporary file renamed
+// over the target, so an interrupted writer never leaves a partial file behind).
 #pragma once
+
+#include <polyprobe/atomic_file.hpp>
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
-#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -22,11 +22,5 @@ std::vector<uint8_t> read_maybe_gzip(const std::filesystem::path& path, uint64_t
 // The same for bytes already in memory; `source` names them in errors.
 std::vector<uint8_t> gunzip_if_needed(std::vector<uint8_t> bytes, const std::string& source,
                                       uint64_t max_bytes);
-
-// Writes `path` through `write`, atomically: into a temporary file in the same folder, then
-// renamed over `path`. On any failure (an exception from `write`, a full disk) the temporary
-// file is removed, `path` is untouched, and a polyprobe::Error is thrown.
-void write_file_atomically(const std::filesystem::path& path,
-                           const std::function<void(std::ostream&)>& write);
 
 }  // namespace polyprobe::io

@@ -522,6 +522,23 @@ TEST_CASE("bench dfo --dfo-config reads the option table's keys") {
   CHECK_THAT(ignored.err, Catch::Contains("--trust-min has no effect here"));
 }
 
+TEST_CASE("bench --json and report -o into a missing folder fail naming it, leaving nothing") {
+  const std::string missing = std::string(POLYPROBE_TEST_TMP) + "/no-such-folder";
+  std::filesystem::remove_all(missing);
+  const auto bench = polyprobe(
+      "bench dfo --quiet --dfo-problems beale --dfo-threads 1 --dfo-seeds 1 "
+      "--dfo-solvers polyprobe-default --json " +
+      missing + "/dfo.json");
+  CHECK(bench.exit_code == 1);
+  CHECK_THAT(bench.err, Catch::Contains("the folder '" + missing + "' does not exist"));
+  const std::string metrics = std::string(POLYPROBE_TEST_TMP) + "/for-report.jsonl";
+  REQUIRE(polyprobe("train --quiet --epochs 1 --metrics " + metrics).exit_code == 0);
+  const auto report = polyprobe("report " + metrics + " -o " + missing + "/r.html");
+  CHECK(report.exit_code == 1);
+  CHECK_THAT(report.err, Catch::Contains("the folder '" + missing + "' does not exist"));
+  CHECK(!std::filesystem::exists(missing));
+}
+
 TEST_CASE("a metrics write that fails ends the run naming the file") {
   // /dev/full opens for writing and fails every write (ENOSPC), as a full disk would.
   if (!std::filesystem::exists("/dev/full")) {
