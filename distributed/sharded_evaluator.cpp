@@ -23,6 +23,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
                    const Subspace* subspace)
       : Evaluator(subspace), inner_(std::move(inner)), job_(job), exchange_(exchange) {
     if (!inner_) throw Error("shard_evaluator: no evaluator to shard");
+    share_mirror_of(*inner_);  // the incumbent is inner's; the decorator keeps no copy
   }
 
   std::string name() const override { return inner_->name(); }
@@ -87,8 +88,6 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   void session_particles() override {
     inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
   }
-  void session_incumbent() override { inner_->sync_incumbent(incumbent()); }
-  void session_move(std::span<const double> moves) override { inner_->move_incumbent(moves); }
   std::vector<double> session_read() override { return inner_->read_incumbent(); }
 
   void session_score(const PolytopeProbe& probe, std::span<double> losses,

@@ -66,6 +66,11 @@ bool Evaluator::has_particles(const ParticleMap& particles, const Matrix<double>
 
 void Evaluator::sync_incumbent(std::span<const double> theta) {
   follow_subspace();
+  if (mirror_owner_ != nullptr) {
+    mirror_owner_->sync_incumbent(theta);
+    has_incumbent_ = true;
+    return;
+  }
   if (has_incumbent_ && incumbent_.size() == theta.size() &&
       std::memcmp(incumbent_.data(), theta.data(), theta.size_bytes()) == 0)
     return;
@@ -81,6 +86,10 @@ void Evaluator::move_incumbent(std::span<const double> moves) {
   if (moves.size() != particles_.coords.size())
     throw Error("move_incumbent: " + std::to_string(moves.size()) + " moves for " +
                 std::to_string(particles_.coords.size()) + " particle coordinates");
+  if (mirror_owner_ != nullptr) {
+    mirror_owner_->move_incumbent(moves);
+    return;
+  }
   if (move_space_ != nullptr) {
     move_space_->apply(particles_.coords, moves, incumbent_);
   } else {

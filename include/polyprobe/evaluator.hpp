@@ -153,7 +153,9 @@ class Evaluator {
   // The incumbent as the evaluator holds it (read back from a plugin's device).
   std::vector<double> read_incumbent();
   // The host mirror of the incumbent (empty before the first sync).
-  std::span<const double> incumbent() const { return incumbent_; }
+  std::span<const double> incumbent() const {
+    return mirror_owner_ != nullptr ? mirror_owner_->incumbent() : std::span(incumbent_);
+  }
 
  protected:
   // `subspace` (may be null) maps moves into parameters for move_incumbent().
@@ -178,6 +180,11 @@ class Evaluator {
   // outside them (register_batch) calls it itself. (solve_transport needs none: it follows
   // a score() on the same map.)
   void follow_subspace();
+  // For a decorator whose session is the evaluator it wraps (`inner`, which must outlive it):
+  // sync_incumbent and move_incumbent go straight to inner, whose mirror is then the only one
+  // (instead of one a layer, each moved every step), and session_incumbent / session_move are
+  // not called. Call once, before the first sync.
+  void share_mirror_of(Evaluator& inner) { mirror_owner_ = &inner; }
   bool particles_bound() const { return bound_; }
   const ParticleMap& bound_particles() const { return particles_; }
   const Matrix<double>& bound_polytope() const { return polytope_; }
@@ -192,6 +199,7 @@ class Evaluator {
   bool bound_ = false;
   std::vector<double> incumbent_;
   bool has_incumbent_ = false;
+  Evaluator* mirror_owner_ = nullptr;  // share_mirror_of: the evaluator keeping the mirror
   // Scratch of the default session_score (an explicit set built from a probe).
   std::vector<int64_t> scratch_particle_;
   std::vector<double> scratch_displacement_, scratch_losses_;
