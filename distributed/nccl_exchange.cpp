@@ -1,10 +1,12 @@
 // The NCCL loss exchange: one process per GPU, bootstrapped over MPI (rank 0's ncclUniqueId
-// broadcast), the losses all-gathered between device buffers.
+// broadcast), the losses all-gathered (or sent point to point to the ranks finishing them)
+// between device buffers.
 //
 // The evaluator session hands its losses back in host memory (plugin API 2 writes the [P V K]
-// losses to the host), so each exchange copies this rank's slice to the device, all-gathers it
-// there (one in-place ncclBroadcast per rank inside a group: NCCL has no all-gather-v) and
-// copies the whole buffer back. A backend that kept its losses on the device could hand that
+// losses to the host), so each exchange copies this rank's slice to the device, exchanges it
+// there (all-gather: one in-place ncclBroadcast per rank inside a group, since NCCL has no
+// all-gather-v; redistribute: ncclSend/ncclRecv pairs in a group) and copies back what this
+// rank wants. A backend that kept its losses on the device could hand that
 // buffer to NCCL directly; docs/scale.md says what that would save.
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/error.hpp>
