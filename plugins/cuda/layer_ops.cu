@@ -241,7 +241,7 @@ constexpr double kCheriResidualScale = 0.15;
 constexpr int kStatsThreads = 256;
 
 __host__ __device__ inline int64_t cheri_scratch(const pp_cheri_attrs& a) {
-  return a.length * a.channels * (1 + a.expansion);
+  return a.length * a.channels * (1 + a.expansion) + 1;
 }
 
 // 1: h[i, c] = w0[c] x[i-d, c] + w1[c] x[i, c] + w2[c] x[i+d, c] (zero padding), a thread
@@ -295,6 +295,7 @@ __global__ void cheri_stats_kernel(LayerOp op, LayerIo<S> io) {
     const double inv = 1.0 / sqrt(var + kCheriEps);
     for (int64_t i = threadIdx.x; i < n; i += kStatsThreads)
       h[i] = static_cast<S>((static_cast<double>(h[i]) - mean) * inv);
+    if (threadIdx.x == 0) io.scratch[cheri_layout(a, io.rows, r).inv] = static_cast<S>(inv);
   }
 }
 

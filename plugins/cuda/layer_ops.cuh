@@ -55,7 +55,8 @@ struct LayerIo {
 // Scratch values per sample (attention: its q, k, v and mixed rows; the Cheri block: its
 // normalised conv and hidden rows). Attention keeps each sample's together: q|k|v [L, 3E]
 // then the mixed rows [L, E]; the Cheri block keeps a chunk's rows together: every sample's
-// normalised conv [L, C] first, then every sample's hidden values [L, e C] (cheri_layout).
+// normalised conv [L, C] first, then every sample's hidden values [L, e C], then every
+// sample's 1 / sqrt(var + eps) of its plane (cheri_layout).
 int64_t scratch_per_sample(const LayerOp& op);
 
 // Queues the op over the chunk on `stream`. Attention with op.sdpa set runs the operation,
@@ -75,14 +76,15 @@ void launch_attention_mix(const LayerOp& op, S* scratch, int64_t rows, cudaStrea
                           std::string* declined = nullptr);
 
 // Where sample r of a chunk of `rows` keeps its Cheri scratch: the normalised conv at
-// scratch + conv, the hidden values (after GELU) at scratch + hidden.
+// scratch + conv, the hidden values (after GELU) at scratch + hidden, the plane's
+// 1 / sqrt(var + eps) at scratch + inv.
 struct CheriLayout {
-  int64_t conv, hidden;
+  int64_t conv, hidden, inv;
 };
 __host__ __device__ inline CheriLayout cheri_layout(const pp_cheri_attrs& a, int64_t rows,
                                                     int64_t r) {
   const int64_t plane = a.length * a.channels;
-  return {r * plane, rows * plane + r * plane * a.expansion};
+  return {r * plane, rows * plane + r * plane * a.expansion, rows * plane * (1 + a.expansion) + r};
 }
 
 #ifdef __CUDACC__

@@ -248,7 +248,10 @@ class DeviceSession final : public Session {
           if (o.op == PP_OP_LINEAR)
             plan.kind = kSiteLinear;
           else
-            plan = plan_site(o.layer, local);
+            plan = plan_site(o.layer, local,
+                             !carries_.empty() && carries_[sz(first)].outputs > 0 &&
+                                 cheri_taps_carry(o.layer, carries_[sz(first)].per_row,
+                                                  carries_[sz(first)].outputs));
         }
         site_kind.push_back(plan.kind);
         site_n.push_back(plan.n);
@@ -775,7 +778,9 @@ class DeviceSession final : public Session {
       default:
         return "fc1's moved hidden units: the incumbent's pre-activation plus the moved "
                "entries times its normalised conv, GELU's change there through fc2; or fc2's "
-               "moved entries times the incumbent's hidden values";
+               "moved entries times the incumbent's hidden values; with a carry, conv taps too: "
+               "the plane statistics updated by the moved channels' change, fc1's output the "
+               "affine map of the incumbent's they make plus those channels' term";
     }
   }
 
@@ -1229,7 +1234,8 @@ class DeviceSession final : public Session {
         const auto j = sz(carry_to_[i]);
         site_buf_.reserve(sz(rows * site_scratch_per_sample(op.layer)));
         const SiteTable sites{site_kind_d_.data(), site_n_d_.data(), site_sites_d_.data()};
-        launch_site_cheri_carry<T>(op.layer, src, t, sites, count, batch_, cheri_views_[i].data(),
+        launch_site_cheri_carry<T>(op.layer, src, t, sites, count, batch_, acts_[i].data(),
+                                   inc_scratch_[i].data(), cheri_views_[i].data(),
                                    eff_d_.data() + op.param_offset, op.param_offset, q_new_.data(),
                                    site_buf_.data(), carries_[i], acts_[j + 1].data(), other, s);
         std::swap(cur, other);

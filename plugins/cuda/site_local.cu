@@ -17,6 +17,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr double kCheriResidualScale = 0.15;
+constexpr double kCheriEps = 1e-3;  // the block's layer-norm epsilon (DESIGN.md section 6)
 
 unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
@@ -269,6 +270,7 @@ __global__ void site_cheri_carry_kernel(LayerOp op, CandidateSource src, Particl
   for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
     const int64_t c = r / batch, b = r % batch;
     const int64_t p = particle_of(src, c);
+    if (s.kind[p] == kSiteCheriTaps) continue;  // site_cheri_taps_kernel writes these
     const bool hidden = s.kind[p] == kSiteCheriHidden;
     const int32_t units = s.n[p];
     const CheriViewsOf<S> v(views, a, batch, b);
@@ -380,6 +382,118 @@ __global__ void site_conv_tail_out_kernel(ConvTail tail, int64_t channels, Candi
   }
 }
 
+// fc1's row sums s1[k] = sum_c fc1[k, c], a thread per row.
+template <class S>
+__global__ void cheri_row_sums_kernel(LayerOp op, const S* params, S* sums) {
+  const int64_t C = op.cheri.channels, H = op.cheri.expansion * C;
+  for (int64_t k = thread_index(); k < H; k += thread_stride()) {
+    S acc = 0;
+    for (int64_t c = 0; c < C; ++c) acc += params[3 * C + k * C + c];
+    sums[k] = acc;
+  }
+}
+
+// Cheri taps (kSiteCheriTaps), with a carry of per_row 1 or L: a block per (candidate,
+// sample). The moved channels' conv changes by dh = sum of the moved taps' change times the
+// shifted input; the plane's mean moves by sum dh / N and its variance to var + sum (2 (h -
+// mean) dh + dh^2) / N - dmean^2 (h - mean = n / inv), in double as the statistics pass; then
+// every normalised value is a n + b (a = inv' / inv, b = -dmean inv') except the moved
+// channels' extra dh inv', so fc1's output is z' = a z + b s1 + inv' sum_ch fc1[:, ch] dh[ch],
+// and GELU's change of every unit goes through u (w_next fc2) into the linear op.
+template <class S>
+__global__ void site_cheri_taps_kernel(LayerOp op, CandidateSource src, ParticleTable t,
+                                       SiteTable s, int64_t count, int64_t batch, const S* x_inc,
+                                       const S* inc_scratch, const S* views, const S* params,
+                                       int64_t offset, const S* q_new, CheriCarry<S> carry,
+                                       const S* z_inc, S* z) {
+  __shared__ double part[2][kThreads];
+  __shared__ S sums[kTapsMaxOutputs][kThreads / 32];
+  const pp_cheri_attrs& a = op.cheri;
+  const int64_t L = a.length, C = a.channels, H = a.expansion * C, dil = a.dilation;
+  const int64_t O = carry.outputs;
+  const S* s1 = views + batch * (C + H) * L;
+  for (int64_t r = blockIdx.x; r < count * batch; r += gridDim.x) {
+    const int64_t c = r / batch, b = r % batch;
+    const int64_t p = particle_of(src, c);
+    if (s.kind[p] != kSiteCheriTaps) continue;  // uniform in the block
+    const int32_t n = s.n[p];
+    const Moves<S> moves(t, c, p, offset, q_new);
+    const CheriViewsOf<S> v(views, a, batch, b);
+    const S* x = x_inc + b * L * C;
+    const auto dh_at = [&](int64_t pos, int64_t ch) {
+      S dh = 0;
+      for (int32_t e = 0; e < moves.n; ++e) {
+        if (moves.local[e] % C != ch) continue;
+        const int64_t at = pos + (moves.local[e] / C - 1) * dil;
+        if (at >= 0 && at < L) dh += (moves.value[e] - params[moves.local[e]]) * x[at * C + ch];
+      }
+      return dh;
+    };
+    const double inv = static_cast<double>(inc_scratch[cheri_layout(a, batch, b).inv]);
+    double t1 = 0.0, t2 = 0.0;
+    for (int64_t pos = threadIdx.x; pos < L; pos += blockDim.x)
+      for (int32_t m = 0; m < n; ++m) {
+        const int64_t ch = s.sites[p * kSiteMax + m];
+        const double dh = static_cast<double>(dh_at(pos, ch));
+        t1 += dh;
+        t2 += 2.0 * static_cast<double>(v.n_t[ch * L + pos]) / inv * dh + dh * dh;
+      }
+    part[0][threadIdx.x] = t1;
+    part[1][threadIdx.x] = t2;
+    __syncthreads();
+    for (unsigned w = blockDim.x / 2; w > 0; w /= 2) {
+      if (threadIdx.x < w) {
+        part[0][threadIdx.x] += part[0][threadIdx.x + w];
+        part[1][threadIdx.x] += part[1][threadIdx.x + w];
+      }
+      __syncthreads();
+    }
+    const auto N = static_cast<double>(L * C);
+    const double dmean = part[0][0] / N;
+    const double var = 1.0 / (inv * inv) - kCheriEps + part[1][0] / N - dmean * dmean;
+    const double inv2 = 1.0 / sqrt(var + kCheriEps);
+    __syncthreads();  // part is read by every thread before the next row writes it
+    const auto scale = static_cast<S>(inv2 / inv), shift = static_cast<S>(-dmean * inv2);
+    S acc[kTapsMaxOutputs];
+    for (int64_t o = 0; o < O; ++o) acc[o] = 0;
+    const bool per_position = carry.per_row == 1;
+    for (int64_t pos = threadIdx.x; pos < L; pos += blockDim.x) {
+      S dh[kSiteMax];
+      for (int32_t m = 0; m < n; ++m)
+        dh[m] = dh_at(pos, s.sites[p * kSiteMax + m]) * static_cast<S>(inv2);
+      for (int64_t k = 0; k < H; ++k) {
+        const S zk = v.z_t[k * L + pos];
+        S moved = scale * zk + shift * s1[k];
+        for (int32_t m = 0; m < n; ++m)
+          moved += params[3 * C + k * C + s.sites[p * kSiteMax + m]] * dh[m];
+        const S dg = gelu(moved) - gelu(zk);
+        const S* u = carry.u + (per_position ? k : pos * H + k);
+        for (int64_t o = 0; o < O; ++o) acc[o] += u[o * carry.per_row * H] * dg;
+      }
+      if (per_position) {
+        for (int64_t o = 0; o < O; ++o)
+          z[(r * L + pos) * O + o] =
+              z_inc[(b * L + pos) * O + o] + static_cast<S>(kCheriResidualScale) * acc[o];
+        for (int64_t o = 0; o < O; ++o) acc[o] = 0;
+      }
+    }
+    if (per_position) continue;
+    // One row of L positions: the block's partial sums per output, warp by warp.
+    for (int64_t o = 0; o < O; ++o) {
+      S w = acc[o];
+      for (int off = 16; off > 0; off >>= 1) w += __shfl_xor_sync(0xffffffffu, w, off);
+      if (threadIdx.x % 32 == 0) sums[o][threadIdx.x / 32] = w;
+    }
+    __syncthreads();
+    for (int64_t o = threadIdx.x; o < O; o += blockDim.x) {
+      S total = 0;
+      for (unsigned w = 0; w < blockDim.x / 32; ++w) total += sums[o][w];
+      z[r * O + o] = z_inc[b * O + o] + static_cast<S>(kCheriResidualScale) * total;
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace
 
 template <class S>
@@ -399,12 +513,16 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(std::clamp<int64_t>(rows, 1, int64_t{1} << 30));
 }
 
+bool cheri_taps_carry(const LayerOp& op, int64_t per_row, int64_t outputs) {
+  return outputs <= kTapsMaxOutputs && (per_row == 1 || per_row == op.cheri.length);
+}
+
 template <class S>
 void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
-                             SiteTable sites, int64_t count, int64_t batch, const S* views,
-                             const S* params, int64_t offset, const S* q_new, S* buffer,
-                             const CheriCarry<S>& carry, const S* z_inc, S* z,
-                             cudaStream_t stream) {
+                             SiteTable sites, int64_t count, int64_t batch, const S* x_inc,
+                             const S* inc_scratch, const S* views, const S* params, int64_t offset,
+                             const S* q_new, S* buffer, const CheriCarry<S>& carry, const S* z_inc,
+                             S* z, cudaStream_t stream) {
   const int64_t rows = count * batch;
   site_cheri_hidden_kernel<S><<<row_blocks(rows), block_threads(op.cheri.length), 0, stream>>>(
       op, src, t, sites, count, batch, views, params, offset, q_new, buffer);
@@ -413,6 +531,12 @@ void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTab
       <<<row_blocks(rows), block_threads(carry.rows * carry.outputs), 0, stream>>>(
           op, src, t, sites, count, batch, views, params, offset, q_new, buffer, carry, z_inc, z);
   check(cudaGetLastError(), "site-local Cheri carry kernel");
+  if (cheri_taps_carry(op, carry.per_row, carry.outputs)) {
+    site_cheri_taps_kernel<S><<<row_blocks(rows), kThreads, 0, stream>>>(
+        op, src, t, sites, count, batch, x_inc, inc_scratch, views, params, offset, q_new, carry,
+        z_inc, z);
+    check(cudaGetLastError(), "site-local Cheri taps kernel");
+  }
 }
 
 template <class S>
@@ -442,7 +566,8 @@ template void launch_site_conv_tail<double>(const LayerOp&, const ConvTail&, Can
                                             double*, cudaStream_t);
 
 int64_t cheri_views_size(const LayerOp& op, int64_t batch) {
-  return batch * op.cheri.length * op.cheri.channels * (1 + op.cheri.expansion);
+  return batch * op.cheri.length * op.cheri.channels * (1 + op.cheri.expansion) +
+         op.cheri.expansion * op.cheri.channels;
 }
 
 template <class S>
@@ -453,6 +578,9 @@ void launch_cheri_views(const LayerOp& op, int64_t batch, const S* inc_scratch, 
   cheri_transpose_kernel<S>
       <<<grid(batch * C * L), kThreads, 0, stream>>>(op, batch, inc_scratch, views);
   check(cudaGetLastError(), "Cheri transpose kernel");
+  cheri_row_sums_kernel<S>
+      <<<grid(H), kThreads, 0, stream>>>(op, params, views + batch * (C + H) * L);
+  check(cudaGetLastError(), "Cheri row sums kernel");
   // z_t[b] [H, L] = fc1 [H, C] n_b^T, n_b the sample's normalised conv [L, C].
   gemm_batched<S>(blas, static_cast<int>(L), static_cast<int>(H), static_cast<int>(C), inc_scratch,
                   L * C, params + 3 * C, 0, views + batch * C * L, H * L, static_cast<int>(batch));
@@ -468,16 +596,16 @@ template void launch_cheri_carry_weights<double>(const LayerOp&, const double*,
                                                  const CheriCarry<double>&, cudaStream_t);
 template void launch_site_cheri_carry<float>(const LayerOp&, CandidateSource, ParticleTable,
                                              SiteTable, int64_t, int64_t, const float*,
-                                             const float*, int64_t, const float*, float*,
-                                             const CheriCarry<float>&, const float*, float*,
-                                             cudaStream_t);
+                                             const float*, const float*, const float*, int64_t,
+                                             const float*, float*, const CheriCarry<float>&,
+                                             const float*, float*, cudaStream_t);
 template void launch_site_cheri_carry<double>(const LayerOp&, CandidateSource, ParticleTable,
                                               SiteTable, int64_t, int64_t, const double*,
-                                              const double*, int64_t, const double*, double*,
-                                              const CheriCarry<double>&, const double*, double*,
-                                              cudaStream_t);
+                                              const double*, const double*, const double*, int64_t,
+                                              const double*, double*, const CheriCarry<double>&,
+                                              const double*, double*, cudaStream_t);
 
-SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local) {
+SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local, bool cheri_taps) {
   SitePlan plan;
   if (local.empty() || local.size() > static_cast<std::size_t>(kSiteMax)) return plan;
   std::set<int64_t> sites;
@@ -511,8 +639,10 @@ SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local) {
     const pp_cheri_attrs& a = op.cheri;
     const int64_t C = a.channels, H = a.expansion * C, fc2 = 3 * C + H * C;
     for (int64_t k : local) {
-      if (k < 3 * C) return plan;  // a conv tap moves the statistics: dense
-      if (k < fc2) {
+      if (k < 3 * C) {  // a conv tap moves the plane statistics: only with a carry
+        if (!cheri_taps || !agree(kSiteCheriTaps)) return plan;
+        sites.insert(k % C);
+      } else if (k < fc2) {
         if (!agree(kSiteCheriHidden)) return plan;
         sites.insert((k - 3 * C) / C);
       } else if (!agree(kSiteCheriOut)) {

@@ -21,6 +21,10 @@
 //                   incumbent's hidden values
 //   linear          (in a model with the kinds above) the incumbent's output plus the moved
 //                   weights' change times the incumbent's input, as the sparse path's first op
+//   Cheri taps      (with a carry) the moved channels' conv change, the plane statistics
+//                   updated by it, fc1's output as the affine map of the incumbent's that the
+//                   new statistics make plus the moved channels' term, GELU's change for
+//                   every unit, straight into the linear op after the block
 // Particles that move anything else (conv taps of the Cheri block, layer-norm gains, two
 // ops, more than kSiteMax sites) run on the dense path.
 #pragma once
@@ -47,8 +51,10 @@ enum SiteKind : int32_t {
   kSiteAttentionOut = 2,
   kSiteCheriHidden = 3,
   kSiteCheriOut = 4,
-  kSiteLinear = 5,  // a linear op of such a model: the incumbent's output plus the sparse
-                    // correction over the moved weights (launch_correct), as the sparse path
+  kSiteLinear = 5,
+  kSiteCheriTaps = 6,  // conv taps of a Cheri block that carries (CheriCarry, per_row 1 or L)  // a
+                       // linear op of such a model: the incumbent's output plus the sparse
+                       // correction over the moved weights (launch_correct), as the sparse path
 };
 
 // How one particle's candidates run in a site-local op, from its moved parameters.
@@ -61,7 +67,8 @@ struct SitePlan {
 // The plan of a particle that moves the parameters `local` (indices relative to the op's
 // first parameter, any order) of `op`; kind kSiteNone when the op or the parameters do not
 // allow the path. Pure host code.
-SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local);
+// `cheri_taps`: a Cheri op's taps may be site-local (its carry allows them).
+SitePlan plan_site(const LayerOp& op, const std::vector<int64_t>& local, bool cheri_taps = false);
 
 // The per-particle plans on the device, [P] each.
 struct SiteTable {
@@ -90,7 +97,8 @@ void launch_site_op(const LayerOp& op, CandidateSource src, ParticleTable t, Sit
 
 // The incumbent's Cheri values as its site-local candidates read them, feature-major per
 // sample so that a block's threads, one position each, read them coalesced: the normalised
-// conv [batch, C, L], then fc1's output before GELU [batch, e C, L]. `views` holds
+// conv [batch, C, L], then fc1's output before GELU [batch, e C, L], then fc1's row sums
+// [e C]. `views` holds
 // cheri_views_size(op, batch) values; inc_scratch is the block's scratch, params its block.
 int64_t cheri_views_size(const LayerOp& op, int64_t batch);
 template <class S>
@@ -102,12 +110,19 @@ void launch_cheri_views(const LayerOp& op, int64_t batch, const S* inc_scratch, 
 // moved unit, without writing the block's [L, C] output per candidate (the issue's sparse
 // delta into the next affine layer). The linear op reads `per_row` positions per row (its
 // input is per_row C features), `rows` = L / per_row rows per sample, `outputs` per row.
+// The most outputs per row of a linear op that taps particles carry into.
+constexpr int64_t kTapsMaxOutputs = 16;
+
 template <class S>
 struct CheriCarry {
   int64_t per_row = 0, rows = 0, outputs = 0;
   const S* w_next = nullptr;  // the linear op's effective weights [outputs, per_row C]
   S* u = nullptr;             // [outputs, per_row, H]: w_next through fc2, per position of a row
 };
+
+// Whether a carry into `outputs` per row of `per_row` positions serves the block's taps
+// particles too (kSiteCheriTaps).
+bool cheri_taps_carry(const LayerOp& op, int64_t per_row, int64_t outputs);
 
 // carry.u from the incumbent's effective parameters (once per incumbent).
 template <class S>
@@ -116,12 +131,13 @@ void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriC
 
 // A chunk's site-local Cheri candidates straight to the linear op's output z [count, batch,
 // rows, outputs] = z_inc [batch, rows, outputs] + the change; the arguments as
-// launch_site_op's.
+// launch_site_op's (x_inc: the block's input, read by taps particles).
 template <class S>
 void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTable t,
-                             SiteTable sites, int64_t count, int64_t batch, const S* views,
-                             const S* params, int64_t offset, const S* q_new, S* buffer,
-                             const CheriCarry<S>& carry, const S* z_inc, S* z, cudaStream_t stream);
+                             SiteTable sites, int64_t count, int64_t batch, const S* x_inc,
+                             const S* inc_scratch, const S* views, const S* params, int64_t offset,
+                             const S* q_new, S* buffer, const CheriCarry<S>& carry, const S* z_inc,
+                             S* z, cudaStream_t stream);
 
 // A conv op whose output reaches a linear op through channel-local ops alone (activations,
 // at most one pooling, flatten): its site-local candidates take their moved channels through
