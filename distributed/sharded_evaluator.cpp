@@ -27,6 +27,8 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   }
 
   std::string name() const override { return inner_->name(); }
+  // The optimizer runs its own share of each step (plan, finish, move) on this many threads.
+  int threads() const override { return inner_->threads(); }
   StepShard* step_shard() override { return this; }
 
   // --- StepShard: the scoring cut stays the balancer's (by measured cost); the finishing cut

@@ -228,6 +228,15 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
     auto plain = make(s, "cpu_tbb", dtype);
     auto inner = cpu_registry().make_evaluator(s.model, *s.loss, request("cpu_tbb", dtype));
     auto sharded = distributed::shard_evaluator(std::move(inner), job, *exchange);
+    // The optimizer runs its share of each step on the threads the wrapped backend has.
+    const auto three = cpu_registry().make_evaluator(
+        s.model, *s.loss, request("cpu_tbb", dtype, "", nullptr, /*threads=*/3));
+    CHECK(distributed::shard_evaluator(
+              cpu_registry().make_evaluator(s.model, *s.loss,
+                                            request("cpu_tbb", dtype, "", nullptr, 3)),
+              job, *exchange)
+              ->threads() == three->threads());
+    CHECK(three->threads() == 3);
     sharded->register_batch(s.batch);
     sharded->bind_particles(s.particles, s.polytope, s.probes);
     sharded->sync_incumbent(s.model.parameters());
