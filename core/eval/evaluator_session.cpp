@@ -168,7 +168,7 @@ void Evaluator::session_score(const PolytopeProbe& probe, std::span<double> loss
   scratch_losses_.resize(scratch_particle_.size());
   if (!scratch_particle_.empty()) {
     const CandidateSet set{&particles_, scratch_particle_, scratch_displacement_};
-    evaluate(incumbent_, set, scratch_losses_);
+    evaluate(incumbent(), set, scratch_losses_);
   }
   std::size_t next = 0;
   for (int64_t i = 0; i < P; ++i) {
@@ -177,16 +177,16 @@ void Evaluator::session_score(const PolytopeProbe& probe, std::span<double> loss
                 losses.begin() + static_cast<std::ptrdiff_t>(i * V * K));
     next += idx(V * K);
   }
-  if (incumbent_loss != nullptr) *incumbent_loss = evaluate_base(incumbent_);
+  if (incumbent_loss != nullptr) *incumbent_loss = evaluate_base(incumbent());
 }
 
 void Evaluator::session_score(const CandidateSet& set, std::span<double> losses,
                               double* incumbent_loss) {
   if (set.size() > 0) {
     const CandidateSet bound{&particles_, set.particle, set.displacement};
-    evaluate(incumbent_, bound, losses);
+    evaluate(incumbent(), bound, losses);
   }
-  if (incumbent_loss != nullptr) *incumbent_loss = evaluate_base(incumbent_);
+  if (incumbent_loss != nullptr) *incumbent_loss = evaluate_base(incumbent());
 }
 
 }  // namespace polyprobe

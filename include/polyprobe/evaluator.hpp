@@ -173,7 +173,10 @@ class Evaluator {
                              double* incumbent_loss);
   virtual void session_score(const CandidateSet& set, std::span<double> losses,
                              double* incumbent_loss);
-  virtual std::vector<double> session_read() { return incumbent_; }
+  virtual std::vector<double> session_read() {
+    const std::span<const double> theta = incumbent();
+    return {theta.begin(), theta.end()};
+  }
 
   // Calls session_subspace_changed() once when the subspace's generation moved since the
   // last call; every session call runs it first, and an override that talks to its backend
