@@ -20,8 +20,12 @@ std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 class ShardedEvaluator final : public Evaluator, public StepShard {
  public:
   ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
-                   const Subspace* subspace)
-      : Evaluator(subspace), inner_(std::move(inner)), job_(job), exchange_(exchange) {
+                   const Subspace* subspace, BalanceClock clock)
+      : Evaluator(subspace),
+        inner_(std::move(inner)),
+        job_(job),
+        exchange_(exchange),
+        clock_(clock) {
     if (!inner_) throw Error("shard_evaluator: no evaluator to shard");
     share_mirror_of(*inner_);  // the incumbent is inner's; the decorator keeps no copy
   }
@@ -75,6 +79,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
         {"last_score_ms", last_score_ms_},
         {"last_exchange_ms", last_exchange_ms_},
         {"last_score_cpu_ms", last_score_cpu_ms_},
+        {"balanced_by", clock_ == BalanceClock::wall ? "wall time" : "CPU time"},
         // The optimizer's exchanges since the last score call (the sharded finish's partial
         // sums, moves and row duals), waits for slower ranks included.
         {"finish_exchange_ms", finish_exchange_ms_},
@@ -185,10 +190,11 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     }
   }
 
-  // Every rank feeds the same all-gathered CPU times to its balancer, so all cut the same.
+  // Every rank feeds the same all-gathered times to its balancer, so all cut the same.
   void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
     times_.assign(static_cast<std::size_t>(job_.size()), 0.0);
-    times_[static_cast<std::size_t>(job_.rank())] = last_score_cpu_ms_;
+    times_[static_cast<std::size_t>(job_.rank())] =
+        clock_ == BalanceClock::wall ? last_score_ms_ : last_score_cpu_ms_;
     time_offsets_.resize(times_.size() + 1);
     for (std::size_t r = 0; r < time_offsets_.size(); ++r)
       time_offsets_[r] = static_cast<int64_t>(r);
@@ -199,6 +205,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   std::unique_ptr<Evaluator> inner_;
   Job& job_;
   LossExchange& exchange_;
+  BalanceClock clock_;
   std::vector<char> mine_;        // [P]: this rank's slice of the active particles
   std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
   std::vector<int64_t> last_slice_;
@@ -216,8 +223,9 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
 }  // namespace
 
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
-                                           LossExchange& exchange, const Subspace* subspace) {
-  return std::make_unique<ShardedEvaluator>(std::move(inner), job, exchange, subspace);
+                                           LossExchange& exchange, const Subspace* subspace,
+                                           BalanceClock clock) {
+  return std::make_unique<ShardedEvaluator>(std::move(inner), job, exchange, subspace, clock);
 }
 
 }  // namespace polyprobe::distributed

@@ -52,13 +52,30 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
   return bounds;
 }
 
+// The predicted cost of the slowest slice of `bounds`.
+double SliceBalancer::slowest(std::span<const int64_t> bounds, std::span<const char> active) const {
+  double most = 0;
+  for (std::size_t r = 0; r + 1 < bounds.size(); ++r) {
+    double sum = 0;
+    for (int64_t i = bounds[r]; i < bounds[r + 1]; ++i)
+      if (active.empty() || active[idx(i)] != 0) sum += cost_[idx(i)];
+    most = std::max(most, sum);
+  }
+  return most;
+}
+
 std::vector<int64_t> SliceBalancer::slices(int64_t particles, std::span<const char> active,
                                            int ranks) {
   if (static_cast<int64_t>(cost_.size()) != particles) {
     cost_.assign(idx(particles), 1.0);
-    calibrated_ = false;
+    measurements_ = 0;
+    held_.clear();
   }
-  return particle_slices(particles, active, ranks, cost_);
+  std::vector<int64_t> best = particle_slices(particles, active, ranks, cost_);
+  if (held_.size() == best.size() && held_ != best &&
+      slowest(held_, active) <= (1 + kHold) * slowest(best, active))
+    return held_;
+  return best;
 }
 
 void SliceBalancer::observe(std::span<const int64_t> slices, std::span<const char> active,
@@ -76,9 +93,9 @@ void SliceBalancer::observe(std::span<const int64_t> slices, std::span<const cha
     predicted_total += predicted_[r];
     if (times[r] > 0) measured_total += times[r];
   }
+  held_.assign(slices.begin(), slices.end());
   if (!(predicted_total > 0) || !(measured_total > 0)) return;
-  const double damping = calibrated_ ? 0.5 : 1.0;
-  calibrated_ = true;
+  const double damping = measurements_++ > 0 ? 0.5 : 1.0;
   for (std::size_t r = 0; r < ranks; ++r) {
     if (!(predicted_[r] > 0) || !(times[r] > 0)) continue;
     const double ratio = (times[r] / measured_total) / (predicted_[r] / predicted_total);

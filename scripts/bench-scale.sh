@@ -2,21 +2,24 @@
 # Parallel efficiency of `polyprobe bench scale` (docs/scale.md): complete steps at train's
 # radii of mlp256-full and mnist64-full, N ranks x 1 thread (mpirun) against 1 rank x N threads,
 # both against 1 rank x 1 thread, in one script on one machine. Prints one table.
-# usage: scripts/bench-scale.sh POLYPROBE "1 2" [REPEATS] [FINISHES] [HYBRIDS]
+# usage: scripts/bench-scale.sh POLYPROBE "1 2" [REPEATS] [FINISHES] [HYBRIDS] [BALANCES]
 #   here (2 cores):            scripts/bench-scale.sh build/bin/polyprobe "1 2"
 #   the GPU machine (16 cores): scripts/bench-scale.sh build/bin/polyprobe "1 2 4 8 16" 15 \
 #                                 sharded,gathered "2x8 4x4"
 # FINISHES (default sharded,gathered): how the ranks finish a step (bench scale --scale-finish);
 # each gives its own N-ranks row. HYBRIDS (default none): "RxT" runs of R ranks x T threads
-# (sharded finish), each a row at R T cores.
+# (sharded finish), each a row at R T cores. BALANCES (default cpu): what the ranks' slices are
+# balanced by (bench scale --scale-balance: cpu and/or wall), each its own row.
+# With BENCH_SCALE_JSON=DIR set, the runs' JSON records are copied into DIR.
 set -euo pipefail
 polyprobe=$(realpath "$1")
 counts=${2:-"1 2"}
 repeats=${3:-7}
 finishes=${4:-sharded,gathered}
 hybrids=${5:-}
+balances=${6:-cpu}
 out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+trap '[[ -n ${BENCH_SCALE_JSON:-} ]] && mkdir -p "$BENCH_SCALE_JSON" && cp "$out"/*.json "$BENCH_SCALE_JSON"/; rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bench=(bench scale --repeats "$repeats" --quiet)
 # R ranks x T threads into FILE: each rank bound to T cores when there are enough.
@@ -25,7 +28,7 @@ ranks() {
   local bind=(--bind-to core --map-by "slot:PE=$t")
   ((r * t > $(nproc))) && bind=(--oversubscribe --bind-to none)
   mpirun "${bind[@]}" -np "$r" "$polyprobe" "${bench[@]}" --scale-threads "$t" \
-    --scale-finish "$finish" --json "$file" >/dev/null
+    --scale-finish "$finish" --scale-balance "$balances" --json "$file" >/dev/null
 }
 for n in $counts; do
   # One process, n threads.
@@ -42,7 +45,7 @@ def load(name):
     with open(os.path.join(out, name + ".json")) as f:
         return {(r["workload"], r["path"]): r for r in json.load(f)["records"]}
 base = {w: r for (w, _), r in load("threads-1").items()}
-rows = [("workload", "cores", "how", "median ms", "iqr ms", "efficiency", "imbalance",
+rows = [("workload", "cores", "how", "median ms", "iqr ms", "efficiency", "imbalance", "cpu imbalance",
          "all-gather ms", "rest ms")]
 for w in base:
     runs = [(n, "threads", f"threads-{n}") for n in counts] + \
@@ -59,12 +62,15 @@ for w in base:
                 how = f"1 rank x {n} threads"
             elif kind == "ranks":
                 how = f"{n} ranks x 1 thread, "
-                how += "gathered" if path.endswith("gathered-finish") else "sharded"
+                how += "gathered" if "gathered-finish" in path else "sharded"
+                how += ", wall-balanced" if path.endswith("wall-balanced") else ""
             else:
                 how = f"{r['ranks']} ranks x {r['threads']} threads, sharded"
+                how += ", wall-balanced" if path.endswith("wall-balanced") else ""
             efficiency = base[w]["median_ms"] / (n * r["median_ms"])
             rows.append((w, str(n), how, cell("median_ms"), cell("iqr_ms"),
-                         f"{100 * efficiency:.0f}%", cell("imbalance"), cell("allgather_ms"),
+                         f"{100 * efficiency:.0f}%", cell("imbalance"), cell("cpu_imbalance"),
+                         cell("allgather_ms"),
                          cell("rest_ms")))
 width = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
 for r in rows:

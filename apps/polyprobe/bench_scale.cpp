@@ -42,11 +42,23 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       throw UsageError("--scale-finish takes sharded and/or gathered, not '" + f + "'");
     finishes.push_back(f == "sharded");
   }
+  std::vector<bool> clocks;  // balance_by_wall of each run
+  std::stringstream clock_list(ctx.vm["scale-balance"].as<std::string>());
+  for (std::string c; std::getline(clock_list, c, ',');) {
+    if (c != "cpu" && c != "wall")
+      throw UsageError("--scale-balance takes cpu and/or wall, not '" + c + "'");
+    clocks.push_back(c == "wall");
+  }
+  struct Run {
+    std::string workload;
+    bool sharded_finish, balance_by_wall;
+  };
   std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
-  std::vector<std::pair<std::string, bool>> runs;
+  std::vector<Run> runs;
   for (std::string name; std::getline(list, name, ',');)
-    for (const bool sharded : finishes) runs.emplace_back(name, sharded);
-  for (const auto& [name, sharded_finish] : runs) {
+    for (const bool sharded : finishes)
+      for (const bool wall : clocks) runs.push_back({name, sharded, wall});
+  for (const auto& [name, sharded_finish, balance_by_wall] : runs) {
     Workload w = build_workload(find_workload(name));
     OptimizerConfig config = complete_step_config(w, "step@train");
     config.sharded_finish = sharded_finish;
@@ -56,7 +68,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.options.dtype = DType::f32;
     request.options.threads = threads;
     request.subspace = w.subspace.get();
-    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request));
+    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi",
+                                 false, balance_by_wall);
     optimizer.register_evaluator(*evaluator, w.batch);
     std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
     nlohmann::json slice = nlohmann::json::array();
@@ -108,12 +121,14 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.suite = "scale";
     r.workload = name;
     r.path = sharded_finish ? "step@train" : "step@train+gathered-finish";
+    if (balance_by_wall) r.path += "+wall-balanced";
     r.threads = threads;
     r.candidates = last.candidates;
     r.batch = w.spec.batch;
     r.timing = t;
     r.max_rel_diff = 0;  // the losses are the unsharded ones bit for bit (tests/distributed)
     r.extra["ranks"] = ranks.size();
+    r.extra["balanced_by"] = balance_by_wall ? "wall" : "cpu";
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
     // Rank 0's backend's own phases of its last call, when it reports them.
@@ -165,16 +180,18 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   for (const BenchRecord& r : records) {
     nlohmann::json timing = {
         {"cold", r.timing.cold_ms}, {"median", r.timing.median_ms}, {"iqr", r.timing.iqr_ms}};
-    rows.push_back({r.workload, r.path == "step@train" ? "sharded" : "gathered",
-                    std::to_string(r.extra.value("ranks", 1)), std::to_string(r.threads),
-                    std::to_string(r.candidates), ms(timing, "cold"), ms(timing, "median"),
-                    ms(timing, "iqr"), ms(r.extra, "score_max_ms"), ms(r.extra, "imbalance"),
-                    ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
+    rows.push_back({r.workload,
+                    r.path.find("gathered") == std::string::npos ? "sharded" : "gathered",
+                    r.extra.value("balanced_by", "cpu"), std::to_string(r.extra.value("ranks", 1)),
+                    std::to_string(r.threads), std::to_string(r.candidates), ms(timing, "cold"),
+                    ms(timing, "median"), ms(timing, "iqr"), ms(r.extra, "score_max_ms"),
+                    ms(r.extra, "imbalance"), ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
   }
-  print_columns(out,
-                {"workload", "finish", "ranks", "threads", "candidates", "cold ms", "median ms",
-                 "iqr ms", "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
-                {false, false, true, true, true, true, true, true, true, true, true, true}, rows);
+  print_columns(
+      out,
+      {"workload", "finish", "balanced by", "ranks", "threads", "candidates", "cold ms",
+       "median ms", "iqr ms", "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
+      {false, false, false, true, true, true, true, true, true, true, true, true, true}, rows);
 }
 
 }  // namespace
@@ -192,7 +209,11 @@ BenchSuite scale_suite() {
         "scale-finish", po::value<std::string>()->default_value("sharded"),
         "scale: how the ranks finish a step, comma-separated: sharded (each its own particles, "
         "sharing partial sums and moves) and/or gathered (every rank gathers all losses and "
-        "finishes the whole step)");
+        "finishes the whole step)")(
+        "scale-balance", po::value<std::string>()->default_value("cpu"),
+        "scale: what the ranks' slices are balanced by, comma-separated: cpu (each rank's CPU "
+        "time scoring its slice: blind to cores taken by other processes) and/or wall (its wall "
+        "time: what the step waits for)");
   };
   s.run = run_scale;
   s.table = print_scale;

@@ -52,10 +52,12 @@ class TrainRanks {
                       const std::vector<std::pair<std::string, std::string>>& facts);
   // The evaluator that scores this rank's slice and exchanges the losses (alone: itself), over
   // `exchange`: "mpi", "nccl" or "auto" (NCCL when `gpu_backend` and every rank can use it;
-  // distributed::choose_exchange). Every rank, after agree_to_start; throws on every rank when
-  // NCCL was asked for and a rank cannot use it.
+  // distributed::choose_exchange), its slices balanced by the ranks' scoring wall times when
+  // `balance_by_wall`, else by their CPU times (distributed::BalanceClock). Every rank, after
+  // agree_to_start; throws on every rank when NCCL was asked for and a rank cannot use it.
   std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator,
-                                   const std::string& exchange = "mpi", bool gpu_backend = false);
+                                   const std::string& exchange = "mpi", bool gpu_backend = false,
+                                   bool balance_by_wall = false);
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the

@@ -52,7 +52,7 @@ void Session::set_particles(const pp_particle_layout& layout) {
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;
   ++layout_generation_;
-  expanded_key_ = 0;
+  expanded_layout_ = 0;
 }
 
 void Session::set_incumbent(const pp_tensor& theta) {
@@ -123,9 +123,17 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   // the optimizer's own expression, so the displacements are its bits.
   const int64_t P = c.n_particles, V = vertices_;
   const int32_t K = probes_;
-  // Every particle active: the structure of the last such step, if the layout is unchanged.
-  const uint64_t key = r.active == nullptr ? layout_generation_ : 0;
-  if (key == 0 || key != expanded_key_) {
+  const bool same_active =
+      r.active == nullptr
+          ? expanded_active_.empty()
+          : static_cast<int64_t>(expanded_active_.size()) == P &&
+                std::equal(expanded_active_.begin(), expanded_active_.end(), r.active);
+  if (expanded_layout_ != layout_generation_ || !same_active) {
+    expanded_layout_ = 0;  // until rebuilt
+    if (r.active == nullptr)
+      expanded_active_.clear();
+    else
+      expanded_active_.assign(r.active, r.active + P);
     particle_.clear();
     first_candidate_.assign(idx(P), -1);
     for (int64_t i = 0; i < P; ++i) {
@@ -133,7 +141,8 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
       first_candidate_[idx(i)] = static_cast<int64_t>(particle_.size());
       particle_.insert(particle_.end(), idx(V * K), i);
     }
-    expanded_key_ = key;
+    expanded_layout_ = layout_generation_;
+    ++structure_key_;
   }
   const auto expand_start = std::chrono::steady_clock::now();
   displacement_.resize(particle_.size() * idx(d_));
@@ -161,7 +170,7 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   c.count = static_cast<int64_t>(particle_.size());
   c.particle = particle_.data();
   c.displacement = displacement_.data();
-  c.structure_key = key;
+  c.structure_key = structure_key_;
   c.step_candidates_per_particle = V * K;
   c.layout_key = layout_generation_;
   if (r.active == nullptr) {

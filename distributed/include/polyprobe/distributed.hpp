@@ -94,10 +94,15 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
 // starting guess knows nothing), later ones halfway, which averages out a single step's noise.
 // Measured costs are not uniform (a particle of a model's first layer runs its candidates
 // through more of the network than one of its last), and the cut follows them; it settles within
-// about five steps. Deterministic: every rank feeding it the same all-gathered times cuts the
-// same slices. Not thread-safe.
+// about five steps. Once settled the cut holds still: the last measured cut is kept while its
+// slowest slice is predicted within kHold of the best cut's, because a backend plans its work
+// for a slice and re-plans when the slice moves (cpu_tbb: 0.37 ms of mnist64-full's 2.7 ms
+// scoring at 2 ranks), which a cut chasing each step's noise would pay every step.
+// Deterministic: every rank feeding it the same all-gathered times cuts the same slices. Not
+// thread-safe.
 class SliceBalancer {
  public:
+  static constexpr double kHold = 0.02;
   // The cut of this step (particles, active: as particle_slices). A new particle count resets
   // the estimates.
   std::vector<int64_t> slices(int64_t particles, std::span<const char> active, int ranks);
@@ -108,9 +113,12 @@ class SliceBalancer {
   std::span<const double> costs() const { return cost_; }
 
  private:
+  double slowest(std::span<const int64_t> bounds, std::span<const char> active) const;
+
   std::vector<double> cost_;       // [P]
   std::vector<double> predicted_;  // [ranks]: the estimates' sum over each slice
-  bool calibrated_ = false;        // cost_ has taken one measurement
+  std::vector<int64_t> held_;      // [ranks + 1]: the last measured cut (empty: none)
+  int64_t measurements_ = 0;       // taken into cost_ since the last reset
 };
 
 // Moves the losses of each step between ranks. The MPI job carries host buffers; a GPU job can
@@ -160,9 +168,9 @@ std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked
 // step_shard(): StepShard::gather_losses(false)), send each rank only the losses of the even
 // share of particles it finishes (Job::redistribute, point to point), the finish's exchanges
 // going over `job`. The slices start balanced by candidate count and are then balanced by cost:
-// after each call the ranks all-gather their scoring's CPU times (N doubles over `job`) and every
-// rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of a
-// model's first layers run through more of it) shrinks; the losses do not depend on the cut. The
+// after each call the ranks all-gather their scoring's times (N doubles over `job`, in `clock`) and
+// every rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of
+// a model's first layers run through more of it) shrinks; the losses do not depend on the cut. The
 // incumbent's loss, when asked for, is rank 0's, broadcast (one incumbent forward in the job, and
 // every rank gets the same number even if its backend or thread count differs). Explicit candidate
 // sets (multifidelity screens) are sliced by candidate count the same way. The stateless calls
@@ -170,9 +178,16 @@ std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked
 // for (null: raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`,
 // which is owned by the result. Every rank must make the same calls in the same order (the
 // optimizer does).
+//
+// `clock` is what the balancer measures a slice's cost in: each rank's CPU time (the work of its
+// slice, blind to time another process took its cores, which is noise where ranks oversubscribe
+// the cores) or its wall time (what the step waits for, and so also a rank that runs slower
+// than the others on its own cores).
+enum class BalanceClock { cpu, wall };
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange,
-                                           const Subspace* subspace = nullptr);
+                                           const Subspace* subspace = nullptr,
+                                           BalanceClock clock = BalanceClock::cpu);
 
 // One fact each rank states about its run at start-up, compared across ranks: a name ("model",
 // "data", "option --seed", "backend") and its value (a digest or the value itself).
