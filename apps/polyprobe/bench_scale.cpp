@@ -74,6 +74,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
     nlohmann::json slice = nlohmann::json::array();
     StepInfo last;
+    int64_t finish_exchanges = 0;  // rank 0's in its last step
     const Timing t = time_calls(
         [&] {
           ranks.sync();  // every rank starts the step together
@@ -81,6 +82,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
           const nlohmann::json d = evaluator->explain().value("distributed", nlohmann::json());
           if (d.is_object()) {
             finish_exchange_ms.push_back(d.value("finish_exchange_ms", 0.0));
+            finish_exchanges = d.value("finish_exchanges", int64_t{0});
             score_ms.push_back(d.value("last_score_ms", 0.0));
             exchange_ms.push_back(d.value("last_exchange_ms", 0.0));
             score_cpu_ms.push_back(d.value("last_score_cpu_ms", 0.0));
@@ -154,6 +156,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       r.extra["score_cpu_ms_per_rank"] = cpu_per_rank;
       // Each rank's time in the sharded finish's exchanges (waits for slower ranks included).
       r.extra["finish_exchange_ms_per_rank"] = finish_exchange_per_rank;
+      r.extra["finish_exchanges"] = finish_exchanges;
       // The same, in the CPU time of each rank's scoring (what the slices are balanced by).
       r.extra["cpu_imbalance"] = cpu_sum > 0 ? cpu_max / (cpu_sum / ranks.size()) : 1.0;
       r.extra["rest_ms"] = std::max(0.0, t.median_ms - score_max - exchange_min);
