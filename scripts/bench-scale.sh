@@ -10,7 +10,9 @@
 # each gives its own N-ranks row. HYBRIDS (default none): "RxT" runs of R ranks x T threads
 # (sharded finish), each a row at R T cores. BALANCES (default cpu): what the ranks' slices are
 # balanced by (bench scale --scale-balance: cpu and/or wall), each its own row.
-# With BENCH_SCALE_JSON=DIR set, the runs' JSON records are copied into DIR.
+# With BENCH_SCALE_JSON=DIR set, the runs' JSON records are copied into DIR. The last row is the
+# machine's ceiling: the largest count of independent one-thread processes stepping at once
+# (its iqr column: the spread between their medians).
 set -euo pipefail
 polyprobe=$(realpath "$1")
 counts=${2:-"1 2"}
@@ -38,9 +40,20 @@ done
 for h in $hybrids; do
   ranks "${h%x*}" "${h#*x}" "$out/hybrid-$h.json" sharded
 done
-python3 - "$out" "$counts" "$hybrids" <<'PY'
-import json, os, sys
+# The machine's own ceiling: as many independent one-thread processes as the most ranks, each
+# stepping the whole workload at once, one a core, with nothing exchanged. Shared caches, memory
+# bandwidth and clocks slow each of them; no cut of the work between ranks can beat that.
+most=$(tr ' ' '\n' <<<"$counts" | sort -n | tail -1)
+if ((most > 1 && most <= $(nproc))); then
+  for ((i = 0; i < most; i++)); do
+    taskset -c "$i" "$polyprobe" "${bench[@]}" --json "$out/copy-$i.json" >/dev/null &
+  done
+  wait
+fi
+python3 - "$out" "$counts" "$hybrids" "$most" <<'PY'
+import json, os, sys, statistics
 out, counts, hybrids = sys.argv[1], [int(c) for c in sys.argv[2].split()], sys.argv[3].split()
+most = int(sys.argv[4])
 def load(name):
     with open(os.path.join(out, name + ".json")) as f:
         return {(r["workload"], r["path"]): r for r in json.load(f)["records"]}
@@ -70,8 +83,15 @@ for w in base:
             efficiency = base[w]["median_ms"] / (n * r["median_ms"])
             rows.append((w, str(n), how, cell("median_ms"), cell("iqr_ms"),
                          f"{100 * efficiency:.0f}%", cell("imbalance"), cell("cpu_imbalance"),
-                         cell("allgather_ms"),
-                         cell("rest_ms")))
+                         cell("allgather_ms"), cell("rest_ms")))
+    copies = [os.path.join(out, f"copy-{i}.json") for i in range(most)]
+    if most > 1 and all(os.path.exists(c) for c in copies):
+        medians = [r["median_ms"] for c in copies for r in json.load(open(c))["records"]
+                   if r["workload"] == w]
+        m = statistics.median(medians)
+        rows.append((w, str(most), f"{most} copies x 1 thread, nothing exchanged (ceiling)",
+                     f"{m:.2f}", f"{max(medians) - min(medians):.2f}",
+                     f"{100 * base[w]['median_ms'] / m:.0f}%", "-", "-", "-", "-"))
 width = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
 for r in rows:
     print("  ".join(c.ljust(width[i]) if i < 3 else c.rjust(width[i]) for i, c in enumerate(r)))
