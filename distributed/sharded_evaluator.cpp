@@ -79,6 +79,10 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
         {"last_score_ms", last_score_ms_},
         {"last_exchange_ms", last_exchange_ms_},
         {"last_score_cpu_ms", last_score_cpu_ms_},
+        // The last probe call's slowest and mean scoring wall time over the ranks: what that
+        // step waited for, stragglers of the step and all.
+        {"last_slowest_score_ms", last_slowest_ms_},
+        {"last_mean_score_ms", last_mean_ms_},
         {"balanced_by", clock_ == BalanceClock::wall ? "wall time" : "CPU time"},
         // The optimizer's exchanges since the last score call (the sharded finish's partial
         // sums, moves and row duals), waits for slower ranks included.
@@ -190,15 +194,25 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     }
   }
 
-  // Every rank feeds the same all-gathered times to its balancer, so all cut the same.
+  // Every rank feeds the same all-gathered times to its balancer, so all cut the same. Both
+  // clocks cross (2 doubles a rank), so the step's slowest wall time is known too.
   void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
-    times_.assign(static_cast<std::size_t>(job_.size()), 0.0);
-    times_[static_cast<std::size_t>(job_.rank())] =
-        clock_ == BalanceClock::wall ? last_score_ms_ : last_score_cpu_ms_;
-    time_offsets_.resize(times_.size() + 1);
-    for (std::size_t r = 0; r < time_offsets_.size(); ++r)
-      time_offsets_[r] = static_cast<int64_t>(r);
-    job_.allgather(times_, time_offsets_, "the ranks' scoring times");
+    const auto ranks = static_cast<std::size_t>(job_.size());
+    clocks_.assign(2 * ranks, 0.0);
+    clocks_[2 * static_cast<std::size_t>(job_.rank())] = last_score_ms_;
+    clocks_[2 * static_cast<std::size_t>(job_.rank()) + 1] = last_score_cpu_ms_;
+    clock_offsets_.resize(ranks + 1);
+    for (std::size_t r = 0; r <= ranks; ++r) clock_offsets_[r] = 2 * static_cast<int64_t>(r);
+    job_.allgather(clocks_, clock_offsets_, "the ranks' scoring times");
+    times_.resize(ranks);
+    double wall_sum = 0;
+    last_slowest_ms_ = 0;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      times_[r] = clocks_[2 * r + (clock_ == BalanceClock::wall ? 0 : 1)];
+      wall_sum += clocks_[2 * r];
+      last_slowest_ms_ = std::max(last_slowest_ms_, clocks_[2 * r]);
+    }
+    last_mean_ms_ = wall_sum / static_cast<double>(ranks);
     balancer_.observe(slices, active, times_);
   }
 
@@ -216,8 +230,10 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   bool gather_losses_ = true, last_gathered_ = true;
   double finish_exchange_ms_ = 0;  // in share() since the last probe call
   int64_t finish_exchanges_ = 0;
-  std::vector<double> times_;  // [ranks]: the last call's scoring times
-  std::vector<int64_t> time_offsets_;
+  std::vector<double> clocks_;  // [ranks 2]: the last call's scoring wall and CPU times
+  std::vector<int64_t> clock_offsets_;
+  std::vector<double> times_;                      // [ranks]: those on the balance clock
+  double last_slowest_ms_ = 0, last_mean_ms_ = 0;  // of the ranks' wall times, last call
 };
 
 }  // namespace

@@ -8,8 +8,8 @@
 #                                 sharded,gathered "2x8 4x4"
 # FINISHES (default sharded,gathered): how the ranks finish a step (bench scale --scale-finish);
 # each gives its own N-ranks row. HYBRIDS (default none): "RxT" runs of R ranks x T threads
-# (sharded finish), each a row at R T cores. BALANCES (default cpu): what the ranks' slices are
-# balanced by (bench scale --scale-balance: cpu and/or wall), each its own row.
+# (sharded finish), each a row at R T cores. BALANCES (default auto): what the ranks' slices are
+# balanced by (bench scale --scale-balance: auto, cpu and/or wall), each its own row.
 # With BENCH_SCALE_JSON=DIR set, the runs' JSON records are copied into DIR. The last row is the
 # machine's ceiling: the largest count of independent one-thread processes stepping at once
 # (its iqr column: the spread between their medians).
@@ -19,7 +19,7 @@ counts=${2:-"1 2"}
 repeats=${3:-7}
 finishes=${4:-sharded,gathered}
 hybrids=${5:-}
-balances=${6:-cpu}
+balances=${6:-auto}
 out=$(mktemp -d)
 trap '[[ -n ${BENCH_SCALE_JSON:-} ]] && mkdir -p "$BENCH_SCALE_JSON" && cp "$out"/*.json "$BENCH_SCALE_JSON"/; rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -58,7 +58,7 @@ def load(name):
     with open(os.path.join(out, name + ".json")) as f:
         return {(r["workload"], r["path"]): r for r in json.load(f)["records"]}
 base = {w: r for (w, _), r in load("threads-1").items()}
-rows = [("workload", "cores", "how", "median ms", "iqr ms", "efficiency", "imbalance", "cpu imbalance",
+rows = [("workload", "cores", "how", "median ms", "iqr ms", "efficiency", "imbalance", "step imbalance", "cpu imbalance",
          "all-gather ms", "rest ms")]
 for w in base:
     runs = [(n, "threads", f"threads-{n}") for n in counts] + \
@@ -76,13 +76,13 @@ for w in base:
             elif kind == "ranks":
                 how = f"{n} ranks x 1 thread, "
                 how += "gathered" if "gathered-finish" in path else "sharded"
-                how += ", wall-balanced" if path.endswith("wall-balanced") else ""
+                how += ", " + path.split("+")[-1] if path.endswith("-balanced") else ""
             else:
                 how = f"{r['ranks']} ranks x {r['threads']} threads, sharded"
-                how += ", wall-balanced" if path.endswith("wall-balanced") else ""
+                how += ", " + path.split("+")[-1] if path.endswith("-balanced") else ""
             efficiency = base[w]["median_ms"] / (n * r["median_ms"])
             rows.append((w, str(n), how, cell("median_ms"), cell("iqr_ms"),
-                         f"{100 * efficiency:.0f}%", cell("imbalance"), cell("cpu_imbalance"),
+                         f"{100 * efficiency:.0f}%", cell("imbalance"), cell("step_imbalance"), cell("cpu_imbalance"),
                          cell("allgather_ms"), cell("rest_ms")))
     copies = [os.path.join(out, f"copy-{i}.json") for i in range(most)]
     if most > 1 and all(os.path.exists(c) for c in copies):
@@ -91,7 +91,7 @@ for w in base:
         m = statistics.median(medians)
         rows.append((w, str(most), f"{most} copies x 1 thread, nothing exchanged (ceiling)",
                      f"{m:.2f}", f"{max(medians) - min(medians):.2f}",
-                     f"{100 * base[w]['median_ms'] / m:.0f}%", "-", "-", "-", "-"))
+                     f"{100 * base[w]['median_ms'] / m:.0f}%", "-", "-", "-", "-", "-"))
 width = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
 for r in rows:
     print("  ".join(c.ljust(width[i]) if i < 3 else c.rjust(width[i]) for i, c in enumerate(r)))

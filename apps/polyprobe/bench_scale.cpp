@@ -42,23 +42,24 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       throw UsageError("--scale-finish takes sharded and/or gathered, not '" + f + "'");
     finishes.push_back(f == "sharded");
   }
-  std::vector<bool> clocks;  // balance_by_wall of each run
+  std::vector<std::string> clocks;  // what each run's slices are balanced by
   std::stringstream clock_list(ctx.vm["scale-balance"].as<std::string>());
   for (std::string c; std::getline(clock_list, c, ',');) {
-    if (c != "cpu" && c != "wall")
-      throw UsageError("--scale-balance takes cpu and/or wall, not '" + c + "'");
-    clocks.push_back(c == "wall");
+    if (c != "auto" && c != "cpu" && c != "wall")
+      throw UsageError("--scale-balance takes auto, cpu and/or wall, not '" + c + "'");
+    clocks.push_back(c);
   }
   struct Run {
     std::string workload;
-    bool sharded_finish, balance_by_wall;
+    bool sharded_finish;
+    std::string balance;
   };
   std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
   std::vector<Run> runs;
   for (std::string name; std::getline(list, name, ',');)
     for (const bool sharded : finishes)
-      for (const bool wall : clocks) runs.push_back({name, sharded, wall});
-  for (const auto& [name, sharded_finish, balance_by_wall] : runs) {
+      for (const std::string& clock : clocks) runs.push_back({name, sharded, clock});
+  for (const auto& [name, sharded_finish, balance] : runs) {
     Workload w = build_workload(find_workload(name));
     OptimizerConfig config = complete_step_config(w, "step@train");
     config.sharded_finish = sharded_finish;
@@ -68,10 +69,11 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.options.dtype = DType::f32;
     request.options.threads = threads;
     request.subspace = w.subspace.get();
-    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi",
-                                 false, balance_by_wall);
+    auto evaluator =
+        ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi", false, balance);
     optimizer.register_evaluator(*evaluator, w.batch);
     std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
+    std::vector<double> step_slowest_ms, step_imbalance;  // each step's, over the ranks
     nlohmann::json slice = nlohmann::json::array();
     StepInfo last;
     int64_t finish_exchanges = 0;  // rank 0's in its last step
@@ -86,6 +88,10 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
             score_ms.push_back(d.value("last_score_ms", 0.0));
             exchange_ms.push_back(d.value("last_exchange_ms", 0.0));
             score_cpu_ms.push_back(d.value("last_score_cpu_ms", 0.0));
+            const double slowest = d.value("last_slowest_score_ms", 0.0);
+            const double mean = d.value("last_mean_score_ms", 0.0);
+            step_slowest_ms.push_back(slowest);
+            step_imbalance.push_back(mean > 0 ? slowest / mean : 1.0);
             slice = d.value("last_slice", nlohmann::json::array());
           }
         },
@@ -123,14 +129,15 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.suite = "scale";
     r.workload = name;
     r.path = sharded_finish ? "step@train" : "step@train+gathered-finish";
-    if (balance_by_wall) r.path += "+wall-balanced";
+    if (balance != "auto") r.path += "+" + balance + "-balanced";
     r.threads = threads;
     r.candidates = last.candidates;
     r.batch = w.spec.batch;
     r.timing = t;
     r.max_rel_diff = 0;  // the losses are the unsharded ones bit for bit (tests/distributed)
     r.extra["ranks"] = ranks.size();
-    r.extra["balanced_by"] = balance_by_wall ? "wall" : "cpu";
+    // What the slices were balanced by (auto: as train chooses), and why.
+    if (ranks.size() > 1) r.extra["balanced_by"] = ranks.balance();
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
     // Rank 0's backend's own phases of its last call, when it reports them.
@@ -149,6 +156,11 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       r.extra["score_max_ms"] = score_max;
       r.extra["score_mean_ms"] = score_mean;
       r.extra["imbalance"] = score_mean > 0 ? score_max / score_mean : 1.0;
+      // The same step by step (the median over the timed steps of each step's slowest rank's
+      // scoring over the mean): above `imbalance`, the ranks straggle in turn, which no cut
+      // can foresee.
+      r.extra["step_imbalance"] = timed(step_imbalance);
+      r.extra["step_slowest_score_ms"] = timed(step_slowest_ms);
       // The rank that scored last waits for no one: its exchange is the all-gather itself.
       r.extra["allgather_ms"] = exchange_min;
       r.extra["particles_per_rank"] = particles;
@@ -157,7 +169,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       // Each rank's time in the sharded finish's exchanges (waits for slower ranks included).
       r.extra["finish_exchange_ms_per_rank"] = finish_exchange_per_rank;
       r.extra["finish_exchanges"] = finish_exchanges;
-      // The same, in the CPU time of each rank's scoring (what the slices are balanced by).
+      // The same, in the CPU time of each rank's scoring (what the slices are balanced by where
+      // ranks oversubscribe the cores).
       r.extra["cpu_imbalance"] = cpu_sum > 0 ? cpu_max / (cpu_sum / ranks.size()) : 1.0;
       r.extra["rest_ms"] = std::max(0.0, t.median_ms - score_max - exchange_min);
       r.extra["loss_bytes_per_rank"] = 8.0 * static_cast<double>(last.candidates);
@@ -169,6 +182,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
   }
   return records;
 }
+
+std::string first_word(const std::string& text) { return text.substr(0, text.find(' ')); }
 
 void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   std::vector<std::vector<std::string>> rows;
@@ -185,10 +200,11 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
         {"cold", r.timing.cold_ms}, {"median", r.timing.median_ms}, {"iqr", r.timing.iqr_ms}};
     rows.push_back({r.workload,
                     r.path.find("gathered") == std::string::npos ? "sharded" : "gathered",
-                    r.extra.value("balanced_by", "cpu"), std::to_string(r.extra.value("ranks", 1)),
-                    std::to_string(r.threads), std::to_string(r.candidates), ms(timing, "cold"),
-                    ms(timing, "median"), ms(timing, "iqr"), ms(r.extra, "score_max_ms"),
-                    ms(r.extra, "imbalance"), ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
+                    first_word(r.extra.value("balanced_by", std::string("-"))),
+                    std::to_string(r.extra.value("ranks", 1)), std::to_string(r.threads),
+                    std::to_string(r.candidates), ms(timing, "cold"), ms(timing, "median"),
+                    ms(timing, "iqr"), ms(r.extra, "score_max_ms"), ms(r.extra, "imbalance"),
+                    ms(r.extra, "allgather_ms"), ms(r.extra, "rest_ms")});
   }
   print_columns(
       out,
@@ -213,10 +229,10 @@ BenchSuite scale_suite() {
         "scale: how the ranks finish a step, comma-separated: sharded (each its own particles, "
         "sharing partial sums and moves) and/or gathered (every rank gathers all losses and "
         "finishes the whole step)")(
-        "scale-balance", po::value<std::string>()->default_value("cpu"),
-        "scale: what the ranks' slices are balanced by, comma-separated: cpu (each rank's CPU "
-        "time scoring its slice: blind to cores taken by other processes) and/or wall (its wall "
-        "time: what the step waits for)");
+        "scale-balance", po::value<std::string>()->default_value("auto"),
+        "scale: what the ranks' slices are balanced by, comma-separated: auto (as train "
+        "--rank-balance auto), cpu (each rank's CPU time scoring its slice) and/or wall (its "
+        "wall time)");
   };
   s.run = run_scale;
   s.table = print_scale;

@@ -558,7 +558,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   if (ranks.size() > 1) {
     ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
     evaluator = ranks.shard(std::move(evaluator), vm["rank-exchange"].as<std::string>(),
-                            request.device == "cuda");
+                            request.device == "cuda", vm["rank-balance"].as<std::string>());
     options.write_files = ranks.leader();
     options.agree_on_stop = ranks.stop_agreement();
   }
@@ -571,7 +571,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (ranks.size() > 1)
     out << " on each of " << ranks.size() << " ranks (exchanges over " << ranks.exchange()
-        << "; sharded finish " << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
+        << "; slices balanced by " << ranks.balance() << "; sharded finish "
+        << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
   if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
@@ -681,6 +682,9 @@ int run(Context& ctx) {
   const std::string exchange = ctx.vm["rank-exchange"].as<std::string>();
   if (exchange != "auto" && exchange != "mpi" && exchange != "nccl")
     throw UsageError("--rank-exchange must be auto, mpi or nccl, got '" + exchange + "'");
+  const std::string balance = ctx.vm["rank-balance"].as<std::string>();
+  if (balance != "auto" && balance != "wall" && balance != "cpu")
+    throw UsageError("--rank-balance must be auto, wall or cpu, got '" + balance + "'");
   // Shared with ctx.after_error, which outlives this frame.
   const auto held = std::make_shared<TrainRanks>(timeout);
   TrainRanks& ranks = *held;
@@ -788,7 +792,13 @@ Command train_command() {
         "rank-exchange", po::value<std::string>()->default_value("auto")->value_name("HOW"),
         "under mpirun: how the losses cross between ranks: mpi (host memory), nccl (between GPU "
         "buffers, one GPU a rank), or auto (nccl when the backend runs on the GPU and every rank "
-        "has its own, else mpi); the start-up line says which and why");
+        "has its own, else mpi); the start-up line says which and why")(
+        "rank-balance", po::value<std::string>()->default_value("auto")->value_name("CLOCK"),
+        "under mpirun: what each rank's slice of the candidates is balanced by: wall (the ranks' "
+        "scoring wall times: what a step waits for), cpu (their CPU times: blind to other "
+        "processes on a rank's cores) or auto (wall unless the ranks of a machine run more "
+        "threads than it gives them CPUs); the start-up line says which and why. The losses, "
+        "and so the trajectory, are the same whichever");
     add_optimizer_options(o);
     add_backend_options(o);
   };

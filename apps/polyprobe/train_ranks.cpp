@@ -94,17 +94,18 @@ void TrainRanks::agree_to_start(const std::string& failure,
 
 std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluator,
                                              const std::string& exchange, bool gpu_backend,
-                                             bool balance_by_wall) {
+                                             const std::string& balance) {
 #if POLYPROBE_HAVE_MPI
   if (size_ > 1) {
     impl_->exchange =
         distributed::choose_exchange(impl_->job, exchange, gpu_backend, exchange_why_);
-    return distributed::shard_evaluator(
-        std::move(evaluator), impl_->job, *impl_->exchange, nullptr,
-        balance_by_wall ? distributed::BalanceClock::wall : distributed::BalanceClock::cpu);
+    const distributed::BalanceClock clock =
+        distributed::choose_balance_clock(impl_->job, balance, evaluator->threads(), balance_why_);
+    return distributed::shard_evaluator(std::move(evaluator), impl_->job, *impl_->exchange, nullptr,
+                                        clock);
   }
 #else
-  (void)exchange, (void)gpu_backend, (void)balance_by_wall;
+  (void)exchange, (void)gpu_backend, (void)balance;
 #endif
   return evaluator;
 }

@@ -52,12 +52,16 @@ class TrainRanks {
                       const std::vector<std::pair<std::string, std::string>>& facts);
   // The evaluator that scores this rank's slice and exchanges the losses (alone: itself), over
   // `exchange`: "mpi", "nccl" or "auto" (NCCL when `gpu_backend` and every rank can use it;
-  // distributed::choose_exchange), its slices balanced by the ranks' scoring wall times when
-  // `balance_by_wall`, else by their CPU times (distributed::BalanceClock). Every rank, after
-  // agree_to_start; throws on every rank when NCCL was asked for and a rank cannot use it.
+  // distributed::choose_exchange), its slices balanced by the ranks' scoring times on the clock
+  // `balance` names: "wall", "cpu" or "auto" (wall unless ranks oversubscribe a node's cores;
+  // distributed::choose_balance_clock). Every rank, after agree_to_start; throws on every rank
+  // when NCCL was asked for and a rank cannot use it.
   std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator,
                                    const std::string& exchange = "mpi", bool gpu_backend = false,
-                                   bool balance_by_wall = false);
+                                   const std::string& balance = "auto");
+  // What the slices are balanced by, and why: "" alone or before shard(), else e.g. "wall time:
+  // every rank runs on CPUs of its own ...".
+  const std::string& balance() const { return balance_why_; }
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
@@ -80,6 +84,7 @@ class TrainRanks {
   bool asked_ = false;
   bool agreed_ = false;
   std::string exchange_why_;
+  std::string balance_why_;
 };
 
 }  // namespace polyprobe::app

@@ -46,6 +46,19 @@ done
 grep -q "on each of 2 ranks" r2.out || fail "the 2-rank run does not say it is sharded: $(cat r2.out)"
 grep -q "exchanges over mpi, why: the backend's losses are in host memory" r2.out ||
   fail "the 2-rank run does not say how its losses cross and why: $(cat r2.out)"
+grep -q "slices balanced by \(wall\|CPU\) time: " r2.out ||
+  fail "the 2-rank run does not say what its slices are balanced by: $(cat r2.out)"
+# Three one-thread ranks on fewer CPUs (unbound, as mpirun leaves oversubscribed ranks) share
+# them: their wall times count each other, so auto balances by CPU time.
+if ((3 > $(nproc))); then
+  grep -q "slices balanced by CPU time: the 3 ranks on .* run 3 threads on $(nproc) CPUs" r3.out ||
+    fail "3 oversubscribed ranks are not balanced by CPU time: $(cat r3.out)"
+fi
+timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-balance wall --save w3.safetensors \
+  >w3.out 2>&1 || fail "mpirun -np 3 train --rank-balance wall: $(cat w3.out)"
+cmp -s alone.safetensors w3.safetensors || fail "weights with --rank-balance wall differ"
+grep -q "slices balanced by wall time, as asked" w3.out ||
+  fail "--rank-balance wall is not said: $(cat w3.out)"
 timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange mpi --save m2.safetensors \
   >m2.out 2>&1 || fail "mpirun -np 2 train --rank-exchange mpi: $(cat m2.out)"
 cmp -s alone.safetensors m2.safetensors || fail "weights with --rank-exchange mpi differ"
@@ -124,6 +137,9 @@ grep -q "rank-exchange nccl: rank 0 cannot use NCCL: .*use --rank-exchange mpi" 
 "$polyprobe" train --rank-exchange gloo >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-exchange must be auto, mpi or nccl, got 'gloo'" bad.out ||
   fail "--rank-exchange gloo: $(cat bad.out)"
+"$polyprobe" train --rank-balance fair >bad.out 2>&1
+[[ $? == 2 ]] && grep -q -- "--rank-balance must be auto, wall or cpu, got 'fair'" bad.out ||
+  fail "--rank-balance fair: $(cat bad.out)"
 
 if ((failures > 0)); then
   echo "$failures check(s) failed"

@@ -219,6 +219,36 @@ TEST_CASE("the slice balancer holds a settled cut still through the times' noise
   }
 }
 
+TEST_CASE("the balance clock is wall time unless a node's ranks oversubscribe its CPUs",
+          "[balance]") {
+  std::string why;
+  // 16 one-thread ranks, a CPU each.
+  std::vector<std::string> facts;
+  for (int r = 0; r < 16; ++r) facts.push_back("a;1;" + std::to_string(r));
+  CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::wall);
+  CHECK_THAT(why, Catch::Contains("wall time") && Catch::Contains("16 ranks on 1 node"));
+  // 4 ranks x 4 threads on 16 CPUs of one host, and two hosts alike.
+  facts = {"a;4;0,1,2,3", "a;4;4,5,6,7", "a;4;8,9,10,11", "a;4;12,13,14,15"};
+  CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::wall);
+  facts = {"a;2;0,1", "b;2;0,1"};
+  CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::wall);
+  CHECK_THAT(why, Catch::Contains("2 ranks on 2 nodes"));
+  // Unbound ranks that each use every CPU of their host, or more one-thread ranks than CPUs.
+  facts = {"a;2;0,1", "a;2;0,1"};
+  CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::cpu);
+  CHECK_THAT(why, Catch::Contains("the 2 ranks on a run 4 threads on 2 CPUs"));
+  facts = {"a;1;0", "b;1;0,1", "b;1;0,1", "b;1;0,1"};
+  CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::cpu);
+  CHECK_THAT(why, Catch::Contains("the 3 ranks on b run 3 threads on 2 CPUs"));
+  // This process's own statement parses, and a garbled one is named.
+  CHECK(distributed::balance_clock_for({distributed::core_facts(1)}, why) ==
+        distributed::BalanceClock::wall);
+  CHECK_THROWS_WITH(distributed::balance_clock_for({"a;1;0", "garbled"}, why),
+                    Catch::Contains("rank 1 stated its cores as 'garbled'"));
+  CHECK_THROWS_WITH(distributed::balance_clock_for({"a;many;0"}, why),
+                    Catch::Contains("rank 0 stated its cores as 'a;many;0'"));
+}
+
 TEST_CASE("a candidate's loss does not depend on the candidates that share its call",
           "[independence]") {
   for (const auto& [backend, dtype, deep] :

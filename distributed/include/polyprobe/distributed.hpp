@@ -162,6 +162,27 @@ std::string nccl_unusable();
 std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked, bool gpu_backend,
                                               std::string& why);
 
+// What the slice balancer measures a slice's cost in (shard_evaluator): each rank's CPU time
+// scoring it (the work of its slice, blind to time another process took its cores) or its
+// wall time (what the step waits for, and so also a rank that runs slower than the others).
+enum class BalanceClock { cpu, wall };
+
+// What this rank states about its cores, "HOST;THREADS;CPUS": its host name, the threads it
+// scores on (`threads` <= 0: as many as its CPUs) and the CPUs it may run on (its affinity).
+std::string core_facts(int threads);
+// The clock for every rank's core_facts (rank order): CPU time where the ranks of some host run
+// more threads than they have CPUs between them (their wall times would count each other), else
+// wall time (on cores of its own a rank's wall time is its slice's cost, CPU time and all, and
+// also a slower core, or one whose threads wait on each other: measured on the GPU machine's 16
+// cores, 4 ranks x 4 threads balanced by CPU time left the slowest rank's scoring 1.37x the
+// mean, by wall time 1.04x). `why` gets one line saying which and why. Pure: every rank gets the
+// same answer from the same facts. Throws polyprobe::Error on facts not in that form.
+BalanceClock balance_clock_for(const std::vector<std::string>& facts, std::string& why);
+// `asked` is "auto" (balance_clock_for over every rank's facts), "wall" or "cpu". Every rank
+// calls it in the same order (it all-gathers the facts whatever was asked).
+BalanceClock choose_balance_clock(Job& job, const std::string& asked, int threads,
+                                  std::string& why);
+
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
 // over `exchange`; or, when the optimizer finishes the step sharded (the result's
@@ -178,12 +199,7 @@ std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked
 // for (null: raw parameters); `inner`, `job` and `exchange` are owned by the caller except `inner`,
 // which is owned by the result. Every rank must make the same calls in the same order (the
 // optimizer does).
-//
-// `clock` is what the balancer measures a slice's cost in: each rank's CPU time (the work of its
-// slice, blind to time another process took its cores, which is noise where ranks oversubscribe
-// the cores) or its wall time (what the step waits for, and so also a rank that runs slower
-// than the others on its own cores).
-enum class BalanceClock { cpu, wall };
+// `clock`: what the balancer measures a slice's cost in (choose_balance_clock picks it).
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange,
                                            const Subspace* subspace = nullptr,
