@@ -223,8 +223,8 @@ TEST_CASE("the balance clock is wall time unless a node's ranks oversubscribe it
           "[balance]") {
   std::string why;
   // 16 one-thread ranks, a CPU each.
-  std::vector<std::string> facts;
-  for (int r = 0; r < 16; ++r) facts.push_back("a;1;" + std::to_string(r));
+  std::vector<std::string> facts(16);
+  for (int r = 0; r < 16; ++r) facts[static_cast<std::size_t>(r)] = "a;1;" + std::to_string(r);
   CHECK(distributed::balance_clock_for(facts, why) == distributed::BalanceClock::wall);
   CHECK_THAT(why, Catch::Contains("wall time") && Catch::Contains("16 ranks on 1 node"));
   // 4 ranks x 4 threads on 16 CPUs of one host, and two hosts alike.
