@@ -17,22 +17,17 @@ namespace {
 
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 
-class ShardedEvaluator final : public Evaluator, public StepShard {
+// The incumbent, the batch, the thread count (on which the optimizer runs its own share of each
+// step) and the stateless calls are the wrapped evaluator's (DecoratingEvaluator).
+class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
  public:
   ShardedEvaluator(std::unique_ptr<Evaluator> inner, Job& job, LossExchange& exchange,
                    const Subspace* subspace, BalanceClock clock)
-      : Evaluator(subspace),
-        inner_(std::move(inner)),
+      : DecoratingEvaluator(std::move(inner), "shard_evaluator", subspace),
         job_(job),
         exchange_(exchange),
-        clock_(clock) {
-    if (!inner_) throw Error("shard_evaluator: no evaluator to shard");
-    share_mirror_of(*inner_);  // the incumbent is inner's; the decorator keeps no copy
-  }
+        clock_(clock) {}
 
-  std::string name() const override { return inner_->name(); }
-  // The optimizer runs its own share of each step (plan, finish, move) on this many threads.
-  int threads() const override { return inner_->threads(); }
   StepShard* step_shard() override { return this; }
 
   // --- StepShard: the scoring cut stays the balancer's (by measured cost); the finishing cut
@@ -60,17 +55,9 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     ++finish_exchanges_;
   }
 
-  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
-  double evaluate_base(std::span<const double> base) override {
-    return inner_->evaluate_base(base);
-  }
-  void evaluate(std::span<const double> base, const CandidateSet& set,
-                std::span<double> losses) override {
-    inner_->evaluate(base, set, losses);
-  }
   // The inner evaluator's account (of this rank's slice) and the slicing.
   nlohmann::json explain() const override {
-    nlohmann::json e = inner_->explain();
+    nlohmann::json e = inner().explain();
     e["distributed"] = {
         {"ranks", job_.size()},
         {"rank", job_.rank()},
@@ -96,11 +83,6 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
   }
 
  protected:
-  void session_particles() override {
-    inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
-  }
-  std::vector<double> session_read() override { return inner_->read_incumbent(); }
-
   void session_score(const PolytopeProbe& probe, std::span<double> losses,
                      double* incumbent_loss) override {
     const int64_t P = bound_particles().count();
@@ -118,7 +100,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
     const auto start = Clock::now();
     const double cpu_start = process_cpu_ms();
-    inner_->score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
+    inner().score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
     last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
     last_gathered_ = gather_losses_;
@@ -156,7 +138,7 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     const bool scores_incumbent = incumbent_loss != nullptr && job_.leader();
     const auto start = Clock::now();
     const double cpu_start = process_cpu_ms();
-    inner_->score(slice, losses.subspan(idx(first), idx(count)),
+    inner().score(slice, losses.subspan(idx(first), idx(count)),
                   scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
     last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
@@ -216,7 +198,6 @@ class ShardedEvaluator final : public Evaluator, public StepShard {
     balancer_.observe(slices, active, times_);
   }
 
-  std::unique_ptr<Evaluator> inner_;
   Job& job_;
   LossExchange& exchange_;
   BalanceClock clock_;

@@ -37,6 +37,13 @@ Evaluator::Evaluator(const Subspace* subspace)
     : move_space_(subspace),
       subspace_generation_(subspace != nullptr ? subspace->generation() : 0) {}
 
+DecoratingEvaluator::DecoratingEvaluator(std::unique_ptr<Evaluator> inner, const char* who,
+                                         const Subspace* subspace)
+    : Evaluator(subspace), inner_(std::move(inner)) {
+  if (!inner_) throw Error(std::string(who) + ": no evaluator to wrap");
+  share_mirror_of(*inner_);
+}
+
 void Evaluator::follow_subspace() {
   if (move_space_ == nullptr || move_space_->generation() == subspace_generation_) return;
   subspace_generation_ = move_space_->generation();

@@ -208,6 +208,40 @@ class Evaluator {
   std::vector<double> scratch_displacement_, scratch_losses_;
 };
 
+// The base of an evaluator that wraps another (a decorator, such as the sharding one of
+// polyprobe_distributed): the name, the batch, the thread count and the stateless calls go to
+// the wrapped evaluator unchanged, its incumbent is the only one (share_mirror_of), and the
+// particles bound here are bound there. A decorator overrides only what it changes, e.g. the
+// session's scoring (whose defaults read the wrapped mirror and score through evaluate()).
+// Owns the wrapped evaluator; same threading as it.
+class DecoratingEvaluator : public Evaluator {
+ public:
+  std::string name() const override { return inner_->name(); }
+  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
+  int threads() const override { return inner_->threads(); }
+  double evaluate_base(std::span<const double> base) override {
+    return inner_->evaluate_base(base);
+  }
+  void evaluate(std::span<const double> base, const CandidateSet& set,
+                std::span<double> losses) override {
+    inner_->evaluate(base, set, losses);
+  }
+
+ protected:
+  // `inner` must not be null (throws polyprobe::Error naming `who`); `subspace` as Evaluator's.
+  DecoratingEvaluator(std::unique_ptr<Evaluator> inner, const char* who,
+                      const Subspace* subspace = nullptr);
+  Evaluator& inner() { return *inner_; }
+  const Evaluator& inner() const { return *inner_; }
+  void session_particles() override {
+    inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
+  }
+  std::vector<double> session_read() override { return inner_->read_incumbent(); }
+
+ private:
+  std::unique_ptr<Evaluator> inner_;
+};
+
 // The core's reference: one candidate at a time, materialised, in options.dtype.
 // Obviously correct and slow; the yardstick for every other path.
 std::unique_ptr<Evaluator> make_reference_evaluator(const Model& model, const Loss& loss,

@@ -25,19 +25,12 @@ using polyprobe::testing::small_mlp;
 namespace {
 
 // The reference evaluator's losses; the transport half of a step on "its device" (here).
-class SolvingEvaluator final : public Evaluator {
+class SolvingEvaluator final : public DecoratingEvaluator {
  public:
   SolvingEvaluator(const Model& model, const Loss& loss)
-      : inner_(make_reference_evaluator(model, loss, nullptr, {DType::f64})) {}
+      : DecoratingEvaluator(make_reference_evaluator(model, loss, nullptr, {DType::f64}),
+                            "SolvingEvaluator") {}
   std::string name() const override { return "solving"; }
-  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
-  double evaluate_base(std::span<const double> base) override {
-    return inner_->evaluate_base(base);
-  }
-  void evaluate(std::span<const double> base, const CandidateSet& set,
-                std::span<double> losses) override {
-    inner_->evaluate(base, set, losses);
-  }
   bool solves_transport() const override { return true; }
   int solved = 0;
 
@@ -125,7 +118,6 @@ class SolvingEvaluator final : public Evaluator {
   }
 
  private:
-  std::unique_ptr<Evaluator> inner_;
   std::vector<double> losses_, directions_;
   bool kept_ = false;
 };

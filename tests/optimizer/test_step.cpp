@@ -127,26 +127,11 @@ TEST_CASE("the same seed gives the same trajectory", "[optimizer][step]") {
 namespace {
 // A decorator that keeps no incumbent of its own (Evaluator::share_mirror_of) and leaves the
 // session's scoring to the base class's defaults, which must then read the wrapped mirror.
-class MirrorSharing final : public Evaluator {
+class MirrorSharing final : public DecoratingEvaluator {
  public:
-  explicit MirrorSharing(std::unique_ptr<Evaluator> inner) : inner_(std::move(inner)) {
-    share_mirror_of(*inner_);
-  }
+  explicit MirrorSharing(std::unique_ptr<Evaluator> inner)
+      : DecoratingEvaluator(std::move(inner), "MirrorSharing") {}
   std::string name() const override { return "mirror-sharing"; }
-  void register_batch(const Batch& batch) override { inner_->register_batch(batch); }
-  double evaluate_base(std::span<const double> base) override {
-    return inner_->evaluate_base(base);
-  }
-  void evaluate(std::span<const double> base, const CandidateSet& set,
-                std::span<double> losses) override {
-    inner_->evaluate(base, set, losses);
-  }
-
- private:
-  void session_particles() override {
-    inner_->bind_particles(bound_particles(), bound_polytope(), bound_probes());
-  }
-  std::unique_ptr<Evaluator> inner_;
 };
 }  // namespace
 
@@ -163,6 +148,7 @@ TEST_CASE("a decorator sharing its wrapped evaluator's mirror steps as the evalu
     CHECK(std::vector<double>(held.begin(), held.end()) == params_of(model));
     CHECK(decorator.read_incumbent() == params_of(model));
   }
+  CHECK_THROWS_WITH(MirrorSharing(nullptr), Catch::Contains("MirrorSharing: no evaluator to wrap"));
 }
 
 TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[optimizer][step]") {
