@@ -30,6 +30,8 @@ const std::vector<WorkloadSpec>& reference_workloads() {
       {"mlp256-deep", {64, 256, 256, 256, 10}, 32, 0, 2},
       {"attn-long", {}, 8, 0, 2, PolytopeKind::simplex, 0, true},
       {"cheri-seq", {}, 64, 0, 2, PolytopeKind::simplex, 0, true},
+      {"mnist128-factored-r32", {784, 128, 10}, 512, 0, 8, PolytopeKind::simplex, 32, true},
+      {"wide-factored-r64", {3072, 256, 10}, 256, 0, 8, PolytopeKind::simplex, 64, true},
   };
   return specs;
 }

@@ -23,7 +23,11 @@ po::options_description common_options() {
       "options without dashes); the command line wins")(
       "plugin-dir", po::value<std::vector<std::string>>()->value_name("DIR")->composing(),
       "search DIR for plugins first (repeatable); then POLYPROBE_PLUGIN_PATH, then the "
-      "install's plugin folder")("quiet,q", po::bool_switch(), "no progress output");
+      "install's plugin folder")(
+      "no-operation", po::value<std::vector<std::string>>()->value_name("NAME")->composing(),
+      "leave the named operation (`polyprobe plugins` lists them: sdpa, factored_correction) "
+      "to the layers' and evaluators' own code, to compare a plugin's kernel with it "
+      "(repeatable)")("quiet,q", po::bool_switch(), "no progress output");
   return common;
 }
 
@@ -35,7 +39,22 @@ void load_plugins(Context& context) {
       dirs.emplace_back(dir);
     }
   }
+  if (context.vm.count("no-operation"))
+    for (const std::string& name : context.vm["no-operation"].as<std::vector<std::string>>())
+      context.registry.withhold_operation(name);
   context.registry.load_directories(PluginRegistry::search_path(dirs));
+  if (context.vm.count("no-operation")) {
+    const std::vector<std::string> offered = context.registry.offered_operations();
+    for (const std::string& name : context.vm["no-operation"].as<std::vector<std::string>>())
+      if (std::find(offered.begin(), offered.end(), name) == offered.end()) {
+        std::string known;
+        for (const std::string& o : offered) known += (known.empty() ? "" : ", ") + o;
+        throw UsageError(
+            "--no-operation '" + name + "': no loaded plugin offers it (" +
+            (known.empty() ? std::string("none offers any operation") : "offered: " + known) +
+            "; `polyprobe plugins` lists them)");
+      }
+  }
   context.registry.register_layers(context.layers);
 }
 

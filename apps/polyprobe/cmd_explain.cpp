@@ -141,6 +141,8 @@ int run(Context& ctx) {
       << std::fixed << std::setprecision(1)
       << p["memory_estimate_bytes"].get<double>() / (1024.0 * 1024.0)
       << " MiB, prefix reuse: " << p["prefix_reuse"].get<std::string>() << "\n";
+  if (w.subspace && p.contains("subspace_projections"))
+    out << "subspace directions x B^T: " << p["subspace_projections"].get<std::string>() << "\n";
   out << "candidates per path: " << p["last_call_candidates_per_path"].dump() << "\n\n";
   out << "per layer (particles whose first moved coordinate is in the layer):\n";
   for (const auto& layer : p["layers"]) {

@@ -341,11 +341,26 @@ void PluginRegistry::load_library(const fs::path& requested) {
       desc->operations != nullptr)
     for (int32_t i = 0; i < desc->n_operations; ++i) {
       const pp_operation& op = desc->operations[i];
-      if (std::string why = operations_->add(&op, info.name); !why.empty())
+      std::string why = op.name != nullptr && std::find(withheld_.begin(), withheld_.end(),
+                                                        op.name) != withheld_.end()
+                            ? "withheld by the host (--no-operation)"
+                            : operations_->add(&op, info.name);
+      if (!why.empty())
         notes += std::string(notes.empty() ? "" : "; ") + "operation " + safe(op.name) + " (" +
                  detail::device_label(op.device) + ") not offered: " + why;
     }
   record(notes);
+}
+
+std::vector<std::string> PluginRegistry::offered_operations() const {
+  std::vector<std::string> names;
+  for (const pp_plugin* desc : descriptors_)
+    if (desc != nullptr && PP_HAS_FIELD(desc, pp_plugin, n_operations) && desc->operations)
+      for (int32_t i = 0; i < desc->n_operations; ++i)
+        if (desc->operations[i].name != nullptr) names.emplace_back(desc->operations[i].name);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
 }
 
 void PluginRegistry::register_layers(LayerFactory& factory) {

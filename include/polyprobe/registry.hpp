@@ -96,6 +96,13 @@ class PluginRegistry {
   // <dir of the running executable>/../lib/polyprobe/plugins, if it can be found.
   static std::filesystem::path executable_plugin_dir();
 
+  // Operations named `name` that plugins loaded from now on offer are not put into
+  // operations(): layers and evaluators then compute them with their own code (to compare a
+  // plugin's kernel with that code, or to rule it out). Noted in the offering plugin's reason.
+  void withhold_operation(const std::string& name) { withheld_.push_back(name); }
+  // The names of the operations the loaded plugins offer, withheld or not, sorted, once each.
+  std::vector<std::string> offered_operations() const;
+
   // Loads every polyprobe plugin library (libpolyprobe_*.so) in `dirs`, in order.
   void load_directories(const std::vector<std::filesystem::path>& dirs);
   // Loads one library by path; never throws (failures are recorded).
@@ -160,6 +167,7 @@ class PluginRegistry {
   std::vector<PluginInfo> infos_;
   std::vector<const pp_plugin*> descriptors_;   // parallel to infos_ (null if not loaded)
   std::shared_ptr<OperationTable> operations_;  // shared with the evaluators it serves
+  std::vector<std::string> withheld_;           // withhold_operation's names
 };
 
 }  // namespace polyprobe

@@ -44,9 +44,8 @@ EvaluationContext<S>::EvaluationContext(const pp_model_view& model, const pp_los
         coord_u[static_cast<std::size_t>(k)] = it->second;
       }
       if (c.col < 0) {
-        auto [it, added] = v_index.try_emplace(c.v, static_cast<int32_t>(dense_v.size()));
+        auto [it, added] = v_index.try_emplace(c.v, static_cast<int32_t>(dense_v_s.size()));
         if (added) {
-          dense_v.push_back(c.v);
           dense_v_s.push_back(
               Eigen::Map<const Eigen::Matrix<double, 1, Eigen::Dynamic>>(c.v, c.cols)
                   .template cast<S>());
@@ -56,6 +55,7 @@ EvaluationContext<S>::EvaluationContext(const pp_model_view& model, const pp_los
       }
     }
   }
+  projections = std::make_unique<DirectionProjections<S>>(plan, dense_v_s, dense_v_layer, host);
 }
 
 template <class S>

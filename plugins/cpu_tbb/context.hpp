@@ -56,9 +56,10 @@ struct EvaluationContext {
   const pp_host_api* host = nullptr;      // the host's named operations (may be null)
   std::vector<int32_t> coord_u, coord_v;  // per subspace coordinate: dense u / v index
   std::vector<std::vector<S>> dense_u;    // dense u vectors of subspace coordinates, in S
-  std::vector<const double*> dense_v;     // dense v vectors
-  std::vector<Eigen::Matrix<S, 1, Eigen::Dynamic>> dense_v_s;  // the same, in S
+  std::vector<Eigen::Matrix<S, 1, Eigen::Dynamic>> dense_v_s;  // dense v vectors, in S
   std::vector<int32_t> dense_u_layer, dense_v_layer;           // the layer of each
+  // v^T x of the dense v vectors for the incumbent cache (made once they are known).
+  std::unique_ptr<DirectionProjections<S>> projections;
 
   IncumbentCache<S> inc;
   const GroupPlanner* planner = nullptr;  // set by the evaluator; its terms during a call

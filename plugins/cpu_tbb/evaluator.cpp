@@ -209,7 +209,7 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
   if (ctx_.inc.stale(incumbent_version))
     ctx_.arena->execute([&] {
       ctx_.inc.refresh(ctx_.plan, c.base_params, incumbent_version, ctx_.loss, ctx_.l2,
-                       ctx_.dense_v, ctx_.dense_v_layer);
+                       *ctx_.projections);
     });
   last_ms_.incumbent = ms_since(start);
   if (incumbent_loss != nullptr) *incumbent_loss = ctx_.inc.base_loss;
@@ -310,6 +310,7 @@ const char* EvaluatorImpl<S>::explain() {
             {"chunk_halvings", chunk_halvings_},
             {"memory_estimate_bytes", memory_estimate_bytes()},
             {"dense_uses_inplace", inplace_for_dense_},
+            {"subspace_projections", ctx_.projections->describe()},
             {"prefix_reuse", ctx_.plan.no_prefix_reuse.empty() ? "yes" : ctx_.plan.no_prefix_reuse},
             {"last_call_candidates_per_path", counts},
             {"last_call_ms",

@@ -235,8 +235,7 @@ void IncumbentCache<S>::transpose_from(std::size_t first) {
 template <class S>
 void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
                                 uint64_t incumbent_version, kernels::LossKind loss, double l2,
-                                const std::vector<const double*>& dense_v,
-                                const std::vector<int32_t>& dense_v_layer) {
+                                DirectionProjections<S>& projections) {
   set_base(plan, values);
   version = incumbent_version;
   ready = true;
@@ -254,19 +253,7 @@ void IncumbentCache<S>::refresh(const ModelPlan& plan, const double* values,
   forward_model_blocked(plan, acts, weights_t, eff.data());
   transposed_from = n_layers + 1;  // acts_t keep their memory: the next call's sizes are these
   transpose_from(n_layers);
-  v_src.resize(static_cast<int64_t>(dense_v.size()), batch);
-  v_src.setZero();
-  for (std::size_t j = 0; j < dense_v.size(); ++j) {
-    // v^T x is what the delta path reads for an affine layer's coordinate, whose v spans the
-    // layer's input. A conv weight's v spans one filter (c_in kh kw values, not the input
-    // width): such coordinates go to the site-local or dense paths, which never read this row.
-    const auto l = static_cast<std::size_t>(dense_v_layer[j]);
-    if (plan.layers[l].op != LayerOp::affine) continue;
-    const Mat<S>& a = acts[l];
-    const Eigen::Matrix<S, Eigen::Dynamic, 1> v =
-        Eigen::Map<const Eigen::VectorXd>(dense_v[j], a.cols()).template cast<S>();
-    v_src.row(static_cast<int64_t>(j)) = (a * v).transpose();
-  }
+  projections.compute(plan, acts, v_src);
   base_loss = rows_loss(loss, acts.back(), 0) + l2 * base_sq;
   if (loss == kernels::LossKind::cross_entropy) {
     const Mat<S>& z = acts_t.back();

@@ -10,6 +10,7 @@
 // after each candidate). One thread writes it at a time (between calls, or in-place).
 #pragma once
 
+#include "direction_projections.hpp"
 #include "model_plan.hpp"
 #include "packets.hpp"
 
@@ -45,11 +46,10 @@ struct IncumbentCache {
   bool stale(uint64_t incumbent_version) const { return !ready || incumbent_version != version; }
   // The incumbent `base` [n_params] of `version`: parameters, then the forward of every layer
   // and the loss (with l2 * |base|^2). Runs its forward on the calling task arena's threads,
-  // with the same results for any thread count. `dense_v` / `dense_v_layer`: the subspace's dense v
-  // vectors and their layers (empty in full space).
+  // with the same results for any thread count. `projections` computes v_src, the subspace's
+  // dense directions on the layers' inputs (no rows in full space).
   void refresh(const ModelPlan& plan, const double* values, uint64_t incumbent_version,
-               kernels::LossKind loss, double l2, const std::vector<const double*>& dense_v,
-               const std::vector<int32_t>& dense_v_layer);
+               kernels::LossKind loss, double l2, DirectionProjections<S>& projections);
   // Fills acts_t[l] for every l >= first not yet filled since the refresh, which fills only
   // the last (the outputs). Call it, on the calling arena's threads, before anything reads
   // acts_t[first ..]: the delta path's layers (a cnn's conv and pool activations, which no

@@ -41,6 +41,12 @@ namespace {
 
 std::size_t sz(int64_t n) { return static_cast<std::size_t>(n); }
 
+// Dense subspace directions of one op from which the host's factored_correction operation
+// (one cuBLAS GEMM) projects them instead of dense_v_kernel (a thread per direction and
+// sample, reading the input row by row). Measured on the H100 (docs/benchmarks.md,
+// "factored_correction"). TODO-free: set from scripts/bench-factored.sh on the device.
+constexpr int64_t kMinSharedDirections = 2;
+
 // How a session runs its candidates (pp_session_options::path).
 enum class PathKind {
   automatic,     // the fused tail where it applies, else the layered sparse / subspace delta
@@ -119,6 +125,7 @@ class DeviceSession final : public Session {
     ops_d_.upload(ops.data(), ops.size(), stream_.get());
     owner_d_.upload(plan_.owner.data(), plan_.owner.size(), stream_.get());
     attach_sdpa(PP_HAS_FIELD(&options, pp_session_options, host) ? options.host : nullptr);
+    attach_correction(PP_HAS_FIELD(&options, pp_session_options, host) ? options.host : nullptr);
     plan_tails();
     theta_d_.resize(sz(plan_.n_params));
     eff_d_.resize(sz(plan_.n_params));
@@ -625,6 +632,7 @@ class DeviceSession final : public Session {
       << ",\"device_transports\":" << device_transports_
       << ",\"step_bytes_to_device\":" << step_bytes_up_
       << ",\"step_bytes_to_host\":" << step_bytes_down_;
+    if (sub) j << ",\"subspace_projections\":\"" << describe_projections() << "\"";
     if (site_local_) {
       double site_ms = 0.0, other_ms = 0.0;
       for (int64_t c = 0; c < timed_chunks_; ++c) {
@@ -715,6 +723,51 @@ class DeviceSession final : public Session {
     return index;
   }
   void use_device() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  // Takes the host's "factored_correction" operation for the GPU and T when `host` (may be
+  // null) offers one: the dense subspace directions of an op with at least
+  // kMinSharedDirections of them are then projected by it (one cuBLAS GEMM), not by
+  // dense_v_kernel.
+  void attach_correction(const pp_host_api* host) {
+    const int32_t dtype = sizeof(T) == 4 ? PP_DTYPE_F32 : PP_DTYPE_F64;
+    const pp_operation* op = nullptr;
+    if (host != nullptr && host->find_operation != nullptr)
+      op = host->find_operation(host->ctx, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, dtype);
+    if (op == nullptr) return;
+    correction_ = static_cast<const pp_factored_correction_table*>(op->table);
+    const char* provider =
+        host->operation_provider != nullptr ? host->operation_provider(host->ctx, op) : nullptr;
+    correction_provider_ = provider != nullptr ? provider : "the host";
+  }
+
+  // For explain: how the dense subspace directions are projected onto each op's input.
+  std::string describe_projections() const {
+    std::string shared, own;
+    int64_t own_count = 0;
+    for (std::size_t o = 0; o < vx_rows_.size(); ++o) {
+      if (vx_rows_[o].empty()) continue;
+      if (o < vx_dirs_d_.size() && vx_dirs_d_[o].size() > 0)
+        shared += (shared.empty() ? "" : ", ") + std::to_string(o) + " (" +
+                  std::to_string(vx_rows_[o].size()) + " directions)";
+      else
+        own_count += static_cast<int64_t>(vx_rows_[o].size());
+    }
+    if (shared.empty() && own_count == 0) return "no dense subspace directions in a fused tail";
+    if (correction_ == nullptr)
+      own = "no factored_correction operation loaded for cuda, " +
+            std::string(sizeof(T) == 4 ? "float32" : "float64");
+    else if (own_count > 0)
+      own = "ops with fewer than " + std::to_string(kMinSharedDirections) + " directions";
+    std::string text;
+    if (!shared.empty())
+      text = "factored_correction from " + correction_provider_ + " (one cuBLAS GEMM) for op" +
+             (shared.find(',') != std::string::npos ? "s " : " ") + shared;
+    if (own_count > 0)
+      text += (text.empty() ? "" : "; ") + std::to_string(own_count) +
+              " directions by the plugin's own kernel, a thread per (direction, sample) (" + own +
+              ")";
+    return text;
+  }
 
   // Hands every attention op the host's "sdpa" operation for the GPU and T when `host` (may be
   // null) offers one, and says in attention_ which attention each op runs, for explain.
@@ -915,6 +968,7 @@ class DeviceSession final : public Session {
     sub_coords_d_.upload(coords.data(), coords.size(), stream_.get());
     sub_coords_h_ = coords;
     basis_d_.upload(basis.data(), basis.size(), stream_.get());
+    basis_h_ = std::move(basis);
   }
 
   void incumbent_changed() {
@@ -1457,6 +1511,19 @@ class DeviceSession final : public Session {
     vx_offsets_d_.resize(plan_.ops.size());
     for (std::size_t o = 0; o < plan_.ops.size(); ++o)
       vx_offsets_d_[o].upload(vx_rows_[o].data(), vx_rows_[o].size(), s);
+    // The directions of the ops the factored_correction operation projects, as [n_v, in] in T.
+    vx_dirs_d_.clear();
+    vx_dirs_d_.resize(plan_.ops.size());
+    std::vector<T> dirs;
+    for (std::size_t o = 0; o < plan_.ops.size() && correction_ != nullptr; ++o) {
+      if (vx_rows_[o].size() < sz(kMinSharedDirections)) continue;
+      const int64_t in = plan_.ops[o].in;
+      dirs.resize(vx_rows_[o].size() * sz(in));
+      for (std::size_t j = 0; j < vx_rows_[o].size(); ++j)
+        for (int64_t i = 0; i < in; ++i)
+          dirs[j * sz(in) + sz(i)] = static_cast<T>(basis_h_[sz(vx_rows_[o][j] + i)]);
+      vx_dirs_d_[o].upload(dirs.data(), dirs.size(), s);
+    }
     stream_.synchronize();
     prefix_dirty_ = true;  // the dense v products are computed with the prefix
   }
@@ -1487,6 +1554,26 @@ class DeviceSession final : public Session {
       const auto n_v = static_cast<int64_t>(vx_rows_[o].size());
       if (n_v == 0) continue;
       vx_t_[o].resize(sz(n_v * batch_));
+      if (o < vx_dirs_d_.size() && vx_dirs_d_[o].size() > 0) {
+        pp_factored_project_args a{};
+        a.struct_size = sizeof(a);
+        a.dtype = sizeof(T) == 4 ? PP_DTYPE_F32 : PP_DTYPE_F64;
+        a.samples = batch_;
+        a.width = plan_.ops[o].in;
+        a.n_dirs = n_v;
+        a.x = acts_[o].data();
+        a.x_stride = plan_.ops[o].in;
+        a.dirs = vx_dirs_d_[o].data();
+        a.dirs_stride = plan_.ops[o].in;
+        a.out = vx_t_[o].data();
+        a.out_stride = batch_;
+        a.stream = s;
+        pp_error err{};
+        if (correction_->project(&a, &err) != PP_OK)
+          throw std::runtime_error("the factored_correction operation (" + correction_provider_ +
+                                   ") failed: " + err.message);
+        continue;
+      }
       launch_dense_v<T>(basis_d_.data(), vx_offsets_d_[o].data(), n_v, acts_[o].data(), batch_,
                         plan_.ops[o].in, vx_t_[o].data(), s);
     }
@@ -1635,6 +1722,11 @@ class DeviceSession final : public Session {
   std::vector<int32_t> fused_mode_;            // per particle: -1 general path, else the mode
   std::vector<DeviceCoord> sub_coords_h_;      // the subspace's coordinates as uploaded
   std::vector<std::vector<int64_t>> vx_rows_;  // per op: basis offsets of its dense v
+  std::vector<DeviceBuffer<T>> vx_dirs_d_;     // per op: those v as [n_v, in] in T, when the
+                                               // factored_correction operation projects them
+  std::vector<double> basis_h_;                // the host copy of basis_d_
+  const pp_factored_correction_table* correction_ = nullptr;  // the host's, or null
+  std::string correction_provider_;
   DeviceBuffer<int64_t> term_begin_d_;
   DeviceBuffer<FusedTerm> terms_d_;
   DeviceBuffer<uint8_t> dense_d_;

@@ -1,5 +1,9 @@
-// The factored_subspace plugin: the subspace kind "factored" (factored_subspace.hpp). This
-// file is only the ABI glue; every function handed to the host goes through pp::guard.
+// The factored_subspace plugin: the subspace kind "factored" (factored_subspace.hpp) and the
+// "factored_correction" operation (correction.hpp), the x B^T every candidate of a factored
+// layer shares, which evaluators obtain from the host by name and use for their subspace
+// directions. This file is only the ABI glue; every function handed to the host goes through
+// pp::guard.
+#include "correction.hpp"
 #include "factored_subspace.hpp"
 
 #include <polyprobe/plugin/plugin.hpp>
@@ -7,6 +11,7 @@
 namespace {
 
 using polyprobe::factored::FactoredSubspace;
+namespace factored = polyprobe::factored;
 
 int create(const pp_model_view* model, const pp_param_entry* entries, int32_t n_entries,
            const pp_subspace_options* options, void** self, pp_error* err) {
@@ -34,6 +39,54 @@ int describe(const void* self, pp_subspace_view* view, pp_error* err) {
   });
 }
 
+// The operation's entry points: arguments checked here, computed by correction_*.
+template <void (*Compute)(const pp_factored_project_args&)>
+int project(const pp_factored_project_args* args, pp_error* err) {
+  return pp::guard(err, [&] {
+    if (args == nullptr) throw std::invalid_argument("factored_correction: no arguments");
+    if (std::string why = factored::project_args_error(*args); !why.empty())
+      throw std::invalid_argument("factored_correction: " + why);
+    Compute(*args);
+  });
+}
+
+template <std::string (*Reason)()>
+int32_t probe(pp_error* why) {
+  const std::string reason = Reason();
+  if (reason.empty()) return 1;
+  pp::set_error(why, reason);
+  return 0;
+}
+
+const pp_factored_correction_table kCpuTable{sizeof(pp_factored_correction_table),
+                                             &project<&factored::project_cpu>};
+#ifdef POLYPROBE_FACTORED_CUDA
+const pp_factored_correction_table kCudaTable{sizeof(pp_factored_correction_table),
+                                              &project<&factored::project_cuda>};
+#endif
+
+constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
+
+const pp_operation kOperations[] = {
+    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, kFloats, 10,
+     "x B^T for all of a layer's subspace directions: one GEMM per 64 samples (oneTBB)",
+     &probe<&factored::cpu_unusable_reason>, &kCpuTable},
+#ifdef POLYPROBE_FACTORED_CUDA
+    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, kFloats, 10,
+     "x B^T for all of a layer's subspace directions: one cuBLAS GEMM on the session's stream",
+     &probe<&factored::cuda_unusable_reason>, &kCudaTable},
+#endif
+};
+
+const pp_capability kCaps[] = {
+    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, kFloats, 0,
+     "the shared factor x B^T of a factored layer's candidates, for evaluators"},
+#ifdef POLYPROBE_FACTORED_CUDA
+    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, kFloats, 0,
+     "the shared factor x B^T of a factored layer's candidates on the GPU"},
+#endif
+};
+
 const pp_subspace_kind kSubspaces[] = {
     {sizeof(pp_subspace_kind), "factored",
      "dW = A B with B fixed orthonormal rows; the entries of A (and raw biases) are the "
@@ -48,7 +101,13 @@ const pp_plugin kPlugin = [] {
   p.name = "factored_subspace";
   p.version = "1.0.0";
   p.vendor = "polyprobe";
-  p.summary = "the factored subspace (dW = A B, B fixed): --subspace factored";
+  p.summary =
+      "the factored subspace (dW = A B, B fixed): --subspace factored; and its shared factor "
+      "x B^T for evaluators (the \"factored_correction\" operation)";
+  p.caps = kCaps;
+  p.n_caps = static_cast<int32_t>(std::size(kCaps));
+  p.operations = kOperations;
+  p.n_operations = static_cast<int32_t>(std::size(kOperations));
   p.subspaces = kSubspaces;
   p.n_subspaces = static_cast<int32_t>(std::size(kSubspaces));
   return p;

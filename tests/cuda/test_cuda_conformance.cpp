@@ -859,3 +859,71 @@ TEST_CASE("cuda: the device benchmark of an accumulator checks itself", "[cuda]"
   CHECK(j.at("max_abs_diff").get<double>() <= 1e-4 * (1 + j.at("max_abs_sum").get<double>()));
   CHECK(j.at("max_abs_sum").get<double>() > 1.0);  // 62 values in [-1, 1) per cell
 }
+
+namespace {
+
+// The plugins of the build tree with the factored_correction operation withheld (as
+// --no-operation factored_correction does): the cuda plugin projects the subspace's directions
+// with its own kernel.
+PluginRegistry& registry_without_correction() {
+  static PluginRegistry* r = [] {
+    auto* reg = new PluginRegistry();
+    reg->withhold_operation(PP_OPERATION_FACTORED_CORRECTION);
+    reg->load_directories({PluginRegistry::executable_plugin_dir()});
+    return reg;
+  }();
+  return *r;
+}
+
+// 64 -> 48 -> relu -> 5, cross-entropy, 300 samples.
+Case wide_case(std::mt19937_64& rng) {
+  const LayerFactory& f = backends().factory;
+  Case c{Model(Shape{{64}}), make_loss("cross_entropy"), {}, "64-48-5, 300 samples"};
+  c.model.add(f.create("linear", {{"out_features", 48}}, c.model.output_shape()));
+  c.model.add(f.create("relu", nlohmann::json::object(), c.model.output_shape()));
+  c.model.add(f.create("linear", {{"out_features", 5}}, c.model.output_shape()));
+  c.model.initialize(rng());
+  std::normal_distribution<double> normal;
+  c.batch.inputs = Matrix<double>::NullaryExpr(300, 64, [&] { return normal(rng); });
+  for (int r = 0; r < 300; ++r) c.batch.targets.labels.push_back(static_cast<int64_t>(rng() % 5));
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("cuda: a factored subspace through the factored_correction operation and without it",
+          "[cuda]") {
+  require_device();
+  REQUIRE(backends().registry.operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA,
+                                                PP_DTYPE_F32) != nullptr);
+  std::mt19937_64 rng(41);
+  int served = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    // The last trials are wide: 64 inputs, 300 samples, rank 24 (cuBLAS's GEMM, not a toy).
+    const bool wide = trial >= 20;
+    const Case c = wide ? wide_case(rng) : random_case(rng, false);
+    const int64_t rank = wide ? 24 : static_cast<int64_t>(1 + rng() % 6);
+    auto space = backends().registry.make_subspace(c.model, {"factored", rank, 0, rng() % 100});
+    const int32_t d = static_cast<int32_t>(1 + rng() % 8);
+    const Candidates cands = random_candidates(rng, space->dimension(), d, d + 1, 0.3);
+    auto reference = make_reference_evaluator(c.model, *c.loss, space.get(), {DType::f64});
+    const auto want = run(*reference, c, cands);
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      INFO(to_string(dtype) << " trial " << trial << " rank " << rank << " d " << d << ": "
+                            << c.description);
+      const double tolerance = dtype == DType::f64 ? 1e-12 : 1e-5;
+      auto with =
+          backends().registry.make_evaluator(c.model, *c.loss, cuda_request(dtype, space.get()));
+      auto own = registry_without_correction().make_evaluator(c.model, *c.loss,
+                                                              cuda_request(dtype, space.get()));
+      CHECK(max_relative_error(run(*with, c, cands), want) <= tolerance);
+      CHECK(max_relative_error(run(*own, c, cands), want) <= tolerance);
+      const std::string used = with->explain()["plugin"].value("subspace_projections", "");
+      const std::string plain = own->explain()["plugin"].value("subspace_projections", "");
+      INFO(used << " | " << plain);
+      if (used.find("factored_correction from factored_subspace") != std::string::npos) ++served;
+      CHECK(plain.find("factored_correction from") == std::string::npos);
+    }
+  }
+  CHECK(served >= 8);  // the wide trials and the small ones of rank 2 or more in a fused tail
+}

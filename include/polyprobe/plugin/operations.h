@@ -30,7 +30,7 @@ struct pp_error;
 /* One operation a plugin offers. */
 typedef struct pp_operation {
   uint32_t struct_size;
-  const char* name;    /* well-known name; fixes what `table` points to (PP_OPERATION_SDPA) */
+  const char* name;    /* well-known name; fixes what `table` points to (PP_OPERATION_SDPA, ...) */
   int32_t device;      /* pp_device_kind of the tensors it takes */
   uint32_t dtypes;     /* OR of PP_DTYPE_BIT(...) */
   int32_t score;       /* > 0; the host prefers the highest among those that serve */
@@ -102,6 +102,44 @@ typedef struct pp_sdpa_table {
    * arguments. Never keeps a pointer past the call. */
   int (*run)(const pp_sdpa_args* args, struct pp_error* err);
 } pp_sdpa_table;
+
+/* --- "factored_correction": the shared factor of a factored subspace's correction ----- */
+
+#define PP_OPERATION_FACTORED_CORRECTION "factored_correction"
+
+/* A linear layer in a factored subspace computes x W^T + (x B^T) A^T for every candidate:
+ * x W^T is the incumbent's, the candidates differ only in a few entries of A, and x B^T is
+ * the factor they all share. This operation computes that factor for a layer's input x
+ * and n directions (the rows of B, or any dense input directions of a subspace) at once:
+ *   out[j, b] = sum_i dirs[j, i] x[b, i]     (j < n_dirs, b < samples, i < width)
+ * i.e. (x B^T)^T, direction-major, the form a delta path reads it in. The caller then adds
+ * each candidate's few terms theta (x B^T)[:, j] to the units its A-coordinates move.
+ *
+ * Rows are given by a pointer and an element stride (the columns of a row are contiguous);
+ * every tensor is of `dtype` on the operation's device. The result depends on the shapes
+ * and values only, never on `threads` (fixed work blocks), so a run is reproducible. */
+typedef struct pp_factored_project_args {
+  uint32_t struct_size;
+  int32_t dtype; /* pp_dtype: F32 or F64 as the operation declares */
+  int64_t samples, width, n_dirs;
+  const void* x; /* [samples, width], row stride x_stride >= width */
+  int64_t x_stride;
+  const void* dirs; /* [n_dirs, width], row stride dirs_stride >= width */
+  int64_t dirs_stride;
+  void* out; /* [n_dirs, samples], row stride out_stride >= samples; must not overlap x, dirs */
+  int64_t out_stride;
+  int32_t threads; /* CPU: 1 = the calling thread only; 0 = all the process may use */
+  void* stream;    /* CUDA: the cudaStream_t to run on (NULL = the default stream); the call
+                      returns once the work is queued */
+} pp_factored_project_args;
+
+typedef struct pp_factored_correction_table {
+  uint32_t struct_size;
+  /* Computes `out`. PP_UNSUPPORTED (with the reason) for arguments it does not serve, so the
+   * caller computes them itself; PP_FAILED on bad arguments. Never keeps a pointer past the
+   * call. */
+  int (*project)(const pp_factored_project_args* args, struct pp_error* err);
+} pp_factored_correction_table;
 
 #ifdef __cplusplus
 }
