@@ -24,11 +24,12 @@ BenchSuite asktell_bench_suite();  // bench_asktell.cpp
 BenchSuite cheri_suite();          // bench_cheri.cpp
 BenchSuite scale_suite();          // bench_scale.cpp
 BenchSuite attention_suite();      // bench_attention.cpp
+BenchSuite factored_suite();       // bench_factored.cpp
 
 const std::vector<BenchSuite>& bench_suites() {
   static const std::vector<BenchSuite> suites = {
-      step_suite(),          forward_suite(), accumulate_suite(), dfo_bench_suite(),
-      asktell_bench_suite(), cheri_suite(),   scale_suite(),      attention_suite()};
+      step_suite(),  forward_suite(), accumulate_suite(), dfo_bench_suite(), asktell_bench_suite(),
+      cheri_suite(), scale_suite(),   attention_suite(),  factored_suite()};
   return suites;
 }
 

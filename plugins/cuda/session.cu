@@ -43,8 +43,9 @@ std::size_t sz(int64_t n) { return static_cast<std::size_t>(n); }
 
 // Dense subspace directions of one op from which the host's factored_correction operation
 // (one cuBLAS GEMM) projects them instead of dense_v_kernel (a thread per direction and
-// sample, reading the input row by row). Measured on the H100 (docs/benchmarks.md,
-// "factored_correction"). TODO-free: set from scripts/bench-factored.sh on the device.
+// sample, reading the input row by row): already at 2 the complete step at train's radii
+// measured 1.09x faster on the H100, at 32 1.24x (scripts/bench-factored.sh;
+// docs/benchmarks.md, "factored_correction").
 constexpr int64_t kMinSharedDirections = 2;
 
 // How a session runs its candidates (pp_session_options::path).
@@ -1512,11 +1513,15 @@ class DeviceSession final : public Session {
     for (std::size_t o = 0; o < plan_.ops.size(); ++o)
       vx_offsets_d_[o].upload(vx_rows_[o].data(), vx_rows_[o].size(), s);
     // The directions of the ops the factored_correction operation projects, as [n_v, in] in T.
-    vx_dirs_d_.clear();
+    // Same sizes as the last binding keep their buffers (resize allocates only on a change:
+    // a cudaFree would wait for the device).
     vx_dirs_d_.resize(plan_.ops.size());
     std::vector<T> dirs;
-    for (std::size_t o = 0; o < plan_.ops.size() && correction_ != nullptr; ++o) {
-      if (vx_rows_[o].size() < sz(kMinSharedDirections)) continue;
+    for (std::size_t o = 0; o < plan_.ops.size(); ++o) {
+      if (correction_ == nullptr || vx_rows_[o].size() < sz(kMinSharedDirections)) {
+        vx_dirs_d_[o].resize(0);
+        continue;
+      }
       const int64_t in = plan_.ops[o].in;
       dirs.resize(vx_rows_[o].size() * sz(in));
       for (std::size_t j = 0; j < vx_rows_[o].size(); ++j)

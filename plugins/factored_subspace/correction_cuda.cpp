@@ -13,7 +13,8 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace polyprobe::factored {
 namespace {
@@ -30,23 +31,60 @@ void check(cublasStatus_t status, const char* what) {
                              cublasGetStatusString(status) + ")");
 }
 
-// One cuBLAS handle per thread and device: a handle must not be used by two threads at once,
-// and it binds the device current when it was made. The handles are never destroyed: they
-// live as long as the process, and destroying one from a thread-exit or static destructor
-// can run after the CUDA driver has shut down.
-cublasHandle_t handle_for_current_device() {
-  thread_local std::unordered_map<int, cublasHandle_t> handles;
+// A cuBLAS handle bound to one stream, with a workspace of its own. cublasSetStream resets a
+// handle's workspace to cuBLAS's default pool, so a handle shared by several streams (or set
+// to the caller's stream on every call) would re-acquire workspace each time; here each
+// (thread, device, stream) keeps its handle, set up once: the caller's stream, this
+// workspace, and the cuda plugin's modes (no TF32, no atomics: reproducible GEMMs).
+struct BoundHandle {
+  cublasHandle_t handle = nullptr;
+  void* workspace = nullptr;
+};
+
+constexpr std::size_t kWorkspaceBytes = std::size_t{4} << 20;
+// Streams remembered per thread: sessions make one stream each, and a long run makes new
+// sessions (a rotating subspace), so the oldest handle goes beyond this many.
+constexpr std::size_t kMaxHandles = 8;
+
+BoundHandle bind(cudaStream_t stream) {
+  BoundHandle b;
+  check(cublasCreate(&b.handle), "cublasCreate");
+  try {
+    check(cublasSetStream(b.handle, stream), "cublasSetStream");
+    check(cudaMalloc(&b.workspace, kWorkspaceBytes), "cudaMalloc (cuBLAS workspace)");
+    check(cublasSetWorkspace(b.handle, b.workspace, kWorkspaceBytes), "cublasSetWorkspace");
+    check(cublasSetMathMode(b.handle, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cublasSetAtomicsMode(b.handle, CUBLAS_ATOMICS_NOT_ALLOWED), "cublasSetAtomicsMode");
+  } catch (...) {
+    cublasDestroy(b.handle);
+    cudaFree(b.workspace);
+    throw;
+  }
+  return b;
+}
+
+// The handles of this thread, most recently made last. Those still held at thread or process
+// exit are never destroyed: destroying one from a thread-exit or static destructor can run
+// after the CUDA driver has shut down.
+cublasHandle_t handle_for(cudaStream_t stream) {
+  struct Key {
+    int device;
+    cudaStream_t stream;
+  };
+  thread_local std::vector<std::pair<Key, BoundHandle>> handles;
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  auto [it, added] = handles.try_emplace(device, nullptr);
-  if (added) {
-    cublasHandle_t h = nullptr;
-    const cublasStatus_t status = cublasCreate(&h);
-    if (status != CUBLAS_STATUS_SUCCESS) handles.erase(it);
-    check(status, "cublasCreate");
-    it->second = h;
+  for (const auto& [key, bound] : handles)
+    if (key.device == device && key.stream == stream) return bound.handle;
+  if (handles.size() == kMaxHandles) {
+    // The oldest stream's session is the likeliest gone. Its work was queued on its own stream
+    // and cublasDestroy waits for it, so freeing the workspace after is safe.
+    cublasDestroy(handles.front().second.handle);
+    cudaFree(handles.front().second.workspace);
+    handles.erase(handles.begin());
   }
-  return it->second;
+  handles.push_back({Key{device, stream}, bind(stream)});
+  return handles.back().second.handle;
 }
 
 int as_int(int64_t v, const char* what) {
@@ -68,8 +106,7 @@ std::string cuda_unusable_reason() {
 
 void project_cuda(const pp_factored_project_args& a) {
   if (a.samples == 0 || a.n_dirs == 0) return;
-  cublasHandle_t h = handle_for_current_device();
-  check(cublasSetStream(h, static_cast<cudaStream_t>(a.stream)), "cublasSetStream");
+  cublasHandle_t h = handle_for(static_cast<cudaStream_t>(a.stream));
   const int m = as_int(a.samples, "samples"), n = as_int(a.n_dirs, "directions"),
             k = as_int(a.width, "width"), lda = as_int(a.x_stride, "x's stride"),
             ldb = as_int(a.dirs_stride, "dirs' stride"), ldc = as_int(a.out_stride, "out's stride");

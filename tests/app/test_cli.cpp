@@ -89,6 +89,30 @@ TEST_CASE("a --plugin-dir that does not exist is an error") {
   CHECK_THAT(r.err, Catch::Contains("'/nonexistent/plugins' is not a directory"));
 }
 
+TEST_CASE("option --no-operation withholds an operation, and explain says who projects x B^T") {
+  // A name no loaded plugin offers is a usage error listing the ones offered.
+  const auto typo =
+      polyprobe("explain --workload mnist128-factored-r2 --no-operation factored_corection");
+  CHECK(typo.exit_code == 2);
+  CHECK_THAT(typo.err,
+             Catch::Contains("--no-operation 'factored_corection': no loaded plugin offers "
+                             "it (offered: factored_correction, sdpa"));
+  const std::string args = "explain --workload mnist128-factored-r32 --threads 1";
+  const auto with = polyprobe(args);
+  REQUIRE(with.exit_code == 0);
+  CHECK_THAT(with.out, Catch::Contains("subspace directions x B^T: factored_correction from "
+                                       "factored_subspace for layers 0 (32 directions), 2 (32 "
+                                       "directions)"));
+  const auto without = polyprobe(args + " --no-operation factored_correction");
+  REQUIRE(without.exit_code == 0);
+  CHECK_THAT(without.out, Catch::Contains("subspace directions x B^T: one product per direction "
+                                          "(no factored_correction operation loaded for cpu, "
+                                          "float32)"));
+  const auto listed = polyprobe("plugins --no-operation factored_correction");
+  CHECK_THAT(listed.out, Catch::Contains("operation factored_correction (cpu) not offered: "
+                                         "withheld by the host (--no-operation)"));
+}
+
 TEST_CASE("plugins --json describes every plugin, broken ones with their reason") {
   const auto r =
       polyprobe("plugins --json --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR));
