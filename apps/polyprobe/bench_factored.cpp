@@ -122,6 +122,7 @@ BenchSuite factored_suite() {
       return text.str();
     };
     std::vector<std::vector<std::string>> rows;
+    rows.reserve(records.size());
     for (const BenchRecord& r : records)
       rows.push_back({r.workload, r.path, fixed(1e3 * r.timing.cold_ms, 2),
                       fixed(1e3 * r.timing.median_ms, 2), fixed(1e3 * r.timing.iqr_ms, 2),

@@ -83,7 +83,7 @@ cublasHandle_t handle_for(cudaStream_t stream) {
     cudaFree(handles.front().second.workspace);
     handles.erase(handles.begin());
   }
-  handles.push_back({Key{device, stream}, bind(stream)});
+  handles.emplace_back(Key{device, stream}, bind(stream));
   return handles.back().second.handle;
 }
 
