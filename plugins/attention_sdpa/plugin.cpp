@@ -7,6 +7,8 @@
 #include "sdpa_cpu.hpp"
 #ifdef POLYPROBE_SDPA_CUDA
 #include "sdpa_cuda.hpp"
+
+#include <polyprobe/plugin/cuda_probe.hpp>
 #endif
 
 #include <polyprobe/plugin/plugin.hpp>
@@ -41,7 +43,7 @@ int run_cuda(const pp_sdpa_args* args, pp_error* err) {
   });
 }
 int32_t probe_cuda(pp_error* why) {
-  const std::string reason = sdpa::cuda_unusable_reason();
+  const std::string reason = pp::cuda_unusable_reason();
   if (reason.empty()) return 1;
   pp::set_error(why, reason);
   return 0;

@@ -111,14 +111,6 @@ void launch(const pp_sdpa_args& a) {
 
 }  // namespace
 
-std::string cuda_unusable_reason() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
-  if (count == 0) return "no CUDA device";
-  return {};
-}
-
 void run_cuda(const pp_sdpa_args& args) {
   if (std::string why = check_args(args, PP_DEVICE_CUDA); !why.empty())
     throw std::invalid_argument(why);

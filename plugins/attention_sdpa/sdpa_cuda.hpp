@@ -4,15 +4,10 @@
 
 #include <polyprobe/plugin/abi.h>
 
-#include <string>
-
 namespace polyprobe::attention_sdpa {
 
 // The largest head_dim and v_dim the kernel serves (a thread keeps its row in registers).
 constexpr int64_t kCudaMaxDim = 128;
-
-// Empty when a CUDA device is usable, else why not (no driver, no device).
-std::string cuda_unusable_reason();
 
 // Queues `args` (device pointers) on args.stream. Throws std::invalid_argument on arguments
 // check_args rejects or head sizes above 128, std::runtime_error on a CUDA error.

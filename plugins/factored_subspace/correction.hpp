@@ -26,8 +26,6 @@ std::string cpu_unusable_reason();
 void project_cpu(const pp_factored_project_args& args);
 
 #ifdef POLYPROBE_FACTORED_CUDA
-// Empty when a CUDA device is usable, else why not.
-std::string cuda_unusable_reason();
 // Queues the projection (device pointers, arguments project_args_error accepts) on
 // args.stream. Throws std::runtime_error on a CUDA or cuBLAS error.
 void project_cuda(const pp_factored_project_args& args);

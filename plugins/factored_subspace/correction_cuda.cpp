@@ -96,14 +96,6 @@ int as_int(int64_t v, const char* what) {
 
 }  // namespace
 
-std::string cuda_unusable_reason() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(status);
-  if (count == 0) return "no CUDA device";
-  return {};
-}
-
 void project_cuda(const pp_factored_project_args& a) {
   if (a.samples == 0 || a.n_dirs == 0) return;
   cublasHandle_t h = handle_for(static_cast<cudaStream_t>(a.stream));

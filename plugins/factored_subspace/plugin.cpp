@@ -6,6 +6,10 @@
 #include "correction.hpp"
 #include "factored_subspace.hpp"
 
+#ifdef POLYPROBE_FACTORED_CUDA
+#include <polyprobe/plugin/cuda_probe.hpp>
+#endif
+
 #include <polyprobe/plugin/plugin.hpp>
 
 namespace {
@@ -74,7 +78,7 @@ const pp_operation kOperations[] = {
 #ifdef POLYPROBE_FACTORED_CUDA
     {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, kFloats, 10,
      "x B^T for all of a layer's subspace directions: one cuBLAS GEMM on the session's stream",
-     &probe<&factored::cuda_unusable_reason>, &kCudaTable},
+     &probe<&pp::cuda_unusable_reason>, &kCudaTable},
 #endif
 };
 
