@@ -6,6 +6,7 @@
 
 #include <polyprobe/plugin/ops.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace polyprobe::cuda {
@@ -93,6 +94,30 @@ __device__ inline S loss_row(int32_t kind, const S* x, int64_t n, int64_t label,
     default:
       return S(0);
   }
+}
+
+// nn.MaxPool2d / nn.AvgPool2d at output (oi, oj) of an [ih, iw] plane whose value at (i, j) is
+// at(i, j): the window read row by row, padding skipped, the average over the whole window
+// (count_include_pad), NaN propagating through max, as in PyTorch. The pooling op and the
+// site-local conv tail both pool through this, so they agree to the bit.
+template <class S, class At>
+__device__ inline S pool_window(const pp_pool_attrs& a, int64_t oi, int64_t oj, int64_t ih,
+                                int64_t iw, At at) {
+  S acc = a.average ? S(0) : -static_cast<S>(INFINITY);
+  for (int64_t ki = 0; ki < a.kernel[0]; ++ki) {
+    const int64_t i = oi * a.stride[0] + ki - a.padding[0];
+    if (i < 0 || i >= ih) continue;
+    for (int64_t kj = 0; kj < a.kernel[1]; ++kj) {
+      const int64_t j = oj * a.stride[1] + kj - a.padding[1];
+      if (j < 0 || j >= iw) continue;
+      const S v = at(i, j);
+      if (a.average)
+        acc += v;
+      else if (v > acc || isnan(v))
+        acc = v;
+    }
+  }
+  return a.average ? acc / static_cast<S>(a.kernel[0] * a.kernel[1]) : acc;
 }
 
 }  // namespace polyprobe::cuda

@@ -76,31 +76,17 @@ __global__ void conv_kernel(LayerOp op, LayerIo<S> io) {
   }
 }
 
-// nn.MaxPool / nn.AvgPool (count_include_pad; NaN propagates through max, as in PyTorch).
+// nn.MaxPool / nn.AvgPool (pool_window: count_include_pad, NaN propagates through max).
 template <class S>
 __global__ void pool_kernel(LayerOp op, LayerIo<S> io) {
   const pp_pool_attrs& a = op.pool;
   const int64_t oh = a.out_size[0], ow = a.out_size[1], ih = a.in_size[0], iw = a.in_size[1];
-  const S window = static_cast<S>(a.kernel[0] * a.kernel[1]);
   for (int64_t t = thread_index(); t < io.rows * op.out; t += thread_stride()) {
     const int64_t r = t / op.out, o = t % op.out;
-    const int64_t c = o / (oh * ow), oi = (o / ow) % oh, oj = o % ow;
-    const S* x = sample_x(io, r, op.in);
-    S acc = a.average ? S(0) : -static_cast<S>(INFINITY);
-    for (int64_t ki = 0; ki < a.kernel[0]; ++ki) {
-      const int64_t i = oi * a.stride[0] + ki - a.padding[0];
-      if (i < 0 || i >= ih) continue;
-      for (int64_t kj = 0; kj < a.kernel[1]; ++kj) {
-        const int64_t j = oj * a.stride[1] + kj - a.padding[1];
-        if (j < 0 || j >= iw) continue;
-        const S v = x[(c * ih + i) * iw + j];
-        if (a.average)
-          acc += v;
-        else if (v > acc || isnan(v))
-          acc = v;
-      }
-    }
-    io.y[t] = a.average ? acc / window : acc;
+    const int64_t c = o / (oh * ow);
+    const S* x = sample_x(io, r, op.in) + c * ih * iw;
+    io.y[t] = pool_window<S>(a, (o / ow) % oh, o % ow, ih, iw,
+                             [&](int64_t i, int64_t j) { return x[i * iw + j]; });
   }
 }
 

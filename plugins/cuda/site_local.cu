@@ -334,24 +334,9 @@ __global__ void site_conv_tail_kernel(LayerOp op, ConvTail tail, CandidateSource
         return apply_chain(tail.before, v);
       };
       S v;
-      if (tail.pooled != 0) {  // pool_kernel's order and NaN rule
-        const pp_pool_attrs& pl = tail.pool;
-        const int64_t pw = pl.out_size[1], qi = q / pw, qj = q % pw;
-        v = pl.average ? S(0) : -static_cast<S>(INFINITY);
-        for (int64_t ki = 0; ki < pl.kernel[0]; ++ki) {
-          const int64_t oi = qi * pl.stride[0] + ki - pl.padding[0];
-          if (oi < 0 || oi >= oh) continue;
-          for (int64_t kj = 0; kj < pl.kernel[1]; ++kj) {
-            const int64_t oj = qj * pl.stride[1] + kj - pl.padding[1];
-            if (oj < 0 || oj >= ow) continue;
-            const S u = conv_at(oi, oj);
-            if (pl.average)
-              v += u;
-            else if (u > v || isnan(u))
-              v = u;
-          }
-        }
-        if (pl.average) v = v / static_cast<S>(pl.kernel[0] * pl.kernel[1]);
+      if (tail.pooled != 0) {  // the pooling op's window (formulas.cuh)
+        const int64_t pw = tail.pool.out_size[1];
+        v = pool_window<S>(tail.pool, q / pw, q % pw, oh, ow, conv_at);
       } else {
         v = conv_at(q / ow, q % ow);
       }
