@@ -4,21 +4,93 @@
 // directions against one call per direction, which computes what an evaluator's own loop of
 // matrix-vector products does (the operation's single-direction kernel, the same instruction
 // set). It is the narrow figure behind the evaluators' choice (cpu_tbb projects a layer's
-// directions with one call from 4 of them); scripts/bench-factored.sh times the complete
-// steps with and without the operation.
+// directions with one call from 4 of them). Then, on --bench-device (cpu_tbb or cuda), whole
+// candidate evaluations of mnist128-factored-r32 and wide-factored-r64 with the incumbent moved
+// before every call (so every call recomputes the forward and x B^T), by an evaluator with the
+// operation and one with it withheld, alternated call by call so that a noisy host weighs on
+// both alike. scripts/bench-factored.sh times complete steps with and without it.
 #include "bench.hpp"
+#include "bench_workloads.hpp"
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/operations.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iomanip>
 #include <random>
 #include <sstream>
 
 namespace polyprobe::app {
 namespace {
+
+// Whole evaluations with the incumbent moved before each, with and without the operation.
+void time_evaluations(Context& ctx, std::vector<BenchRecord>& records) {
+  const std::string device = ctx.vm["bench-device"].as<std::string>();
+  std::vector<std::filesystem::path> dirs;
+  if (ctx.vm.count("plugin-dir"))
+    for (const std::string& d : ctx.vm["plugin-dir"].as<std::vector<std::string>>())
+      dirs.emplace_back(d);
+  PluginRegistry withheld;
+  withheld.withhold_operation(PP_OPERATION_FACTORED_CORRECTION);
+  withheld.load_directories(PluginRegistry::search_path(dirs));
+  const int reps = std::max(31, ctx.vm["repeats"].as<int>());
+  for (const std::string name : {"mnist128-factored-r32", "wide-factored-r64"}) {
+    Workload w = build_workload(find_workload(name), 0, &ctx.registry);
+    EvaluatorRequest request;
+    request.backend = device == "cuda" ? "cuda" : "cpu_tbb";
+    request.device = device;
+    request.options.dtype = DType::f32;
+    request.options.threads = 1;
+    request.subspace = w.subspace.get();
+    std::unique_ptr<Evaluator> arms[2] = {ctx.registry.make_evaluator(*w.model, *w.loss, request),
+                                          withheld.make_evaluator(*w.model, *w.loss, request)};
+    std::vector<double> params(w.model->parameters().begin(), w.model->parameters().end());
+    std::vector<double> losses[2];
+    std::vector<double> times[2];
+    for (int arm = 0; arm < 2; ++arm) {
+      arms[arm]->register_batch(w.batch);
+      losses[arm].resize(static_cast<std::size_t>(w.candidates()));
+    }
+    for (int call = 0; call < reps + 3; ++call) {
+      params[static_cast<std::size_t>(call) % params.size()] += 1e-4;  // a new incumbent
+      for (int arm = 0; arm < 2; ++arm) {
+        const auto start = std::chrono::steady_clock::now();
+        arms[arm]->evaluate(params, w.set(), losses[arm]);
+        const double ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                .count();
+        if (call >= 3) times[arm].push_back(ms);  // the first three warm up
+      }
+    }
+    double worst = 0;
+    for (std::size_t c = 0; c < losses[0].size(); ++c)
+      worst = std::max(
+          worst, std::abs(losses[0][c] - losses[1][c]) / std::max(1e-300, std::abs(losses[1][c])));
+    for (int arm = 0; arm < 2; ++arm) {
+      BenchRecord r;
+      r.suite = "factored";
+      r.device = device;
+      r.workload = name + " (" + device + "), evaluate after a move";
+      r.path = arm == 0 ? "factored_correction" : "own products";
+      r.candidates = w.candidates();
+      r.batch = w.spec.batch;
+      r.timing = timing_of(times[arm].front(), times[arm]);
+      r.max_rel_diff = worst;
+      r.extra["evaluator"] = arms[arm]->name();
+      r.extra["subspace_projections"] = arms[arm]
+                                            ->explain()
+                                            .value("plugin", nlohmann::json::object())
+                                            .value("subspace_projections", "");
+      records.push_back(r);
+    }
+    const double with = records[records.size() - 2].timing.median_ms,
+                 own = records.back().timing.median_ms;
+    records[records.size() - 2].extra["speedup"] = own / with;
+  }
+}
 
 std::vector<BenchRecord> run_factored(Context& ctx) {
   const OperationTable::Entry* op =
@@ -103,6 +175,7 @@ std::vector<BenchRecord> run_factored(Context& ctx) {
         records.back().max_rel_diff = worst;
         records.back().extra["speedup"] = each / once;
       }
+  time_evaluations(ctx, records);
   return records;
 }
 
