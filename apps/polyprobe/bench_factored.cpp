@@ -4,7 +4,7 @@
 // directions against one call per direction, which computes what an evaluator's own loop of
 // matrix-vector products does (the operation's single-direction kernel, the same instruction
 // set). It is the narrow figure behind the evaluators' choice (cpu_tbb projects a layer's
-// directions with one call from 4 of them). Then, on --bench-device (cpu_tbb or cuda), whole
+// directions with one call from 8 of them). Then, on --bench-device (cpu_tbb or cuda), whole
 // candidate evaluations of mnist128-factored-r32 and wide-factored-r64 with the incumbent moved
 // before every call (so every call recomputes the forward and x B^T), by an evaluator with the
 // operation and one with it withheld, alternated call by call so that a noisy host weighs on

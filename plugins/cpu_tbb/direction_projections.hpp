@@ -26,10 +26,12 @@ template <class S>
 class DirectionProjections {
  public:
   using Direction = Eigen::Matrix<S, 1, Eigen::Dynamic>;
-  // Directions per layer from which the operation is used. Below, one matrix-vector product
-  // per direction is as fast or faster: a GEMM of 2 or 3 rows runs at 0.4-0.7x their speed,
-  // of 4 at 1.1-1.4x, of 8 or more at 1.6-3x (docs/benchmarks.md, "factored_correction").
-  static constexpr std::size_t kMinShared = 4;
+  // Directions per layer from which the operation is used (`polyprobe bench factored`, an
+  // AVX-512 EPYC and Xeon): one call for 8 directions ran 1.05-2.0x as fast as a product per
+  // direction, for 32 1.8-3.6x; for 4 it ran 0.68-0.95x at 64 samples and 1.27-1.40x at 512,
+  // and below 4 the operation itself runs a product per direction (docs/benchmarks.md,
+  // "factored_correction").
+  static constexpr std::size_t kMinShared = 8;
 
   // `directions` and their `layers` as the evaluation context collected them (empty in full
   // space); `host` (may be null) the session's host API. Keeps references to both vectors,

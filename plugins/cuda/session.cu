@@ -43,9 +43,10 @@ std::size_t sz(int64_t n) { return static_cast<std::size_t>(n); }
 
 // Dense subspace directions of one op from which the host's factored_correction operation
 // (one cuBLAS GEMM) projects them instead of dense_v_kernel (a thread per direction and
-// sample, reading the input row by row): already at 2 the complete step at train's radii
-// measured 1.09x faster on the H100, at 32 1.24x (scripts/bench-factored.sh;
-// docs/benchmarks.md, "factored_correction").
+// sample, reading the input with a stride). On the H100 a whole evaluation after a move was
+// 1.06x faster with it at 32 directions and 1.10x at 64 (`polyprobe bench factored
+// --bench-device cuda`); at 2 only complete steps were timed, 1.09x and 0.99x in two calls
+// of a noisy host (docs/benchmarks.md, "factored_correction").
 constexpr int64_t kMinSharedDirections = 2;
 
 // How a session runs its candidates (pp_session_options::path).

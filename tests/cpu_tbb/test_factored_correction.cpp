@@ -180,20 +180,20 @@ TEST_CASE("factored_correction: withheld, the plugin says so and nothing offers 
         offered.end());
 }
 
-// 12 -> 9 -> relu -> 7 -> tanh -> 5: a factored subspace of rank `rank` gives each linear
-// layer `rank` directions.
+// 12 -> 9 -> relu -> 10 -> tanh -> 5: a factored subspace of rank `rank` gives each linear
+// layer min(rank, inputs) directions.
 TEST_CASE("factored_correction: cpu_tbb's subspace path with and without it equals the reference",
           "[factored][cpu_tbb]") {
   const std::vector<std::pair<std::string, nlohmann::json>> layers = {
       {"linear", {{"out_features", 9}}},
       {"relu", {}},
-      {"linear", {{"out_features", 7}}},
+      {"linear", {{"out_features", 10}}},
       {"tanh", {}},
       {"linear", {{"out_features", 5}}}};
   Model model = make_model(12, layers);
   auto loss = make_loss("cross_entropy");
   const Batch batch = make_batch(model, 70);  // two blocks of the operation's 64 samples
-  for (const int64_t rank : {2, 6}) {
+  for (const int64_t rank : {4, 8}) {
     auto subspace = cpu_registry().make_subspace(model, {"factored", rank, 0, 7});
     const Candidates cands = make_candidates(subspace->dimension(), 4, 3, 0.2);
     const Run want = run_evaluator(model, *loss, batch, cands,
@@ -216,12 +216,12 @@ TEST_CASE("factored_correction: cpu_tbb's subspace path with and without it equa
         const std::string used = with.explain["plugin"]["subspace_projections"];
         const std::string plain_note = plain->explain()["plugin"]["subspace_projections"];
         INFO(used << " | " << plain_note);
-        if (rank >= 4) {
+        if (rank >= 8) {
           CHECK(used ==
-                "factored_correction from factored_subspace for layers 0 (6 directions), "
-                "2 (6 directions), 4 (6 directions)");
+                "factored_correction from factored_subspace for layers 0 (8 directions), "
+                "2 (8 directions), 4 (8 directions)");
         } else {
-          CHECK(used.find("no affine layer has 4 or more directions") != std::string::npos);
+          CHECK(used.find("no affine layer has 8 or more directions") != std::string::npos);
         }
         CHECK(plain_note.find("no factored_correction operation loaded") != std::string::npos);
       }
