@@ -16,9 +16,11 @@ namespace {
 // Samples per GEMM: one block's x rows (at most 64 x width) stay in cache while every
 // direction reads them, and a layer of a few hundred samples still spreads over threads.
 constexpr int64_t kBlock = 64;
-// Directions from which one GEMM beats a matrix-vector product per direction: Eigen's GEMM
-// kernel is slow for fewer than 4 rows (2 directions: 0.4-0.6x the products' speed; 4: 1.1-1.4x,
-// 8: 1.6-1.9x, 32: 1.8-3.1x, on an AVX-512 EPYC at 64 and 512 samples of width 128 and 784).
+// Directions from which one GEMM replaces a matrix-vector product per direction. Below 4,
+// Eigen's GEMM kernel ran at 0.4-0.7x the products' speed (a one-off comparison); from 4
+// `polyprobe bench factored` measures one call 0.68-1.40x as fast as a call per direction at 4
+// directions (slower at 64 samples, faster at 512), 1.05-2.0x at 8 and 1.8-3.6x at 32 on an
+// AVX-512 EPYC and Xeon. Callers with their own products pick their own threshold (cpu_tbb: 8).
 constexpr int64_t kGemmFrom = 4;
 
 template <class S>
