@@ -343,7 +343,7 @@ void PluginRegistry::load_library(const fs::path& requested) {
       const pp_operation& op = desc->operations[i];
       std::string why = op.name != nullptr && std::find(withheld_.begin(), withheld_.end(),
                                                         op.name) != withheld_.end()
-                            ? "withheld by the host (--no-operation)"
+                            ? "withheld by the host (--no-operation, polyprobe.withhold_operations)"
                             : operations_->add(&op, info.name);
       if (!why.empty())
         notes += std::string(notes.empty() ? "" : "; ") + "operation " + safe(op.name) + " (" +

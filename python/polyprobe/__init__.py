@@ -41,10 +41,11 @@ __all__ = [
     "AskTell", "MinimizeResult", "TRAIN_OPTIONS", "Model", "OptimizerConfig", "TrainResult", "evaluate",
     "explain", "load_data", "load_model", "minimize", "plugin_dirs", "plugins",
     "read_safetensors", "recommended_minimize_config", "set_plugin_dirs", "train",
-    "write_safetensors",
+    "withhold_operations", "write_safetensors",
 ]
 
 _extra_plugin_dirs: List[str] = []
+_withheld_operations: List[str] = []
 
 
 def _package_plugin_dir() -> Optional[str]:
@@ -69,7 +70,7 @@ def _default_plugin_dirs() -> List[str]:
 
 def _ensure_plugins() -> None:
     if not _core.plugins_loaded():
-        _core.load_plugins(_default_plugin_dirs())
+        _core.load_plugins(_default_plugin_dirs(), _withheld_operations)
 
 
 def set_plugin_dirs(dirs: Iterable[Union[str, "_os.PathLike[str]"]]) -> None:
@@ -86,6 +87,21 @@ def set_plugin_dirs(dirs: Iterable[Union[str, "_os.PathLike[str]"]]) -> None:
         raise RuntimeError("plugins are already loaded; call polyprobe.set_plugin_dirs() before "
                            "the first call that uses them")
     _extra_plugin_dirs[:] = dirs
+
+
+def withhold_operations(names: Iterable[str]) -> None:
+    """Leaves the named operations (kernels plugins offer by name: ``sdpa``,
+    ``factored_correction``) to the layers' and evaluators' own code, like ``polyprobe
+    --no-operation NAME``: to compare a plugin's kernel with that code, or to rule it out.
+
+    Like set_plugin_dirs, call it before the first call that loads the plugins (a
+    RuntimeError says when it is too late). A name no loaded plugin offers is a ValueError
+    from that first call, listing the names offered."""
+    names = [str(n) for n in names]
+    if _core.plugins_loaded():
+        raise RuntimeError("plugins are already loaded; call polyprobe.withhold_operations() "
+                           "before the first call that uses them")
+    _withheld_operations[:] = names
 
 
 def plugin_dirs() -> List[str]:

@@ -81,7 +81,7 @@ struct Plugins {
 };
 Plugins& plugins();
 bool plugins_loaded();
-void load_plugins(const std::vector<std::string>& dirs);
+void load_plugins(const std::vector<std::string>& dirs, const std::vector<std::string>& withheld);
 
 // An OptimizerConfig from None, an OptimizerConfig or a dict of option names (ValueError
 // for an unknown name or a bad value).

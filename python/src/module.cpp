@@ -4,6 +4,7 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -49,14 +50,24 @@ Plugins& plugins() {
 
 bool plugins_loaded() { return g_plugins != nullptr; }
 
-void load_plugins(const std::vector<std::string>& dirs) {
+void load_plugins(const std::vector<std::string>& dirs, const std::vector<std::string>& withheld) {
   if (g_plugins)
     throw Error(
         "plugins are already loaded (from the folders polyprobe.plugin_dirs() lists); "
         "choose plugin folders before the first call that needs them");
   auto p = std::make_unique<Plugins>();
   for (const std::string& d : dirs) p->dirs.emplace_back(d);
+  for (const std::string& name : withheld) p->registry.withhold_operation(name);
   p->registry.load_directories(p->dirs);
+  const std::vector<std::string> offered = p->registry.offered_operations();
+  for (const std::string& name : withheld)
+    if (std::find(offered.begin(), offered.end(), name) == offered.end()) {
+      std::string known;
+      for (const std::string& o : offered) known += (known.empty() ? "" : ", ") + o;
+      throw BadInput(
+          "withhold_operations: no loaded plugin offers '" + name + "' (" +
+          (known.empty() ? std::string("none offers any operation") : "offered: " + known) + ")");
+    }
   p->registry.register_layers(p->layers);
   g_plugins = std::move(p);
 }
@@ -95,7 +106,9 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   m.def("load_plugins", &load_plugins, py::arg("dirs"),
-        "Loads the plugins of `dirs` (in order) once per process.");
+        py::arg("withheld") = std::vector<std::string>{},
+        "Loads the plugins of `dirs` (in order) once per process, without the named "
+        "operations in `withheld`.");
   m.def("plugins_loaded", &plugins_loaded, "Whether the plugins were loaded.");
   m.def(
       "plugin_dirs",

@@ -1,4 +1,8 @@
 """train(), evaluate(), load_data(), plugins() and explain()."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -86,3 +90,28 @@ def test_plugins_listed_and_explain():
         polyprobe.explain(mlp(), backend="no_such_plugin")
     with pytest.raises(RuntimeError, match="already loaded"):
         polyprobe.set_plugin_dirs([])
+
+
+def test_withhold_operations_in_a_fresh_process(tmp_path):
+    """Plugins load once per process, so withholding is checked in fresh interpreters (run
+    outside the source tree, whose python/polyprobe has no _core, so that PYTHONPATH's
+    package is the one imported)."""
+    def run(code):
+        return subprocess.run([sys.executable, "-c", "import polyprobe\n" + code],
+                              capture_output=True, text=True, timeout=120, env=dict(os.environ),
+                              cwd=tmp_path)
+
+    ok = run('polyprobe.withhold_operations(["factored_correction"])\n'
+             'info = {p["name"]: p for p in polyprobe.plugins()}\n'
+             'print(info["factored_subspace"]["available"], info["factored_subspace"]["reason"])')
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("True "), ok.stdout  # the subspace kind stays
+    assert "operation factored_correction (cpu) not offered: withheld by the host" in ok.stdout
+    typo = run('polyprobe.withhold_operations(["factored_corection"])\npolyprobe.plugins()')
+    assert typo.returncode != 0
+    assert "ValueError: withhold_operations: no loaded plugin offers 'factored_corection' " \
+           "(offered: factored_correction, sdpa)" in typo.stderr, typo.stderr
+    # In this process the plugins are loaded already.
+    polyprobe.plugins()
+    with pytest.raises(RuntimeError, match="already loaded"):
+        polyprobe.withhold_operations(["sdpa"])
