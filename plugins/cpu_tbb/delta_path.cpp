@@ -54,7 +54,8 @@ std::vector<char> DeltaPath<S>::changed_units(std::size_t layer, int64_t units) 
       ctx_.plan.layers[static_cast<std::size_t>(source)].out != units)
     return std::vector<char>(changed.size(), 1);
   const std::vector<Term>& terms = ctx_.planner->terms();
-  for (const Group& g : ctx_.planner->groups()) {
+  for (const std::size_t i : ctx_.planner->selected()) {
+    const Group& g = ctx_.planner->groups()[i];
     if (g.path != Path::delta) continue;
     for (int64_t k = g.terms_begin; k < g.terms_end; ++k) {
       const Term& t = terms[static_cast<std::size_t>(k)];
@@ -98,6 +99,33 @@ void DeltaPath<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out
   std::copy(s.buffer_out.begin(), s.buffer_out.begin() + count, out);
 }
 
+namespace {
+// The units of `used` not yet in `done` (sized to `used` on first use); marks them done.
+std::vector<char> not_yet(const std::vector<char>& used, std::vector<char>& done) {
+  if (done.size() != used.size()) done.assign(used.size(), 0);
+  std::vector<char> need(used.size(), 0);
+  for (std::size_t u = 0; u < used.size(); ++u)
+    if (used[u] != 0 && done[u] == 0) need[u] = done[u] = 1;
+  return need;
+}
+}  // namespace
+
+template <class S>
+void DeltaPath<S>::build_tables() {
+  // Within one generation of the incumbent cache (one incumbent on one batch) the tables only
+  // grow: a call builds the units its candidates read that no earlier call of the generation
+  // built (the chunks of a sharded step share one incumbent).
+  const bool fresh = tables_generation_ != ctx_.inc.generation;
+  tables_generation_ = 0;  // until complete
+  if (fresh) {
+    last_layer_done_.clear();
+    for (KinkTable& k : kink_) k.block_done.clear(), k.cumulant_done.clear();
+  }
+  build_kink_tables();
+  if (fresh) build_direction_tables();  // a function of the incumbent alone
+  tables_generation_ = ctx_.inc.generation;
+}
+
 template <class S>
 void DeltaPath<S>::build_kink_tables() {
   const std::size_t n_layers = ctx_.plan.layers.size();
@@ -122,9 +150,10 @@ void DeltaPath<S>::build_kink_tables() {
     const int64_t own = ctx_.planner->threshold_candidates()[n_layers - 1];
     if (users > 0 && users + own > 3 * last.in) {
       // The directions this call reads: the units its candidates change at the last layer's input.
-      const std::vector<char> used = changed_units(n_layers - 1, last.in);
+      const std::vector<char> need =
+          not_yet(changed_units(n_layers - 1, last.in), last_layer_done_);
       build_cumulants(last_layer_cumulants_, last.in, ctx_.inc.eff.data() + last.offset, 1, last.in,
-                      0, used);
+                      0, need);
     }
   }
   for (std::size_t l = 0; l + 2 < n_layers; ++l) {
@@ -143,66 +172,74 @@ void DeltaPath<S>::build_kink_tables() {
     // Only the blocks of units this call's candidates change (all of them in one process; a
     // rank of a sharded step reads a few): the rest of the table is left as it was, unread.
     const std::vector<char> used = changed_units(l, in);
+    const bool started = !table.block_done.empty();  // this generation built blocks already
+    if (!started)
+      table.block_done.assign(static_cast<std::size_t>((in + kUnitBlock - 1) / kUnitBlock), 0);
     std::vector<int64_t> blocks;  // first unit of each block to build
     for (int64_t u0 = 0; u0 < in; u0 += kUnitBlock)
-      if (std::any_of(used.begin() + u0, used.begin() + std::min(in, u0 + kUnitBlock),
-                      [](char c) { return c != 0; }))
+      if (table.block_done[static_cast<std::size_t>(u0 / kUnitBlock)] == 0 &&
+          std::any_of(used.begin() + u0, used.begin() + std::min(in, u0 + kUnitBlock),
+                      [](char c) { return c != 0; })) {
         blocks.push_back(u0);
-    if (blocks.empty()) {
-      // No candidate of this call reads the table (its slice of the step lies elsewhere): it
-      // counts as built, as the whole step decided, and nothing is computed (the incumbent's
-      // activations it would read are not even transposed for this call).
-      table.built = true;
-      table.cumulants.built = false;
+        table.block_done[static_cast<std::size_t>(u0 / kUnitBlock)] = 1;
+      }
+    // It counts as built, as the whole step decided: every block this call's candidates read
+    // is built (by this call or an earlier one of the generation), and one whose candidates
+    // read none computes nothing (the incumbent's activations it would read are not even
+    // transposed for this call).
+    table.built = true;
+    table.cumulants.built = false;
+    if (blocks.empty() && std::none_of(used.begin(), used.end(), [](char c) { return c != 0; }))
       continue;
-    }
-    table.response.resize(in * out, batch);
-    table.inv_room.resize(in, batch);
-    table.room_up.resize(in, batch);
-    table.room_down.resize(in, batch);
     const Mat<S>& z = ctx_.inc.acts_t[l + 1];  // [mid, batch], the ReLU's input
     const Eigen::Map<const Mat<S>> w_first(ctx_.inc.eff.data() + first.offset, mid, in);
     const Eigen::Map<const Mat<S>> w_second(ctx_.inc.eff.data() + second.offset, out, mid);
     Mat<S>& abs_first_t = table.abs_weights;  // [in, mid], kept between calls
-    abs_first_t = ctx_.inc.weights_t[l].cwiseAbs();
-    ctx_.arena->execute([&] {
-      tbb::parallel_for(
-          tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
-            Mat<S> masked(out, mid), response(out, kUnitBlock);
-            Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
-            for (int64_t b = r.begin(); b != r.end(); ++b) {
-              for (int64_t j = 0; j < mid; ++j) {
-                const S zj = z(j, b);
-                if (zj > S(0))
-                  masked.col(j) = w_second.col(j);
-                else
-                  masked.col(j).setZero();
-                inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
-                signed_inv_z(j) = zj < S(0) ? -inv_z(j) : inv_z(j);
-              }
-              // A unit exactly at its kink crosses for any move: that sample is always exact.
-              const bool at_kink = (z.col(b).array() == S(0)).any();
-              for (const int64_t u0 : blocks) {
-                const int64_t width = std::min(kUnitBlock, in - u0);
-                response.leftCols(width).noalias() = masked * w_first.middleCols(u0, width);
-                for (int64_t u = u0; u < u0 + width; ++u) {
-                  table.response.col(b).segment(u * out, out) = response.col(u - u0);
-                  table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
-                  ratio = ctx_.inc.weights_t[l].row(u).array() * signed_inv_z;
-                  table.room_up(u, b) =
-                      at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
-                  table.room_down(u, b) =
-                      at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
+    if (!started) {
+      table.response.resize(in * out, batch);
+      table.inv_room.resize(in, batch);
+      table.room_up.resize(in, batch);
+      table.room_down.resize(in, batch);
+      abs_first_t = ctx_.inc.weights_t[l].cwiseAbs();
+    }
+    if (!blocks.empty())
+      ctx_.arena->execute([&] {
+        tbb::parallel_for(
+            tbb::blocked_range<int64_t>(0, batch), [&](const tbb::blocked_range<int64_t>& r) {
+              Mat<S> masked(out, mid), response(out, kUnitBlock);
+              Eigen::Array<S, 1, Eigen::Dynamic> inv_z(mid), signed_inv_z(mid), ratio(mid);
+              for (int64_t b = r.begin(); b != r.end(); ++b) {
+                for (int64_t j = 0; j < mid; ++j) {
+                  const S zj = z(j, b);
+                  if (zj > S(0))
+                    masked.col(j) = w_second.col(j);
+                  else
+                    masked.col(j).setZero();
+                  inv_z(j) = S(1) / std::max(std::abs(zj), std::numeric_limits<S>::min());
+                  signed_inv_z(j) = zj < S(0) ? -inv_z(j) : inv_z(j);
+                }
+                // A unit exactly at its kink crosses for any move: that sample is always exact.
+                const bool at_kink = (z.col(b).array() == S(0)).any();
+                for (const int64_t u0 : blocks) {
+                  const int64_t width = std::min(kUnitBlock, in - u0);
+                  response.leftCols(width).noalias() = masked * w_first.middleCols(u0, width);
+                  for (int64_t u = u0; u < u0 + width; ++u) {
+                    table.response.col(b).segment(u * out, out) = response.col(u - u0);
+                    table.inv_room(u, b) = (abs_first_t.row(u).array() * inv_z).maxCoeff();
+                    ratio = ctx_.inc.weights_t[l].row(u).array() * signed_inv_z;
+                    table.room_up(u, b) =
+                        at_kink ? std::numeric_limits<S>::max() : (-ratio).maxCoeff();
+                    table.room_down(u, b) =
+                        at_kink ? std::numeric_limits<S>::max() : ratio.maxCoeff();
+                  }
                 }
               }
-            }
-          });
-    });
-    table.built = true;
-    table.cumulants.built = false;
+            });
+      });
     if (std::is_same_v<S, float> && ctx_.loss == kernels::LossKind::cross_entropy &&
         l + 3 == n_layers)
-      build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1, used);
+      build_cumulants(table.cumulants, in, table.response.data(), out * batch, batch, 1,
+                      not_yet(used, table.cumulant_done));
   }
 }
 
@@ -666,6 +703,7 @@ void DeltaPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s, dou
   template double DeltaPath<S>::table_bytes() const;                                               \
   template void DeltaPath<S>::apply_elementwise(const LayerPlan&, const S*, S*, int64_t, Scratch&) \
       const;                                                                                       \
+  template void DeltaPath<S>::build_tables();                                                      \
   template void DeltaPath<S>::build_kink_tables();                                                 \
   template std::vector<char> DeltaPath<S>::changed_units(std::size_t, int64_t) const;              \
   template void DeltaPath<S>::apply_kink(std::size_t, int64_t, Scratch&) const;                    \

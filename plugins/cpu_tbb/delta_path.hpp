@@ -4,8 +4,9 @@
 // (loss_kernels.cpp). Every loss is exact: where a table's shortcut is not certified for a
 // sample, that sample is computed exactly.
 //
-// The tables are built per call from the incumbent cache (build_tables, one thread, parallel
-// inside, each row written by one thread: the same bits for any thread count); evaluate()
+// The tables are built from the incumbent cache, for the units a call reads, and kept for the
+// later calls on the same incumbent (build_tables, one thread, parallel inside, each row
+// written by one thread: the same bits for any thread count); evaluate()
 // then runs on many workers at once, each with its own scratch, reading only.
 #pragma once
 
@@ -25,14 +26,12 @@ class DeltaPath {
   explicit DeltaPath(const EvaluationContext<S>& ctx) : ctx_(ctx), kink_(ctx.plan.layers.size()) {}
 
   // Kink, direction and cumulant tables for this call's groups (the planner's counts decide
-  // which are worth building).
-  void build_tables() {
-    build_kink_tables();
-    build_direction_tables();
-  }
+  // which are worth building), keeping what earlier calls on the same incumbent built.
+  void build_tables();
   // After an allocation failure: drop the tables (rebuilt on the next call).
   void drop_tables() {
     for (KinkTable& k : kink_) k = KinkTable{};
+    tables_generation_ = 0;
   }
   bool kink_table_built(std::size_t layer) const { return kink_[layer].built; }
   double table_bytes() const;
@@ -105,7 +104,10 @@ class DeltaPath {
   void flush_exact(ExactLanes<S>& q) const;
 
   const EvaluationContext<S>& ctx_;
-  Cumulants last_layer_cumulants_;  // g = columns of the last affine layer's W
+  Cumulants last_layer_cumulants_;     // g = columns of the last affine layer's W
+  std::vector<char> last_layer_done_;  // [in]: its directions built this generation
+  // The IncumbentCache::generation the tables' built parts belong to (0: none).
+  uint64_t tables_generation_ = 0;
 
   // Kink tables of affine layer l (see delta_path.cpp), when built this call.
   struct KinkTable {
@@ -117,6 +119,9 @@ class DeltaPath {
     Mat<S> room_up, room_down;
     Mat<S> abs_weights;   // |W_l|^T [in_l, out_l], scratch of the build
     Cumulants cumulants;  // when layer l+2 is the last: g = response columns
+    // This generation's built blocks of kUnitBlock units, and units of `cumulants` (empty:
+    // none yet).
+    std::vector<char> block_done, cumulant_done;
   };
   std::vector<KinkTable> kink_;
   // Direction tables: a dense subspace direction u at the output of affine layer l, then

@@ -118,14 +118,16 @@ void EvaluatorImpl<S>::plan_tasks() {
     return 1;
   };
   tasks_.clear();
-  const std::vector<Group>& groups = planner_.groups();
+  const std::vector<Group>& all = planner_.groups();
+  const std::vector<std::size_t>& selected = planner_.selected();
   std::size_t begin = 0;
   int64_t run = 0;  // weighted candidates in the current run of cheap groups
-  for (std::size_t i = 0; i < groups.size(); ++i) {
-    const bool cheap = groups[i].path == Path::delta || groups[i].path == Path::incumbent ||
-                       groups[i].path == Path::inplace;
+  for (std::size_t i = 0; i < selected.size(); ++i) {
+    const Group& g = all[selected[i]];
+    const bool cheap =
+        g.path == Path::delta || g.path == Path::incumbent || g.path == Path::inplace;
     if (cheap) {
-      run += (groups[i].end - groups[i].begin) * weight(groups[i]);
+      run += (g.end - g.begin) * weight(g);
       if (run < kCandidatesPerTask) continue;
       tasks_.emplace_back(begin, i + 1);
     } else {
@@ -135,7 +137,7 @@ void EvaluatorImpl<S>::plan_tasks() {
     begin = i + 1;
     run = 0;
   }
-  if (begin < groups.size()) tasks_.emplace_back(begin, groups.size());
+  if (begin < selected.size()) tasks_.emplace_back(begin, selected.size());
 }
 
 template <class S>
@@ -148,9 +150,10 @@ void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
           for (std::size_t t = range.begin(); t != range.end(); ++t) {
             const auto start = Clock::now();
             Scratch& s = scratch_.local();
-            for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i)
-              if (planner_.groups()[i].path != Path::inplace)
-                evaluate_group(c, planner_.groups()[i], s, losses);
+            for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i) {
+              const Group& g = planner_.groups()[planner_.selected()[i]];
+              if (g.path != Path::inplace) evaluate_group(c, g, s, losses);
+            }
             delta_.finish_task(s, losses);
             TaskTimes& times = task_ms_.local();
             const double ms = ms_since(start);
@@ -167,8 +170,9 @@ void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
   // In-place groups share one parameter copy: one at a time, parallel inside.
   const auto inplace_start = Clock::now();
   Scratch& s = scratch_.local();
-  for (const Group& g : planner_.groups())
-    if (g.path == Path::inplace) materialised_.evaluate_inplace(c, g, s, losses);
+  for (const std::size_t i : planner_.selected())
+    if (planner_.groups()[i].path == Path::inplace)
+      materialised_.evaluate_inplace(c, planner_.groups()[i], s, losses);
   last_ms_.inplace = ms_since(inplace_start);
 }
 
@@ -219,15 +223,27 @@ void EvaluatorImpl<S>::evaluate(const Candidates& c, double* losses, double* inc
       start = Clock::now();
       const bool planned = c.structure_key != 0 && c.structure_key == planned_key_ &&
                            chunk_ == planned_chunk_ && inplace_for_dense_ == planned_inplace_;
+      // The same mask as the last call's (or both none): its selection and tasks stand.
+      const bool same_selection =
+          planned && (c.active == nullptr
+                          ? !selected_by_mask_
+                          : selected_by_mask_ &&
+                                std::equal(selected_mask_.begin(), selected_mask_.end(), c.active));
       if (!planned) {
         planned_key_ = 0;  // until this plan is complete
         planner_.plan(c, chunk_, inplace_for_dense_, [this](const Group& g, bool other_forced) {
           return site_local_.decline(g, other_forced);
         });
-        plan_tasks();
         planned_key_ = c.structure_key;
         planned_chunk_ = chunk_;
         planned_inplace_ = inplace_for_dense_;
+      }
+      if (!same_selection) {
+        selected_by_mask_ = false;  // until this selection is complete
+        planner_.select(c.active);
+        plan_tasks();
+        selected_by_mask_ = c.active != nullptr;
+        if (selected_by_mask_) selected_mask_.assign(c.active, c.active + c.n_particles);
       }
       site_local_.prepare();
       // The feature-major activations the delta path reads: from its first layer on, and at

@@ -33,9 +33,13 @@ struct Candidates {
   const double* base_params = nullptr;
   int64_t n_params = 0;
   // Nonzero: the same key as an earlier call promises the same `particle` sequence and
-  // coordinates (the session's expansion of an unchanged layout, every particle active), so
-  // the evaluator may reuse that call's plan of groups and paths. 0: plan afresh.
+  // coordinates (the session's expansion of an unchanged layout), so the evaluator may reuse
+  // that call's plan of groups and paths. 0: plan afresh.
   uint64_t structure_key = 0;
+  // [n_particles]: the particles whose candidates this call scores (null: every candidate);
+  // the others' displacements are not read and their losses are left as they were. Only for
+  // candidates in particle order (the session's expansion of a probe).
+  const uint8_t* active = nullptr;
   // A probe-form step (the session's expansion of a polytope probe): its candidates a particle
   // (V K), and a key that changes whenever the bound layout does. Then the tables' thresholds
   // count the whole layout's candidates, not this call's, so a call that scores a slice of the
@@ -49,7 +53,8 @@ class CandidateEvaluator {
  public:
   virtual ~CandidateEvaluator() = default;
   virtual void register_batch(const pp_batch_view& batch) = 0;
-  // losses[count] of the candidates and, when incumbent_loss is not null, the objective at
+  // losses[count] of the candidates (of the active particles' only, with Candidates::active)
+  // and, when incumbent_loss is not null, the objective at
   // base_params. `incumbent_version` names the base: the incumbent's forward (the prefix
   // every path reuses) and its effective weights are recomputed only when it changes.
   virtual void evaluate(const Candidates& candidates, double* losses, double* incumbent_loss,

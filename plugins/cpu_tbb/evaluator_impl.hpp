@@ -57,6 +57,10 @@ class EvaluatorImpl final : public CandidateEvaluator {
   uint64_t planned_key_ = 0;
   int64_t planned_chunk_ = -1;
   bool planned_inplace_ = false;
+  // The mask the planner's selection and tasks_ were made for (Candidates::active; copied, so
+  // a call with the same particles skips selecting): none when !selected_by_mask_.
+  bool selected_by_mask_ = false;
+  std::vector<uint8_t> selected_mask_;
   bool chunk_auto_ = true;
   int64_t chunk_halvings_ = 0;      // allocation failures survived by halving the chunk
   bool inplace_for_dense_ = false;  // per-thread parameter copies would not fit

@@ -1,6 +1,8 @@
 // The planner of the cpu_tbb evaluator (planner.hpp).
 #include "planner.hpp"
 
+#include "active_mask.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 #include <utility>
@@ -165,10 +167,10 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
   count_layout(c);
   groups_.clear();
   terms_.clear();
-  path_candidates_.fill(0);
-  for (auto& a : layer_path_candidates_) a.fill(0);
-  for (auto& a : layer_declines_) a.fill(0);
-  first_layer_candidates_.assign(plan_.layers.size(), 0);
+  // Each particle's groups, while the candidates' particles ascend (a probe's layout).
+  particle_groups_.assign(static_cast<std::size_t>(c.n_particles) + 1, 0);
+  bool ascending = true;
+  int64_t last_particle = -1;
   const auto n_layers = static_cast<int32_t>(plan_.layers.size());
   const bool force_delta = forced_ == "sparse" || forced_ == "subspace-delta";
   const bool force_site = forced_ == "site-local";
@@ -179,6 +181,8 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
                               std::to_string(particle) + " of " + std::to_string(c.n_particles));
     int64_t run_end = begin + 1;
     while (run_end < c.count && c.particle[run_end] == particle) ++run_end;
+    ascending = ascending && particle > last_particle;
+    last_particle = particle;
     Group g;
     g.particle = particle;
     g.terms_begin = static_cast<int64_t>(terms_.size());
@@ -203,7 +207,6 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
       g.site_why = site_decline(g, true);
     } else if (takes_delta(g.why, true)) {
       g.path = Path::delta;
-      first_layer_candidates_[static_cast<std::size_t>(g.first_layer)] += run_end - begin;
     } else {
       g.site_why = site_decline(g, force_delta);
       if (g.site_why == Decline::none)
@@ -215,12 +218,6 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
     // A particle outside site-local layers says nothing about the site-local path unless
     // that path was requested.
     if (g.site_why == Decline::site_not_declared && !force_site) g.site_why = Decline::none;
-    const auto layer = static_cast<std::size_t>(g.first_layer);
-    layer_path_candidates_[layer][static_cast<int>(g.path)] += run_end - begin;
-    layer_declines_[layer][static_cast<int>(g.why)] += run_end - begin;
-    if (g.site_why != Decline::none)
-      layer_declines_[layer][static_cast<int>(g.site_why)] += run_end - begin;
-    path_candidates_[static_cast<int>(g.path)] += run_end - begin;
     // Blocks of at most chunk candidates; they break at particle boundaries and only
     // split a particle whose candidates alone exceed the chunk.
     for (int64_t b = begin; b < run_end; b += chunk) {
@@ -228,7 +225,49 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
       g.end = std::min(run_end, b + chunk);
       groups_.push_back(g);
     }
+    if (ascending) particle_groups_[static_cast<std::size_t>(particle) + 1] = groups_.size();
     begin = run_end;
+  }
+  if (ascending) {
+    // Particles without candidates own no groups: their ranges are empty.
+    for (std::size_t i = 1; i < particle_groups_.size(); ++i)
+      particle_groups_[i] = std::max(particle_groups_[i], particle_groups_[i - 1]);
+  } else {
+    particle_groups_.clear();
+  }
+  select(nullptr);
+}
+
+void GroupPlanner::select(const uint8_t* active) {
+  selected_.clear();
+  if (active == nullptr) {
+    selected_.resize(groups_.size());
+    for (std::size_t i = 0; i < groups_.size(); ++i) selected_[i] = i;
+  } else {
+    if (particle_groups_.empty())
+      throw std::logic_error(
+          "GroupPlanner::select: the planned candidates are not in particle order, so they "
+          "cannot be selected by particle");
+    const auto P = static_cast<int64_t>(particle_groups_.size()) - 1;
+    for_each_active(active, 0, P, [&](int64_t i) {
+      const auto p = static_cast<std::size_t>(i);
+      for (std::size_t g = particle_groups_[p]; g < particle_groups_[p + 1]; ++g)
+        selected_.push_back(g);
+    });
+  }
+  path_candidates_.fill(0);
+  for (auto& a : layer_path_candidates_) a.fill(0);
+  for (auto& a : layer_declines_) a.fill(0);
+  first_layer_candidates_.assign(plan_.layers.size(), 0);
+  for (const std::size_t i : selected_) {
+    const Group& g = groups_[i];
+    const int64_t n = g.end - g.begin;
+    const auto layer = static_cast<std::size_t>(g.first_layer);
+    if (g.path == Path::delta) first_layer_candidates_[layer] += n;
+    layer_path_candidates_[layer][static_cast<int>(g.path)] += n;
+    layer_declines_[layer][static_cast<int>(g.why)] += n;
+    if (g.site_why != Decline::none) layer_declines_[layer][static_cast<int>(g.site_why)] += n;
+    path_candidates_[static_cast<int>(g.path)] += n;
   }
 }
 

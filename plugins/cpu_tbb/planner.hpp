@@ -86,15 +86,25 @@ class GroupPlanner {
   // the group's terms already in terms(); `other_forced` says another path was requested.
   using SiteDecline = std::function<Decline(const Group& group, bool other_forced)>;
 
-  // Plans the groups of `c` (replacing the last call's). Throws std::out_of_range naming a
-  // particle or coordinate outside the bound structure.
+  // Plans the groups of `c` (replacing the last call's) and selects them all. Throws
+  // std::out_of_range naming a particle or coordinate outside the bound structure.
   void plan(const Candidates& c, int64_t chunk, bool inplace_for_dense,
             const SiteDecline& site_decline);
+  // Which planned groups the coming call runs: those of the particles `active` marks
+  // ([n_particles] of the planned set; null: every group), and the counts below for them. A
+  // plan is a function of the layout alone, so calls that score different particles of one
+  // layout (the slices or chunks of a sharded step, adaptive_probes' masks) share it and pay
+  // only this: O(P) to read the mask and O(groups selected). Throws std::logic_error for a mask
+  // when the planned candidates were not in particle order (an explicit set).
+  void select(const uint8_t* active);
 
   const std::string& forced() const { return forced_; }
   const std::vector<Group>& groups() const { return groups_; }
+  // Indices into groups() of the selected ones, ascending.
+  const std::vector<std::size_t>& selected() const { return selected_; }
   const std::vector<Term>& terms() const { return terms_; }
-  // Per layer: the delta candidates whose first changed layer it is (last call).
+  // The counts below are of the selected groups (the coming call's).
+  // Per layer: the delta candidates whose first changed layer it is.
   const std::vector<int64_t>& first_layer_candidates() const { return first_layer_candidates_; }
   // What the tables' thresholds count: first_layer_candidates() over the whole bound layout
   // for a probe-form step (Candidates::step_candidates_per_particle), else over the last call.
@@ -125,6 +135,8 @@ class GroupPlanner {
   std::vector<int32_t> first_host_from_;  // first host layer index >= l (n_layers if none)
   std::vector<Group> groups_;
   std::vector<Term> terms_;
+  std::vector<std::size_t> particle_groups_;  // [P + 1]: particle i's groups (empty: unordered)
+  std::vector<std::size_t> selected_;
   std::vector<int64_t> first_layer_candidates_;
   std::vector<int64_t> layout_candidates_;  // count_layout's, for layout_key_ and layout_per_
   uint64_t layout_key_ = 0;

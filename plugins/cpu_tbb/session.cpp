@@ -1,5 +1,7 @@
 #include "session.hpp"
 
+#include "active_mask.hpp"
+
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
 #include <polyprobe/plugin/plugin.hpp>
 
@@ -123,24 +125,14 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   // the optimizer's own expression, so the displacements are its bits.
   const int64_t P = c.n_particles, V = vertices_;
   const int32_t K = probes_;
-  const bool same_active =
-      r.active == nullptr
-          ? expanded_active_.empty()
-          : static_cast<int64_t>(expanded_active_.size()) == P &&
-                std::equal(expanded_active_.begin(), expanded_active_.end(), r.active);
-  if (expanded_layout_ != layout_generation_ || !same_active) {
+  // Every particle's candidates, in particle order, whatever the mask: one layout, so the
+  // evaluator plans it once and a mask (a rank's slice or chunk, adaptive_probes' reuse) only
+  // selects its particles' groups.
+  if (expanded_layout_ != layout_generation_) {
     expanded_layout_ = 0;  // until rebuilt
-    if (r.active == nullptr)
-      expanded_active_.clear();
-    else
-      expanded_active_.assign(r.active, r.active + P);
-    particle_.clear();
-    first_candidate_.assign(idx(P), -1);
-    for (int64_t i = 0; i < P; ++i) {
-      if (r.active != nullptr && r.active[i] == 0) continue;
-      first_candidate_[idx(i)] = static_cast<int64_t>(particle_.size());
-      particle_.insert(particle_.end(), idx(V * K), i);
-    }
+    particle_.resize(idx(P * V * K));
+    for (int64_t i = 0; i < P; ++i)
+      std::fill_n(particle_.begin() + static_cast<std::ptrdiff_t>(i * V * K), V * K, i);
     expanded_layout_ = layout_generation_;
     ++structure_key_;
   }
@@ -151,17 +143,19 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   arena_->execute([&] {
     tbb::parallel_for(tbb::blocked_range<int64_t>(0, P, 1024),
                       [&](const tbb::blocked_range<int64_t>& range) {
-                        for (int64_t i = range.begin(); i != range.end(); ++i) {
-                          const int64_t first = first_candidate_[idx(i)];
-                          if (first < 0) continue;
-                          double* out = displacement_.data() + first * d_;
+                        const auto expand = [&](int64_t i) {
+                          double* out = displacement_.data() + i * V * K * d_;
                           for (int64_t v = 0; v < V; ++v)
                             for (int32_t k = 1; k <= K; ++k) {
                               const double scale = radius * k / (K + 1.0);
                               const double* dir = directions + (i * V + v) * d_;
                               for (int32_t j = 0; j < d_; ++j) *out++ = scale * dir[j];
                             }
-                        }
+                        };
+                        if (r.active == nullptr)
+                          for (int64_t i = range.begin(); i != range.end(); ++i) expand(i);
+                        else
+                          for_each_active(r.active, range.begin(), range.end(), expand);
                       });
   });
   last_expand_ms_ =
@@ -173,18 +167,8 @@ void Session::score(const pp_score_request& r, double* losses, double* incumbent
   c.structure_key = structure_key_;
   c.step_candidates_per_particle = V * K;
   c.layout_key = layout_generation_;
-  if (r.active == nullptr) {
-    evaluator_->evaluate(c, losses, incumbent_loss, version_);
-    return;
-  }
-  losses_.resize(particle_.size());
-  evaluator_->evaluate(c, losses_.data(), incumbent_loss, version_);
-  std::size_t next = 0;
-  for (int64_t i = 0; i < P; ++i) {
-    if (r.active[i] == 0) continue;
-    std::copy_n(losses_.begin() + static_cast<std::ptrdiff_t>(next), V * K, losses + i * V * K);
-    next += idx(V * K);
-  }
+  c.active = r.active;
+  evaluator_->evaluate(c, losses, incumbent_loss, version_);
 }
 
 const char* Session::explain() {

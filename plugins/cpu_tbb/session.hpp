@@ -55,18 +55,16 @@ class Session {
   std::vector<double> incumbent_;
   bool has_incumbent_ = false;
   uint64_t version_ = 0;
-  // The polytope form expanded (reused between steps): the candidates' particles and each
-  // particle's first candidate (-1 when inactive) are rebuilt only when the layout or the
-  // active set changes; the displacements are refilled in parallel every step. The structure
-  // key names one (layout, active set) pair, so the evaluator keeps its plan as long as they
-  // stay put: every step of a run without adaptive probes, and a sharded rank's steps while
-  // its slice does not move (an active set given each step, compared with the last).
-  std::vector<int64_t> particle_, first_candidate_;
-  std::vector<double> displacement_, losses_;
-  uint64_t layout_generation_ = 1;     // bumped by set_particles
-  uint64_t expanded_layout_ = 0;       // the layout particle_ was built for (0: none)
-  std::vector<char> expanded_active_;  // the active set it was built for (empty: all)
-  uint64_t structure_key_ = 0;         // Candidates::structure_key of particle_ (0: none)
+  // The polytope form expanded (reused between steps): the candidates' particles, every
+  // particle's V K candidates in particle order, are rebuilt only when the layout changes; the
+  // active particles' displacements are refilled in parallel every call. The structure key
+  // names the layout, so the evaluator keeps its plan for the whole run, and an active set (a
+  // sharded rank's slice or chunks, adaptive_probes' reuse) only selects from it.
+  std::vector<int64_t> particle_;  // [P V K]: the particle of each candidate of the layout
+  std::vector<double> displacement_;
+  uint64_t layout_generation_ = 1;  // bumped by set_particles
+  uint64_t expanded_layout_ = 0;    // the layout particle_ was built for (0: none)
+  uint64_t structure_key_ = 0;      // Candidates::structure_key of particle_ (0: none)
   std::unique_ptr<tbb::task_arena> arena_;
   double last_expand_ms_ = 0;  // the polytope form's expansion in the last score call
   std::string explain_;

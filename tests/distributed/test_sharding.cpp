@@ -309,6 +309,16 @@ TEST_CASE("one evaluator scoring a moving slice gives what fresh ones do", "[ind
       moving->score(PolytopeProbe{directions, 0.3, active, {}}, got, nullptr);
       INFO(backend << " " << to_string(dtype) << ", slice " << r);
       CHECK(got == expect);
+      if (backend == "cpu_tbb") {
+        // The plan is the whole layout's; the call ran, and counts, its slice's candidates.
+        const nlohmann::json explained = moving->explain();
+        int64_t counted = 0;
+        for (const auto& [path, n] :
+             explained.at("plugin").at("last_call_candidates_per_path").items())
+          counted += n.get<int64_t>();
+        const auto slice = static_cast<std::size_t>(r);
+        CHECK(counted == (cuts[slice + 1] - cuts[slice]) * VK);
+      }
     }
   }
 }
