@@ -9,8 +9,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <exception>
-#include <memory>
 #include <string>
 #include <thread>
 
@@ -132,48 +130,15 @@ void Job::allgather(std::span<double> values, std::span<const int64_t> offsets, 
   wait(*this, request, what);
 }
 
-namespace {
-// Throws unless `bounds` are owners.size() + 1 ascending entries from 0 to `values` and every
-// owner is a rank.
-void check_pieces(std::span<const int64_t> bounds, std::span<const int32_t> owners, int ranks,
-                  std::size_t values, const char* call, const char* what) {
-  const auto fail = [&](const std::string& why) {
-    return Error(std::string(call) + " (" + what + "): " + why);
-  };
-  if (bounds.size() != owners.size() + 1 || bounds.front() != 0 ||
-      bounds.back() != static_cast<int64_t>(values))
-    throw fail(std::to_string(bounds.size()) + " bounds for " + std::to_string(owners.size()) +
-               " pieces of " + std::to_string(values) + " values");
-  for (std::size_t c = 0; c < owners.size(); ++c) {
-    if (bounds[c + 1] < bounds[c])
-      throw fail("piece " + std::to_string(c) + " ends before it starts");
-    if (owners[c] < 0 || owners[c] >= ranks)
-      throw fail("piece " + std::to_string(c) + " is owned by rank " + std::to_string(owners[c]) +
-                 " of " + std::to_string(ranks));
-  }
-}
-}  // namespace
-
 void Job::redistribute(std::span<double> values, std::span<const int64_t> from,
                        std::span<const int64_t> to, const char* what) {
   check_bounds(from, size_, values.size(), "redistribute", what);
-  std::vector<int32_t> owners(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) owners[static_cast<std::size_t>(r)] = r;
-  redistribute_pieces(values, from, owners, to, what);
-}
-
-void Job::redistribute_pieces(std::span<double> values, std::span<const int64_t> bounds,
-                              std::span<const int32_t> owners, std::span<const int64_t> to,
-                              const char* what) {
-  check_pieces(bounds, owners, size_, values.size(), "redistribute", what);
   check_bounds(to, size_, values.size(), "redistribute", what);
   if (size_ == 1) return;
   const auto me = static_cast<std::size_t>(rank_);
-  // What this rank sends to rank r: the parts of its own pieces inside r's wanted range; what
-  // it receives: the parts of others' pieces inside its wanted range. Each value travels once,
-  // to where it is wanted, and the send and receive ranges never overlap (a rank sends only what
-  // it owns). Between two ranks the messages are posted in piece order on both sides, which is
-  // the order MPI matches them in.
+  // What this rank sends to rank r: its own values inside r's wanted range; what it receives
+  // from r: r's own values inside its wanted range. Each value travels once, to where it is
+  // wanted, and the send and receive ranges never overlap (a rank sends only what it owns).
   std::vector<MPI_Request> requests;
   const auto post = [&](bool send, int peer, int64_t first, int64_t last) {
     if (last <= first) return;
@@ -186,64 +151,13 @@ void Job::redistribute_pieces(std::span<double> values, std::span<const int64_t>
                : MPI_Irecv(data, count, MPI_DOUBLE, peer, kTag, MPI_COMM_WORLD, &requests.back()),
           send ? "MPI_Isend" : "MPI_Irecv", what);
   };
-  for (std::size_t c = 0; c < owners.size(); ++c) {
-    const int owner = owners[c];
-    if (owner == rank_) {
-      for (int r = 0; r < size_; ++r) {
-        const auto i = static_cast<std::size_t>(r);
-        if (r != rank_)
-          post(true, r, std::max(bounds[c], to[i]), std::min(bounds[c + 1], to[i + 1]));
-      }
-    } else {
-      post(false, owner, std::max(bounds[c], to[me]), std::min(bounds[c + 1], to[me + 1]));
-    }
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto i = static_cast<std::size_t>(r);
+    post(true, r, std::max(from[me], to[i]), std::min(from[me + 1], to[i + 1]));
+    post(false, r, std::max(from[i], to[me]), std::min(from[i + 1], to[me + 1]));
   }
   for (MPI_Request& request : requests) wait(*this, request, what);
-}
-
-void Job::allgather_pieces(std::span<double> values, std::span<const int64_t> bounds,
-                           std::span<const int32_t> owners, const char* what) {
-  check_pieces(bounds, owners, size_, values.size(), "allgather", what);
-  if (size_ == 1) return;
-  // Packed in rank order, each rank's pieces in piece order: rank r's pack is
-  // packed[offsets[r], offsets[r + 1]).
-  const auto ranks = static_cast<std::size_t>(size_);
-  std::vector<int64_t> offsets(ranks + 1, 0);
-  for (std::size_t c = 0; c < owners.size(); ++c)
-    offsets[static_cast<std::size_t>(owners[c]) + 1] += bounds[c + 1] - bounds[c];
-  for (std::size_t r = 0; r < ranks; ++r) offsets[r + 1] += offsets[r];
-  std::vector<double> packed(values.size());
-  std::vector<int64_t> cursor(offsets.begin(), offsets.end() - 1);
-  const auto walk = [&](bool pack, bool only_mine) {
-    std::copy(offsets.begin(), offsets.end() - 1, cursor.begin());
-    for (std::size_t c = 0; c < owners.size(); ++c) {
-      const auto r = static_cast<std::size_t>(owners[c]);
-      const int64_t n = bounds[c + 1] - bounds[c];
-      if (!only_mine || owners[c] == rank_) {
-        double* piece = values.data() + bounds[c];
-        double* in_pack = packed.data() + cursor[r];
-        if (pack)
-          std::copy_n(piece, n, in_pack);
-        else if (owners[c] != rank_)
-          std::copy_n(in_pack, n, piece);
-      }
-      cursor[r] += n;
-    }
-  };
-  walk(true, true);
-  allgather(packed, offsets, what);
-  walk(false, false);
-}
-
-void Job::allreduce_max(std::span<double> values, const char* what) {
-  if (size_ == 1) return;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(*this,
-        MPI_Iallreduce(MPI_IN_PLACE, values.data(),
-                       as_count(*this, static_cast<int64_t>(values.size()), what), MPI_DOUBLE,
-                       MPI_MAX, MPI_COMM_WORLD, &request),
-        "MPI_Iallreduce", what);
-  wait(*this, request, what);
 }
 
 void Job::broadcast(std::span<double> values, int root, const char* what) {
@@ -292,53 +206,6 @@ std::vector<std::string> Job::allgather_text(const std::string& text, const char
     texts.push_back(
         all.substr(static_cast<std::size_t>(displs[r]), static_cast<std::size_t>(lengths[r])));
   return texts;
-}
-
-struct ChunkCounter::Window {
-  MPI_Win win = MPI_WIN_NULL;
-  int64_t* count = nullptr;  // rank 0's count (other ranks' windows hold nothing)
-};
-
-ChunkCounter::ChunkCounter(Job& job) : job_(job) {
-  if (job.size() == 1) return;
-  window_ = std::make_unique<Window>();
-  const MPI_Aint bytes = job.leader() ? static_cast<MPI_Aint>(sizeof(int64_t)) : 0;
-  check(job,
-        MPI_Win_allocate(bytes, sizeof(int64_t), MPI_INFO_NULL, MPI_COMM_WORLD, &window_->count,
-                         &window_->win),
-        "MPI_Win_allocate", "making the chunk counter");
-  MPI_Win_set_errhandler(window_->win, MPI_ERRORS_RETURN);
-  if (job.leader()) *window_->count = 0;
-  // The count is set before anyone takes from it; then every rank holds the window open (a
-  // passive epoch) for the counter's life.
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(job, MPI_Ibarrier(MPI_COMM_WORLD, &request), "MPI_Ibarrier", "making the chunk counter");
-  wait(job, request, "making the chunk counter");
-  check(job, MPI_Win_lock_all(MPI_MODE_NOCHECK, window_->win), "MPI_Win_lock_all",
-        "making the chunk counter");
-}
-
-ChunkCounter::~ChunkCounter() {
-  if (!window_) return;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  // Unwinding, a rank may be alone here; MPI_Win_free would wait for the others forever.
-  if (finalized != 0 || std::uncaught_exceptions() > 0) return;
-  MPI_Win_unlock_all(window_->win);
-  MPI_Win_free(&window_->win);
-}
-
-int64_t ChunkCounter::take(const char* what) {
-  if (!window_) return local_++;
-  const int64_t one = 1;
-  int64_t taken = -1;
-  MPI_Request request = MPI_REQUEST_NULL;
-  check(job_,
-        MPI_Rget_accumulate(&one, 1, MPI_INT64_T, &taken, 1, MPI_INT64_T, 0, 0, 1, MPI_INT64_T,
-                            MPI_SUM, window_->win, &request),
-        "MPI_Rget_accumulate", what);
-  wait(job_, request, what);
-  return taken;
 }
 
 void Job::abort(const std::string& message, double grace_s) const {

@@ -3,33 +3,12 @@
 #include <polyprobe/error.hpp>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <vector>
 
 namespace polyprobe::distributed {
 namespace {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
-
-// Bounds from 0 to P with one bound between each pair of neighbours: bound j + 1 is the first
-// particle where the active weight before it reaches targets[j] of the total (targets:
-// ascending fractions).
-std::vector<int64_t> cut_at(int64_t particles, std::span<const char> active,
-                            std::span<const double> weights, std::span<const double> targets) {
-  std::vector<int64_t> bounds(targets.size() + 2, particles);
-  bounds[0] = 0;
-  const auto counts = [&](int64_t i) { return active.empty() || active[idx(i)] != 0; };
-  double total = 0;
-  for (int64_t i = 0; i < particles; ++i)
-    if (counts(i)) total += weights[idx(i)];
-  double before = 0;
-  std::size_t j = 0;
-  for (int64_t i = 0; i < particles && j < targets.size(); ++i) {
-    while (j < targets.size() && before >= total * targets[j]) bounds[++j] = i;
-    if (counts(i)) before += weights[idx(i)];
-  }
-  return bounds;
-}
 }  // namespace
 
 std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> active, int ranks,
@@ -44,9 +23,19 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
   std::vector<int64_t> bounds(static_cast<std::size_t>(ranks) + 1, particles);
   bounds[0] = 0;
   if (!weights.empty()) {
-    std::vector<double> targets;
-    for (int r = 1; r < ranks; ++r) targets.push_back(static_cast<double>(r) / ranks);
-    return cut_at(particles, active, weights, targets);
+    const auto counts = [&](int64_t i) {
+      return active.empty() || active[static_cast<std::size_t>(i)] != 0;
+    };
+    double total = 0;
+    for (int64_t i = 0; i < particles; ++i)
+      if (counts(i)) total += weights[static_cast<std::size_t>(i)];
+    double before = 0;
+    int r = 1;
+    for (int64_t i = 0; i < particles && r < ranks; ++i) {
+      while (r < ranks && before >= total * r / ranks) bounds[static_cast<std::size_t>(r++)] = i;
+      if (counts(i)) before += weights[static_cast<std::size_t>(i)];
+    }
+    return bounds;
   }
   if (active.empty()) {
     for (int r = 1; r < ranks; ++r) bounds[static_cast<std::size_t>(r)] = particles * r / ranks;
@@ -89,32 +78,13 @@ std::vector<int64_t> SliceBalancer::slices(int64_t particles, std::span<const ch
   return best;
 }
 
-std::vector<int64_t> SliceBalancer::chunks(int64_t particles, std::span<const char> active,
-                                           int ranks) {
-  if (ranks < 1) throw Error("SliceBalancer::chunks: ranks must be >= 1");
-  if (static_cast<int64_t>(cost_.size()) != particles) {
-    cost_.assign(idx(particles), 1.0);
-    measurements_ = 0;
-  }
-  // Batch b ends at 1 - 2^-(b + 1) of the cost; within it, ranks chunks of equal cost.
-  std::vector<double> targets;
-  double start = 0;
-  for (int b = 0; b < kBatches; ++b) {
-    const double end = b + 1 == kBatches ? 1.0 : 1.0 - std::ldexp(1.0, -(b + 1));
-    for (int r = 1; r <= ranks; ++r)
-      if (b + 1 < kBatches || r < ranks) targets.push_back(start + (end - start) * r / ranks);
-    start = end;
-  }
-  return cut_at(particles, active, cost_, targets);
-}
-
 void SliceBalancer::observe(std::span<const int64_t> slices, std::span<const char> active,
                             std::span<const double> times) {
   const std::size_t ranks = times.size();
   if (slices.size() != ranks + 1 || slices.back() != static_cast<int64_t>(cost_.size()))
     throw Error("SliceBalancer::observe: " + std::to_string(slices.size()) + " slice bounds and " +
                 std::to_string(ranks) + " times for " + std::to_string(cost_.size()) +
-                " particles (call slices() or chunks() first)");
+                " particles (call slices() first)");
   predicted_.assign(ranks, 0.0);
   double predicted_total = 0, measured_total = 0;
   for (std::size_t r = 0; r < ranks; ++r) {

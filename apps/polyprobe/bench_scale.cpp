@@ -49,27 +49,17 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       throw UsageError("--scale-balance takes auto, cpu and/or wall, not '" + c + "'");
     clocks.push_back(c);
   }
-  std::vector<std::string> schedules;  // how each run shares the candidates
-  std::stringstream schedule_list(ctx.vm["scale-schedule"].as<std::string>());
-  for (std::string c; std::getline(schedule_list, c, ',');) {
-    if (c != "auto" && c != "static" && c != "dynamic")
-      throw UsageError("--scale-schedule takes auto, static and/or dynamic, not '" + c + "'");
-    schedules.push_back(c);
-  }
   struct Run {
     std::string workload;
     bool sharded_finish;
     std::string balance;
-    std::string schedule;
   };
   std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
   std::vector<Run> runs;
   for (std::string name; std::getline(list, name, ',');)
     for (const bool sharded : finishes)
-      for (const std::string& clock : clocks)
-        for (const std::string& schedule : schedules)
-          runs.push_back({name, sharded, clock, schedule});
-  for (const auto& [name, sharded_finish, balance, schedule] : runs) {
+      for (const std::string& clock : clocks) runs.push_back({name, sharded, clock});
+  for (const auto& [name, sharded_finish, balance] : runs) {
     Workload w = build_workload(find_workload(name));
     OptimizerConfig config = complete_step_config(w, "step@train");
     config.sharded_finish = sharded_finish;
@@ -79,8 +69,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.options.dtype = DType::f32;
     request.options.threads = threads;
     request.subspace = w.subspace.get();
-    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi",
-                                 false, balance, schedule);
+    auto evaluator =
+        ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi", false, balance);
     optimizer.register_evaluator(*evaluator, w.batch);
     std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
     std::vector<double> step_slowest_ms, step_imbalance;  // each step's, over the ranks
@@ -140,7 +130,6 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.workload = name;
     r.path = sharded_finish ? "step@train" : "step@train+gathered-finish";
     if (balance != "auto") r.path += "+" + balance + "-balanced";
-    if (schedule != "auto") r.path += "+" + schedule;
     r.threads = threads;
     r.candidates = last.candidates;
     r.batch = w.spec.batch;
@@ -149,8 +138,6 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.extra["ranks"] = ranks.size();
     // What the slices were balanced by (auto: as train chooses), and why.
     if (ranks.size() > 1) r.extra["balanced_by"] = ranks.balance();
-    // How the candidates were shared (auto: as train chooses), and why.
-    if (ranks.size() > 1) r.extra["schedule"] = ranks.schedule();
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
     // Rank 0's backend's own phases of its last call, when it reports them.
@@ -196,7 +183,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
   return records;
 }
 
-std::string first_word(const std::string& text) { return text.substr(0, text.find_first_of(" :")); }
+std::string first_word(const std::string& text) { return text.substr(0, text.find(' ')); }
 
 void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   std::vector<std::vector<std::string>> rows;
@@ -214,7 +201,6 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
     rows.push_back({r.workload,
                     r.path.find("gathered") == std::string::npos ? "sharded" : "gathered",
                     first_word(r.extra.value("balanced_by", std::string("-"))),
-                    first_word(r.extra.value("schedule", std::string("-"))),
                     std::to_string(r.extra.value("ranks", 1)), std::to_string(r.threads),
                     std::to_string(r.candidates), ms(timing, "cold"), ms(timing, "median"),
                     ms(timing, "iqr"), ms(r.extra, "score_max_ms"), ms(r.extra, "imbalance"),
@@ -222,10 +208,9 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   }
   print_columns(
       out,
-      {"workload", "finish", "balanced by", "schedule", "ranks", "threads", "candidates", "cold ms",
+      {"workload", "finish", "balanced by", "ranks", "threads", "candidates", "cold ms",
        "median ms", "iqr ms", "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
-      {false, false, false, false, true, true, true, true, true, true, true, true, true, true},
-      rows);
+      {false, false, false, true, true, true, true, true, true, true, true, true, true}, rows);
 }
 
 }  // namespace
@@ -247,11 +232,7 @@ BenchSuite scale_suite() {
         "scale-balance", po::value<std::string>()->default_value("auto"),
         "scale: what the ranks' slices are balanced by, comma-separated: auto (as train "
         "--rank-balance auto), cpu (each rank's CPU time scoring its slice) and/or wall (its "
-        "wall time)")(
-        "scale-schedule", po::value<std::string>()->default_value("auto"),
-        "scale: how the ranks share each step's candidates, comma-separated: auto (as train "
-        "--rank-schedule auto), static (one slice a rank) and/or dynamic (chunks taken as the "
-        "ranks become free)");
+        "wall time)");
   };
   s.run = run_scale;
   s.table = print_scale;

@@ -558,8 +558,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   if (ranks.size() > 1) {
     ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
     evaluator = ranks.shard(std::move(evaluator), vm["rank-exchange"].as<std::string>(),
-                            request.device == "cuda", vm["rank-balance"].as<std::string>(),
-                            vm["rank-schedule"].as<std::string>());
+                            request.device == "cuda", vm["rank-balance"].as<std::string>());
     options.write_files = ranks.leader();
     options.agree_on_stop = ranks.stop_agreement();
   }
@@ -572,8 +571,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (ranks.size() > 1)
     out << " on each of " << ranks.size() << " ranks (exchanges over " << ranks.exchange()
-        << "; slices balanced by " << ranks.balance() << "; schedule " << ranks.schedule()
-        << "; sharded finish " << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
+        << "; slices balanced by " << ranks.balance() << "; sharded finish "
+        << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
   if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
@@ -686,9 +685,6 @@ int run(Context& ctx) {
   const std::string balance = ctx.vm["rank-balance"].as<std::string>();
   if (balance != "auto" && balance != "wall" && balance != "cpu")
     throw UsageError("--rank-balance must be auto, wall or cpu, got '" + balance + "'");
-  const std::string schedule = ctx.vm["rank-schedule"].as<std::string>();
-  if (schedule != "auto" && schedule != "static" && schedule != "dynamic")
-    throw UsageError("--rank-schedule must be auto, static or dynamic, got '" + schedule + "'");
   // Shared with ctx.after_error, which outlives this frame.
   const auto held = std::make_shared<TrainRanks>(timeout);
   TrainRanks& ranks = *held;
@@ -802,13 +798,7 @@ Command train_command() {
         "scoring wall times: what a step waits for), cpu (their CPU times: blind to other "
         "processes on a rank's cores) or auto (wall unless the ranks of a machine run more "
         "threads than it gives them CPUs); the start-up line says which and why. The losses, "
-        "and so the trajectory, are the same whichever")(
-        "rank-schedule", po::value<std::string>()->default_value("auto")->value_name("HOW"),
-        "under mpirun: how each step's candidates are shared: static (one slice a rank, cut "
-        "before the step), dynamic (half cut before the step, the rest in chunks taken by the "
-        "ranks as they become free, so a rank that runs slow this step takes fewer; the losses "
-        "cross over MPI) or auto (dynamic unless the losses cross over NCCL). The trajectory is "
-        "the same whichever");
+        "and so the trajectory, are the same whichever");
     add_optimizer_options(o);
     add_backend_options(o);
   };

@@ -94,33 +94,15 @@ void TrainRanks::agree_to_start(const std::string& failure,
 
 std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluator,
                                              const std::string& exchange, bool gpu_backend,
-                                             const std::string& balance,
-                                             const std::string& schedule) {
-  if (schedule != "auto" && schedule != "static" && schedule != "dynamic")
-    throw Error("the ranks' schedule must be auto, static or dynamic, not '" + schedule + "'");
+                                             const std::string& balance) {
 #if POLYPROBE_HAVE_MPI
   if (size_ > 1) {
     impl_->exchange =
         distributed::choose_exchange(impl_->job, exchange, gpu_backend, exchange_why_);
     const distributed::BalanceClock clock =
         distributed::choose_balance_clock(impl_->job, balance, evaluator->threads(), balance_why_);
-    const bool over_mpi = impl_->exchange->name() == "mpi";
-    if (schedule == "dynamic" && !over_mpi)
-      throw Error("--rank-schedule dynamic moves the losses over MPI, and they cross over " +
-                  impl_->exchange->name() +
-                  " (--rank-exchange): use --rank-schedule static, or --rank-exchange mpi");
-    const bool dynamic = schedule == "dynamic" || (schedule == "auto" && over_mpi);
-    schedule_why_ = dynamic ? "dynamic: half of each step cut before it, the rest taken in chunks "
-                              "by the ranks as they become free"
-                            : "static: one slice a rank, cut before each step";
-    schedule_why_ += schedule == "auto"
-                         ? (over_mpi ? " (auto: the losses cross over MPI)"
-                                     : " (auto: the losses cross over " + impl_->exchange->name() +
-                                           ", which takes one slice a rank)")
-                         : " (as asked)";
-    return distributed::shard_evaluator(
-        std::move(evaluator), impl_->job, *impl_->exchange, nullptr, clock,
-        dynamic ? distributed::Schedule::dynamic : distributed::Schedule::fixed);
+    return distributed::shard_evaluator(std::move(evaluator), impl_->job, *impl_->exchange, nullptr,
+                                        clock);
   }
 #else
   (void)exchange, (void)gpu_backend, (void)balance;

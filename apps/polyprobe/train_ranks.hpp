@@ -56,20 +56,12 @@ class TrainRanks {
   // `balance` names: "wall", "cpu" or "auto" (wall unless ranks oversubscribe a node's cores;
   // distributed::choose_balance_clock). Every rank, after agree_to_start; throws on every rank
   // when NCCL was asked for and a rank cannot use it.
-  // `schedule` shares each step's candidates: "static" (one slice a rank, cut before the step),
-  // "dynamic" (half cut before the step, the rest in chunks taken by the ranks as they become
-  // free: a rank slow this step takes fewer; the losses over MPI) or "auto" (dynamic where the
-  // losses cross over MPI); the losses, and so the trajectory, are the same whichever.
   std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator,
                                    const std::string& exchange = "mpi", bool gpu_backend = false,
-                                   const std::string& balance = "auto",
-                                   const std::string& schedule = "auto");
+                                   const std::string& balance = "auto");
   // What the slices are balanced by, and why: "" alone or before shard(), else e.g. "wall time:
   // every rank runs on CPUs of its own ...".
   const std::string& balance() const { return balance_why_; }
-  // How the candidates are shared, and why: "" alone or before shard(), else e.g. "dynamic:
-  // ...".
-  const std::string& schedule() const { return schedule_why_; }
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
@@ -93,7 +85,6 @@ class TrainRanks {
   bool agreed_ = false;
   std::string exchange_why_;
   std::string balance_why_;
-  std::string schedule_why_;
 };
 
 }  // namespace polyprobe::app

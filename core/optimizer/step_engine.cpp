@@ -251,7 +251,6 @@ void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> onl
   if (shaped) sheared_.resize(idx(P * V * d_));
   const bool may_reuse = config_.adaptive_probes && key_ == cache_key_ &&
                          step_r_plan_ == cache_step_r_ && probe_r_ == cache_probe_r_;
-  plan_may_reuse_ = may_reuse;
   const RotationStream stream{config_.seed, static_cast<uint64_t>(step_)};
   const ParticleRange every{0, P};
   for (const ParticleRange& range : only.empty() ? std::span<const ParticleRange>(&every, 1) : only)
@@ -259,15 +258,6 @@ void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> onl
   displacements_ready_ = false;
   screened_ = false;
   planned_ = true;
-}
-
-void StepEngine::plan_more(const ParticleRange& range) {
-  if (!planned_) throw Error("StepEngine::plan_more before plan()");
-  if (range.first < 0 || range.last > particles_ || range.last < range.first)
-    throw Error("StepEngine::plan_more: particles [" + std::to_string(range.first) + ", " +
-                std::to_string(range.last) + ") of " + std::to_string(particles_));
-  plan_particles(RotationStream{config_.seed, static_cast<uint64_t>(step_)}, plan_may_reuse_,
-                 range);
 }
 
 void StepEngine::plan_particles(const RotationStream& stream, bool may_reuse,

@@ -70,9 +70,6 @@ class StepEngine {
   // rotations and directions are drawn (processes that share the step, StepShard): each is
   // the bits it would be in a whole plan, and the others keep stale values nobody may read.
   void plan(uint64_t objective_key, std::span<const ParticleRange> only = {});
-  // More particles of the step plan() planned with `only`, the bits a whole plan draws: for a
-  // process that takes particles to score during the step (StepShard::plan_when_taken).
-  void plan_more(const ParticleRange& range);
   // [P V K d], expanded from the probe directions on first use (the one-call polytope form
   // of VectorSearch never needs it).
   std::span<const double> displacements() const;
@@ -209,7 +206,6 @@ class StepEngine {
 
   // The step in flight (rebuilt by plan()).
   bool planned_ = false;
-  bool plan_may_reuse_ = false;  // the planned step's adaptive_probes reuse (plan_more's too)
   uint64_t key_ = 0;
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
   std::vector<double> rotations_;   // [P d d]

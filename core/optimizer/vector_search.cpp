@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
 #include <string>
 
 namespace polyprobe::detail {
@@ -106,11 +105,6 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   planned_.clear();
   if (shard != nullptr) planned_ = shard->planned_particles(P);
   engine_.plan(objective_key, planned_);
-  if (processes != nullptr)
-    processes->plan_when_taken(
-        shard != nullptr ? std::function<void(const ParticleRange&)>(
-                               [this](const ParticleRange& range) { engine_.plan_more(range); })
-                         : nullptr);
   const double plan_ms = since(start);
   start = Clock::now();
   const auto& reused = engine_.reused();

@@ -13,7 +13,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <span>
 #include <vector>
 
@@ -46,13 +45,6 @@ class StepShard {
   // scored with gather_losses(false) (those it will score and those it will finish), as
   // ascending, disjoint ranges: the optimizer plans only these.
   virtual std::vector<ParticleRange> planned_particles(int64_t particles) = 0;
-
-  // How the evaluator plans the particles it takes to score beyond planned_particles() during
-  // the coming score(probe, ...) call (a schedule that shares the scoring as processes become
-  // free): it calls `plan` with each such range on the calling thread, within score(), before
-  // reading their directions or rotations. The optimizer sets it before each such call; empty
-  // when every particle was planned. It must stay callable until score() returns.
-  virtual void plan_when_taken(std::function<void(const ParticleRange&)> plan) = 0;
 
   // This process's index into bounds().
   virtual int index() const = 0;

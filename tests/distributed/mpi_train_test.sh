@@ -4,8 +4,7 @@
 # a rank killed mid-run ends the job within a bound, naming the rank, and its last checkpoint
 # resumes on one rank to the very weights of an uninterrupted run; ranks that disagree or cannot
 # start are refused at start-up with one message naming the rank and the difference; NCCL asked
-# for where a rank cannot use it ends the job saying why; the balance clock and the schedule
-# are stated, and the static schedule gives the same trajectory as the dynamic one.
+# for where a rank cannot use it ends the job saying why; the balance clock is stated.
 # usage: mpi_train_test.sh POLYPROBE MPIRUN
 set -uo pipefail
 polyprobe=$(realpath "$1")
@@ -60,14 +59,6 @@ timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-balance wall --sav
 cmp -s alone.safetensors w3.safetensors || fail "weights with --rank-balance wall differ"
 grep -q "slices balanced by wall time, as asked" w3.out ||
   fail "--rank-balance wall is not said: $(cat w3.out)"
-# The schedule: auto is dynamic over MPI (the runs above); static cuts one slice a rank.
-grep -q "schedule dynamic: .* (auto: the losses cross over MPI)" r2.out ||
-  fail "the 2-rank run does not say how it shares the candidates: $(cat r2.out)"
-timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-schedule static --save s3.safetensors \
-  >s3.out 2>&1 || fail "mpirun -np 3 train --rank-schedule static: $(cat s3.out)"
-cmp -s alone.safetensors s3.safetensors || fail "weights with --rank-schedule static differ"
-grep -q "schedule static: one slice a rank, cut before each step (as asked)" s3.out ||
-  fail "--rank-schedule static is not said: $(cat s3.out)"
 timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange mpi --save m2.safetensors \
   >m2.out 2>&1 || fail "mpirun -np 2 train --rank-exchange mpi: $(cat m2.out)"
 cmp -s alone.safetensors m2.safetensors || fail "weights with --rank-exchange mpi differ"
@@ -155,9 +146,6 @@ grep -q "rank-exchange nccl: rank 0 cannot use NCCL: .*use --rank-exchange mpi" 
 "$polyprobe" train --rank-exchange gloo >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-exchange must be auto, mpi or nccl, got 'gloo'" bad.out ||
   fail "--rank-exchange gloo: $(cat bad.out)"
-"$polyprobe" train --rank-schedule guided >bad.out 2>&1
-[[ $? == 2 ]] && grep -q -- "--rank-schedule must be auto, static or dynamic, got 'guided'" bad.out ||
-  fail "--rank-schedule guided: $(cat bad.out)"
 "$polyprobe" train --rank-balance fair >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-balance must be auto, wall or cpu, got 'fair'" bad.out ||
   fail "--rank-balance fair: $(cat bad.out)"

@@ -219,68 +219,6 @@ TEST_CASE("the slice balancer holds a settled cut still through the times' noise
   }
 }
 
-TEST_CASE("the dynamic schedule's chunks halve the cost left batch by batch", "[slices]") {
-  // Estimates as the balancer holds them once settled: the first layer's particles 30 times
-  // the others'. Batch b of `ranks` chunks holds half the active cost left (the last batch: all
-  // of it), each chunk within one particle's weight of an even share of its batch.
-  const int64_t P = 4250, first_layer = 832;
-  const auto cost = [&](int64_t i) { return i < first_layer ? 3e-3 : 1e-4; };
-  std::mt19937_64 rng(8);
-  for (const int ranks : {1, 2, 3, 16})
-    for (const bool masked : {false, true}) {
-      SliceBalancer balancer;
-      std::vector<char> active;
-      if (masked)
-        for (int64_t i = 0; i < P; ++i) active.push_back(static_cast<char>(rng() % 5 != 0));
-      const auto counts = [&](int64_t i) {
-        return active.empty() || active[static_cast<std::size_t>(i)] != 0;
-      };
-      // Teach it the costs: chunks measured at their exact cost, twice (the second halfway).
-      for (int step = 0; step < 12; ++step) {
-        const std::vector<int64_t> b = balancer.chunks(P, active, ranks);
-        std::vector<double> times;
-        for (std::size_t c = 0; c + 1 < b.size(); ++c) {
-          double t = 0;
-          for (int64_t i = b[c]; i < b[c + 1]; ++i)
-            if (counts(i)) t += cost(i);
-          times.push_back(t);
-        }
-        balancer.observe(b, active, times);
-      }
-      const std::vector<int64_t> b = balancer.chunks(P, active, ranks);
-      INFO(ranks << " ranks, masked " << masked);
-      REQUIRE(b.size() == static_cast<std::size_t>(SliceBalancer::kBatches * ranks + 1));
-      CHECK(b.front() == 0);
-      CHECK(b.back() == P);
-      CHECK(std::is_sorted(b.begin(), b.end()));
-      // The cut follows the estimates: each chunk within one particle's estimate of its share.
-      const std::span<const double> estimate = balancer.costs();
-      double total = 0, heaviest = 0;
-      for (int64_t i = 0; i < P; ++i)
-        if (counts(i)) {
-          total += estimate[static_cast<std::size_t>(i)];
-          heaviest = std::max(heaviest, estimate[static_cast<std::size_t>(i)]);
-        }
-      double left = total;
-      for (int batch = 0; batch < SliceBalancer::kBatches; ++batch) {
-        const double batch_cost = batch + 1 == SliceBalancer::kBatches ? left : left / 2;
-        for (int r = 0; r < ranks; ++r) {
-          const std::size_t c = static_cast<std::size_t>(batch * ranks + r);
-          double mine = 0;
-          for (int64_t i = b[c]; i < b[c + 1]; ++i)
-            if (counts(i)) mine += estimate[static_cast<std::size_t>(i)];
-          INFO("batch " << batch << ", chunk " << c);
-          CHECK(std::abs(mine - batch_cost / ranks) <= 2 * heaviest + 1e-9 * total);
-        }
-        left -= batch_cost;
-      }
-      // And the estimates have learnt the costs: the first layer's particles cost more.
-      CHECK(estimate[0] > 5 * estimate[static_cast<std::size_t>(P - 1)]);
-    }
-  SliceBalancer balancer;
-  CHECK_THROWS_WITH(balancer.chunks(10, {}, 0), Catch::Contains("ranks must be >= 1"));
-}
-
 TEST_CASE("the balance clock is wall time unless a node's ranks oversubscribe its CPUs",
           "[balance]") {
   std::string why;
@@ -394,18 +332,12 @@ distributed::Job& the_job() {
 TEST_CASE("the sharded evaluator scores what the unsharded one does, on every rank", "[sharded]") {
   distributed::Job& job = the_job();
   auto exchange = distributed::make_mpi_exchange(job);
-  for (const auto& [dtype, schedule] : {std::pair{DType::f32, distributed::Schedule::fixed},
-                                        std::pair{DType::f64, distributed::Schedule::fixed},
-                                        std::pair{DType::f32, distributed::Schedule::dynamic},
-                                        std::pair{DType::f64, distributed::Schedule::dynamic}}) {
-    const bool dynamic = schedule == distributed::Schedule::dynamic;
-    INFO((dynamic ? "dynamic" : "static") << " schedule");
+  for (const DType dtype : {DType::f32, DType::f64}) {
     const Session s = make_session(11);
     const int64_t P = s.particles.count(), VK = 3 * s.probes;
     auto plain = make(s, "cpu_tbb", dtype);
     auto inner = cpu_registry().make_evaluator(s.model, *s.loss, request("cpu_tbb", dtype));
-    auto sharded = distributed::shard_evaluator(std::move(inner), job, *exchange, nullptr,
-                                                distributed::BalanceClock::wall, schedule);
+    auto sharded = distributed::shard_evaluator(std::move(inner), job, *exchange);
     // The optimizer runs its share of each step on the threads the wrapped backend has.
     const auto three = cpu_registry().make_evaluator(
         s.model, *s.loss, request("cpu_tbb", dtype, "", nullptr, /*threads=*/3));
@@ -456,18 +388,7 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
     plain->move_incumbent(moves);
     sharded->move_incumbent(moves);
     CHECK(sharded->read_incumbent() == plain->read_incumbent());
-    const nlohmann::json d = sharded->explain().at("distributed");
-    CHECK(d.at("ranks") == job.size());
-    CHECK(d.at("schedule") == (dynamic ? "dynamic" : "fixed"));
-    if (dynamic) {
-      // Every chunk was scored once: this rank's share of them, summed over the ranks.
-      CHECK(d.at("last_chunks") == distributed::SliceBalancer::kBatches * job.size());
-      std::vector<double> scored(static_cast<std::size_t>(job.size()), 0.0);
-      scored[static_cast<std::size_t>(job.rank())] = d.at("last_chunks_scored").get<double>();
-      job.allreduce_max(scored, "the test's chunk counts");
-      CHECK(std::accumulate(scored.begin(), scored.end(), 0.0) ==
-            distributed::SliceBalancer::kBatches * job.size());
-    }
+    CHECK(sharded->explain().at("distributed").at("ranks") == job.size());
   }
 }
 
@@ -500,84 +421,6 @@ TEST_CASE("redistribute delivers each rank the values it wants from their owners
                     Catch::Contains("redistribute (bad bounds)"));
 }
 
-TEST_CASE("pieces owned by any rank reach every rank, or the ranks that want them", "[sharded]") {
-  distributed::Job& job = the_job();
-  const auto ranks = static_cast<std::size_t>(job.size());
-  const auto me = static_cast<std::size_t>(job.rank());
-  std::mt19937_64 rng(23);  // the same pieces and owners on every rank
-  for (int trial = 0; trial < 20; ++trial) {
-    const int64_t n = static_cast<int64_t>(rng() % 300);
-    const auto pieces = static_cast<std::size_t>(1 + rng() % 12);
-    std::vector<int64_t> bounds{0};
-    for (std::size_t c = 1; c < pieces; ++c)
-      bounds.push_back(static_cast<int64_t>(rng() % (n + 1)));
-    bounds.push_back(n);
-    std::sort(bounds.begin(), bounds.end());
-    std::vector<int32_t> owners;
-    for (std::size_t c = 0; c < pieces; ++c) owners.push_back(static_cast<int32_t>(rng() % ranks));
-    std::vector<int64_t> to{0};
-    for (std::size_t r = 1; r < ranks; ++r) to.push_back(static_cast<int64_t>(rng() % (n + 1)));
-    to.push_back(n);
-    std::sort(to.begin(), to.end());
-    const auto fill = [&] {
-      std::vector<double> values(static_cast<std::size_t>(n), -1.0);
-      for (std::size_t c = 0; c < pieces; ++c)
-        if (owners[c] == job.rank())
-          for (int64_t i = bounds[c]; i < bounds[c + 1]; ++i)
-            values[static_cast<std::size_t>(i)] = static_cast<double>(i);
-      return values;
-    };
-    INFO("trial " << trial << ", rank " << me);
-    std::vector<double> all = fill();
-    job.allgather_pieces(all, bounds, owners, "the test's pieces");
-    for (int64_t i = 0; i < n; ++i)
-      CHECK(all[static_cast<std::size_t>(i)] == static_cast<double>(i));
-    std::vector<double> wanted = fill();
-    job.redistribute_pieces(wanted, bounds, owners, to, "the test's pieces");
-    for (int64_t i = to[me]; i < to[me + 1]; ++i)
-      CHECK(wanted[static_cast<std::size_t>(i)] == static_cast<double>(i));
-  }
-  std::vector<double> values(4);
-  CHECK_THROWS_WITH(job.allgather_pieces(values, std::vector<int64_t>{0, 2, 4},
-                                         std::vector<int32_t>{0, job.size()}, "bad owners"),
-                    Catch::Contains("piece 1 is owned by rank " + std::to_string(job.size())));
-  CHECK_THROWS_WITH(job.redistribute_pieces(values, std::vector<int64_t>{0, 3},
-                                            std::vector<int32_t>{0, 0}, {}, "bad bounds"),
-                    Catch::Contains("2 bounds for 2 pieces of 4 values"));
-}
-
-TEST_CASE("the chunk counter gives every number to one rank", "[sharded]") {
-  distributed::Job& job = the_job();
-  const auto ranks = static_cast<std::size_t>(job.size());
-  distributed::ChunkCounter counter(job);
-  // Every rank takes until it draws a number past 300, as the dynamic schedule does: the
-  // numbers up to there go one each, and each rank draws one past it.
-  constexpr int64_t kLast = 300;
-  std::vector<double> taker(static_cast<std::size_t>(kLast) + ranks, -1.0);
-  double mine = 0;
-  for (;;) {
-    const int64_t t = counter.take("the test's takes");
-    REQUIRE(t >= 0);
-    REQUIRE(t < kLast + static_cast<int64_t>(ranks));
-    // A number taken twice would leave a slot of the max-reduced table empty.
-    taker[static_cast<std::size_t>(t)] = job.rank();
-    ++mine;
-    if (t >= kLast) break;
-  }
-  std::vector<double> takes(ranks, 0.0);
-  takes[static_cast<std::size_t>(job.rank())] = mine;
-  job.allreduce_max(takes, "the test's counts");
-  job.allreduce_max(taker, "the test's takers");
-  CHECK(std::accumulate(takes.begin(), takes.end(), 0.0) == static_cast<double>(taker.size()));
-  CHECK(std::count(taker.begin(), taker.end(), -1.0) == 0);
-  // The count runs on: the next round starts where this one ended.
-  const int64_t next = counter.take("the test's takes");
-  std::vector<double> firsts(ranks, 0.0);
-  firsts[static_cast<std::size_t>(job.rank())] = static_cast<double>(next);
-  job.allreduce_max(firsts, "the test's next numbers");
-  CHECK(*std::min_element(firsts.begin(), firsts.end()) >= static_cast<double>(taker.size()));
-}
-
 // The optimizer over a sharded evaluator: every rank finishes only its slice of each step
 // (StepShard) and shares chunk partials, Sinkhorn's row duals and the moves; the parameters
 // must be the unsharded optimizer's bit for bit, for every solver, cost scaling, block strategy
@@ -608,22 +451,15 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
     config.sinkhorn_max_iterations = 40;
     config.sinkhorn_tolerance = 1e-10;  // several iterations a step
     std::vector<std::vector<double>> finals;
-    std::vector<std::vector<StepInfo>> infos(3);
+    std::vector<std::vector<StepInfo>> infos(2);
     std::vector<std::string> states;
-    // Unsharded, then sharded with each schedule (the dynamic one plans the chunks a rank
-    // takes as it takes them).
-    for (const int run : {0, 1, 2}) {
-      const bool sharded = run > 0;
+    for (const bool sharded : {false, true}) {
       Model model = initial;
       auto evaluator = cpu_registry().make_evaluator(model, *loss, request("cpu_tbb", DType::f64));
-      if (sharded)
-        evaluator = distributed::shard_evaluator(
-            std::move(evaluator), job, *exchange, nullptr, distributed::BalanceClock::wall,
-            run == 2 ? distributed::Schedule::dynamic : distributed::Schedule::fixed);
+      if (sharded) evaluator = distributed::shard_evaluator(std::move(evaluator), job, *exchange);
       PolytopeOptimizer optimizer(model, config);
       optimizer.register_evaluator(*evaluator, batch);
-      for (int step = 0; step < 6; ++step)
-        infos[static_cast<std::size_t>(run)].push_back(optimizer.step());
+      for (int step = 0; step < 6; ++step) infos[sharded ? 1 : 0].push_back(optimizer.step());
       finals.emplace_back(model.parameters().begin(), model.parameters().end());
       if (sharded) {
         CHECK_THAT(evaluator->explain().at("distributed").at("last_losses").get<std::string>(),
@@ -640,20 +476,17 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
       // The gathered state resumes the unsharded trajectory: one more step each.
       std::istringstream in(states.back());
       optimizer.load_state(in);
-      infos[static_cast<std::size_t>(run)].push_back(optimizer.step());
+      infos[sharded ? 1 : 0].push_back(optimizer.step());
       finals.back().assign(model.parameters().begin(), model.parameters().end());
     }
-    for (std::size_t run = 1; run < 3; ++run) {
-      INFO((run == 2 ? "dynamic" : "static") << " schedule");
-      CHECK(states[run] == states[0]);
-      CHECK(finals[run] == finals[0]);
-      for (std::size_t step = 0; step < infos[0].size(); ++step) {
-        INFO("step " << step);
-        CHECK(infos[run][step].mean_cost == infos[0][step].mean_cost);
-        CHECK(infos[run][step].move_norm == infos[0][step].move_norm);
-        CHECK(infos[run][step].transport_iterations == infos[0][step].transport_iterations);
-        CHECK(infos[run][step].step_radius == infos[0][step].step_radius);
-      }
+    CHECK(states[1] == states[0]);
+    CHECK(finals[1] == finals[0]);
+    for (std::size_t step = 0; step < infos[0].size(); ++step) {
+      INFO("step " << step);
+      CHECK(infos[1][step].mean_cost == infos[0][step].mean_cost);
+      CHECK(infos[1][step].move_norm == infos[0][step].move_norm);
+      CHECK(infos[1][step].transport_iterations == infos[0][step].transport_iterations);
+      CHECK(infos[1][step].step_radius == infos[0][step].step_radius);
     }
   }
 }

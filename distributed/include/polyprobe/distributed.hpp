@@ -58,19 +58,6 @@ class Job {
   // wants. Point to point: each value crosses once, to the rank that wants it.
   void redistribute(std::span<double> values, std::span<const int64_t> from,
                     std::span<const int64_t> to, const char* what);
-  // The same two for values held in pieces that need not be one a rank, in rank order (the
-  // chunks that ranks took while scoring, ChunkCounter): piece c is values[bounds[c],
-  // bounds[c + 1]) and rank owners[c] holds it (bounds: owners.size() + 1 ascending entries
-  // from 0 to values.size(); every owner in [0, size())). allgather_pieces packs this rank's
-  // pieces, all-gathers the packs and unpacks them (two copies of the values); redistribute_pieces
-  // sends each piece's part that another rank wants to it, point to point.
-  void allgather_pieces(std::span<double> values, std::span<const int64_t> bounds,
-                        std::span<const int32_t> owners, const char* what);
-  void redistribute_pieces(std::span<double> values, std::span<const int64_t> bounds,
-                           std::span<const int32_t> owners, std::span<const int64_t> to,
-                           const char* what);
-  // In place: each entry becomes its largest value over the ranks.
-  void allreduce_max(std::span<double> values, const char* what);
   // values on every rank become rank `root`'s.
   void broadcast(std::span<double> values, int root, const char* what);
   void broadcast(std::span<uint32_t> values, int root, const char* what);
@@ -88,29 +75,6 @@ class Job {
   int size_ = 1;
   double timeout_s_;
   bool owns_mpi_ = false;
-};
-
-// A count that every rank of `job` draws from without the others taking part (MPI one-sided: a
-// fetch-and-add on memory of rank 0's, which stays free to compute): each take() returns the
-// next number, 0, 1, 2, ..., and every number goes to one rank only. On one node the memory is
-// shared and a take costs about a microsecond; across nodes it depends on the MPI's one-sided
-// progress (a take may wait for rank 0 to enter MPI). Made and destroyed on every rank at the
-// same point (MPI_Win_allocate and MPI_Win_free are collective); a destruction while an
-// exception unwinds, or after MPI ended, frees nothing (the job is ending). A take is watched by
-// the job's timeout. Job of one: a plain count, no MPI. Not thread-safe.
-class ChunkCounter {
- public:
-  explicit ChunkCounter(Job& job);
-  ~ChunkCounter();
-  ChunkCounter(const ChunkCounter&) = delete;
-  ChunkCounter& operator=(const ChunkCounter&) = delete;
-  int64_t take(const char* what);
-
- private:
-  struct Window;
-  Job& job_;
-  std::unique_ptr<Window> window_;  // null in a job of one
-  int64_t local_ = 0;               // a job of one's count
 };
 
 // Contiguous particle slices, one a rank: rank r scores particles [bounds[r], bounds[r + 1])
@@ -142,22 +106,11 @@ class SliceBalancer {
   // The cut of this step (particles, active: as particle_slices). A new particle count resets
   // the estimates.
   std::vector<int64_t> slices(int64_t particles, std::span<const char> active, int ranks);
-  // The measured cost of each slice of the cut `slices` returned (times[r] for slice r; any
-  // unit; a slice measured at 0 keeps its estimates). The same for the chunks chunks() returned
-  // (bounds and one time a chunk).
+  // The measured cost of each rank's slice of the cut `slices` returned (times[r] for slice r;
+  // any unit; a rank that measured nothing, 0, keeps its estimates).
   void observe(std::span<const int64_t> slices, std::span<const char> active,
                std::span<const double> times);
   std::span<const double> costs() const { return cost_; }
-
-  // The chunks of a dynamic schedule (Schedule::dynamic): chunks.size() - 1 contiguous chunks
-  // of the particles (ascending bounds from 0 to P), cut by the estimates in batches of `ranks`
-  // chunks, each batch half the active cost left (the first: half the whole), the last batch
-  // what remains after kBatches - 1 (guided self-scheduling by factoring, Hummel, Schonberg and
-  // Flynn 1992): rank r scores chunk r of the first batch, and the rest go to the ranks that
-  // become free first, largest first, so a rank that runs slow this step takes fewer. Pure
-  // in the balancer's state (every rank cuts the same chunks).
-  static constexpr int kBatches = 4;
-  std::vector<int64_t> chunks(int64_t particles, std::span<const char> active, int ranks);
 
  private:
   double slowest(std::span<const int64_t> bounds, std::span<const char> active) const;
@@ -209,13 +162,6 @@ std::string nccl_unusable();
 std::unique_ptr<LossExchange> choose_exchange(Job& job, const std::string& asked, bool gpu_backend,
                                               std::string& why);
 
-// How a step's candidates are shared among the ranks. fixed: one contiguous slice a rank, cut
-// before the step by the balancer's estimates (the losses can travel over NCCL). dynamic: the
-// chunks of SliceBalancer::chunks, half the work cut before the step and the rest taken from a
-// ChunkCounter by whichever rank is free (a rank slower this step, for whatever reason, takes
-// less of it); the losses travel over MPI.
-enum class Schedule { fixed, dynamic };
-
 // What the slice balancer measures a slice's cost in (shard_evaluator): each rank's CPU time
 // scoring it (the work of its slice, blind to time another process took its cores) or its
 // wall time (what the step waits for, and so also a rank that runs slower than the others).
@@ -254,15 +200,10 @@ BalanceClock choose_balance_clock(Job& job, const std::string& asked, int thread
 // which is owned by the result. Every rank must make the same calls in the same order (the
 // optimizer does).
 // `clock`: what the balancer measures a slice's cost in (choose_balance_clock picks it).
-// `schedule`: one slice a rank, or chunks taken during the step (Schedule; dynamic needs the
-// "mpi" exchange: throws polyprobe::Error naming the exchange otherwise). With the dynamic
-// schedule and the sharded finish, the rotations of the chunks a rank takes are planned as it
-// takes them (StepShard::plan_when_taken).
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange,
                                            const Subspace* subspace = nullptr,
-                                           BalanceClock clock = BalanceClock::cpu,
-                                           Schedule schedule = Schedule::fixed);
+                                           BalanceClock clock = BalanceClock::cpu);
 
 // One fact each rank states about its run at start-up, compared across ranks: a name ("model",
 // "data", "option --seed", "backend") and its value (a digest or the value itself).
