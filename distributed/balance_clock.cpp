@@ -82,8 +82,15 @@ BalanceClock choose_balance_clock(Job& job, const std::string& asked, int thread
   const std::vector<std::string> facts =
       job.allgather_text(core_facts(threads), "the ranks' cores");
   const BalanceClock found = balance_clock_for(facts, why);
-  if (asked == "auto") return found;
-  why = asked == "wall" ? "wall time, as asked" : "CPU time, as asked";
+  job.set_polling(found == BalanceClock::wall);
+  const std::string waits = job.polling()
+                                ? "; the ranks' waits poll (CPUs of their own)"
+                                : "; the ranks' waits pause after 200 us (they share CPUs)";
+  if (asked == "auto") {
+    why += waits;
+    return found;
+  }
+  why = (asked == "wall" ? "wall time, as asked" : "CPU time, as asked") + waits;
   return asked == "wall" ? BalanceClock::wall : BalanceClock::cpu;
 }
 

@@ -35,10 +35,10 @@ int as_count(const Job& job, int64_t n, const char* what) {
 
 // Waits for `request`: first polling it, yielding the core between tests, for up to 200 us (the
 // step's small exchanges, whose partners arrive within microseconds: a sleep, at least the
-// kernel's 50 us timer slack, would cost more than the exchange), then testing it with a
-// growing pause (50 us to 200 us), so a rank that finished its slice early leaves the cores to
-// the ranks still computing (the machine may be oversubscribed). Past the job's timeout it ends
-// the job, naming `what`.
+// kernel's 50 us timer slack, would cost more than the exchange), then, unless the job polls
+// (Job::set_polling: every rank has CPUs of its own), testing it with a growing pause (50 us to
+// 200 us), so that a rank that finished its slice early leaves shared cores to the ranks still
+// computing. Past the job's timeout it ends the job, naming `what`.
 void wait(const Job& job, MPI_Request& request, const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
@@ -49,15 +49,15 @@ void wait(const Job& job, MPI_Request& request, const char* what) {
     check(job, MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
     if (done != 0) return;
     const auto waited = Clock::now() - start;
-    if (waited < kPoll) {
-      std::this_thread::yield();
-      continue;
-    }
     if (job.timeout_s() > 0 && std::chrono::duration<double>(waited).count() > job.timeout_s())
       job.abort("no answer from every rank within " + std::to_string(job.timeout_s()) +
                     " s during " + what +
                     ": a rank died or hangs (or its work takes longer: raise --rank-timeout)",
                 0);
+    if (waited < kPoll || job.polling()) {
+      std::this_thread::yield();
+      continue;
+    }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(200));
   }

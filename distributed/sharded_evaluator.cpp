@@ -71,6 +71,8 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
         {"last_slowest_score_ms", last_slowest_ms_},
         {"last_mean_score_ms", last_mean_ms_},
         {"balanced_by", clock_ == BalanceClock::wall ? "wall time" : "CPU time"},
+        // How this rank waits in the exchanges (Job::set_polling).
+        {"waits", job_.polling() ? "poll" : "pause"},
         // The optimizer's exchanges since the last score call (the sharded finish's partial
         // sums, moves and row duals), waits for slower ranks included.
         {"finish_exchange_ms", finish_exchange_ms_},

@@ -138,6 +138,9 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.extra["ranks"] = ranks.size();
     // What the slices were balanced by (auto: as train chooses), and why.
     if (ranks.size() > 1) r.extra["balanced_by"] = ranks.balance();
+    // How the ranks waited in the exchanges: poll (CPUs of their own) or pause.
+    const nlohmann::json sharding = evaluator->explain().value("distributed", nlohmann::json());
+    if (sharding.contains("waits")) r.extra["waits"] = sharding["waits"];
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
     // Rank 0's backend's own phases of its last call, when it reports them.

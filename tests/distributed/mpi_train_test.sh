@@ -4,7 +4,8 @@
 # a rank killed mid-run ends the job within a bound, naming the rank, and its last checkpoint
 # resumes on one rank to the very weights of an uninterrupted run; ranks that disagree or cannot
 # start are refused at start-up with one message naming the rank and the difference; NCCL asked
-# for where a rank cannot use it ends the job saying why; the balance clock is stated.
+# for where a rank cannot use it ends the job saying why; the balance clock and the ranks' waits
+# are stated.
 # usage: mpi_train_test.sh POLYPROBE MPIRUN
 set -uo pipefail
 polyprobe=$(realpath "$1")
@@ -48,11 +49,15 @@ grep -q "exchanges over mpi, why: the backend's losses are in host memory" r2.ou
   fail "the 2-rank run does not say how its losses cross and why: $(cat r2.out)"
 grep -q "slices balanced by \(wall\|CPU\) time: " r2.out ||
   fail "the 2-rank run does not say what its slices are balanced by: $(cat r2.out)"
+grep -q "the ranks' waits \(poll (CPUs of their own)\|pause after 200 us (they share CPUs)\)" r2.out ||
+  fail "the 2-rank run does not say how its ranks wait: $(cat r2.out)"
 # Three one-thread ranks on fewer CPUs (unbound, as mpirun leaves oversubscribed ranks) share
 # them: their wall times count each other, so auto balances by CPU time.
 if ((3 > $(nproc))); then
   grep -q "slices balanced by CPU time: the 3 ranks on .* run 3 threads on $(nproc) CPUs" r3.out ||
     fail "3 oversubscribed ranks are not balanced by CPU time: $(cat r3.out)"
+  grep -q "the ranks' waits pause after 200 us (they share CPUs)" r3.out ||
+    fail "3 oversubscribed ranks do not pause in their waits: $(cat r3.out)"
 fi
 timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-balance wall --save w3.safetensors \
   >w3.out 2>&1 || fail "mpirun -np 3 train --rank-balance wall: $(cat w3.out)"

@@ -47,6 +47,12 @@ class Job {
   int size() const { return size_; }
   bool leader() const { return rank_ == 0; }
   double timeout_s() const { return timeout_s_; }
+  // How a rank waits for the others: polling MPI without pause (true: for ranks with CPUs of
+  // their own, where a wait takes no core from anyone, and a partner asleep in its wait would
+  // delay every stage of a collective by its pause) or, after 200 us of polling, with pauses of
+  // 50 to 200 us (false, the default: ranks that share cores leave them to those computing).
+  void set_polling(bool poll) { polling_ = poll; }
+  bool polling() const { return polling_; }
 
   // --- Collectives (every rank, same order, host memory)
   // In place: `values` is the same length on every rank; rank r owns
@@ -75,6 +81,7 @@ class Job {
   int size_ = 1;
   double timeout_s_;
   bool owns_mpi_ = false;
+  bool polling_ = false;
 };
 
 // Contiguous particle slices, one a rank: rank r scores particles [bounds[r], bounds[r + 1])
@@ -179,7 +186,9 @@ std::string core_facts(int threads);
 // same answer from the same facts. Throws polyprobe::Error on facts not in that form.
 BalanceClock balance_clock_for(const std::vector<std::string>& facts, std::string& why);
 // `asked` is "auto" (balance_clock_for over every rank's facts), "wall" or "cpu". Every rank
-// calls it in the same order (it all-gathers the facts whatever was asked).
+// calls it in the same order (it all-gathers the facts whatever was asked). It also sets how
+// the job waits (Job::set_polling) from the facts, whatever clock was asked for: polling where
+// every rank has CPUs of its own (balance_clock_for's wall time), else pausing.
 BalanceClock choose_balance_clock(Job& job, const std::string& asked, int threads,
                                   std::string& why);
 
