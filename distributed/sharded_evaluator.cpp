@@ -46,6 +46,7 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
     if (finish.first <= score.last) return {{score.first, std::max(score.last, finish.last)}};
     return {score, finish};
   }
+  int processes() const override { return job_.size(); }
   int index() const override { return job_.rank(); }
   void share(std::span<double> values, std::span<const int64_t> offsets,
              const char* what) override {

@@ -4,6 +4,7 @@
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
+#include <polyprobe/step_shard.hpp>
 #include <polyprobe/train.hpp>
 
 #include "optimizer/step_threads.hpp"
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -28,54 +30,75 @@ using train_detail::Checkpoint;
 // rows, so that its forward runs on every thread; a validation or test split in chunks of 64.
 int64_t evaluation_rows(int64_t rows) { return rows <= 256 ? 4 : 64; }
 
+// The chunks an evaluation computes here: all of them, or with processes that share the steps
+// (StepShard: each process's evaluator scores its slice of the candidates) an even share, whose
+// partial sums then cross to every process (StepShard::share). Every process adds the same
+// partials in chunk order, so the result is the same bits for any process and thread count, and
+// a run of 16 one-thread ranks does not evaluate every minibatch, validation and test split on
+// one thread each. Every process calls it at the same points (the collective inside).
 template <class S>
 EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Matrix<double>& inputs,
-                             const Targets& targets, const detail::StepThreads& threads) {
+                             const Targets& targets, const detail::StepThreads& threads,
+                             StepShard* processes) {
   const int64_t rows = inputs.rows();
   const int64_t chunk_rows = evaluation_rows(rows);
   const int64_t chunks = detail::StepThreads::chunk_count(rows, chunk_rows);
-  std::vector<double> loss_sums(static_cast<std::size_t>(chunks));
-  std::vector<int64_t> correct(static_cast<std::size_t>(chunks));
+  const int shares = processes != nullptr ? processes->processes() : 1;
+  const int mine = processes != nullptr ? processes->index() : 0;
+  // [2 chunks]: chunk c's loss sum and count of right answers (exact in a double below 2^53),
+  // side by side, so that process r's chunks are one range: offsets[r] = 2 * its first chunk.
+  std::vector<double> partials(static_cast<std::size_t>(2 * chunks), 0.0);
+  std::vector<int64_t> offsets(static_cast<std::size_t>(shares) + 1);
+  for (int r = 0; r <= shares; ++r)
+    offsets[static_cast<std::size_t>(r)] = 2 * (chunks * r / shares);
+  const int64_t first = offsets[static_cast<std::size_t>(mine)] / 2;
+  const int64_t first_row = first * chunk_rows;
+  const int64_t end_row =
+      std::min(rows, offsets[static_cast<std::size_t>(mine) + 1] / 2 * chunk_rows);
   // Layers' forwards are const and may run concurrently (as evaluators already run them).
-  threads.for_chunks(rows, chunk_rows, [&](int64_t chunk, int64_t begin, int64_t end) {
-    const Matrix<S> outputs =
-        model.forward<S>(inputs.middleRows(begin, end - begin).template cast<S>());
-    std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
-    loss.per_sample(outputs, targets, begin, per);
-    double sum = 0;
-    int64_t right = 0;
-    for (Eigen::Index i = 0; i < outputs.rows(); ++i) {
-      sum += static_cast<double>(per[static_cast<std::size_t>(i)]);
-      Eigen::Index best = 0;
-      for (Eigen::Index c = 1; c < outputs.cols(); ++c)
-        if (outputs(i, c) > outputs(i, best)) best = c;
-      right += best == targets.labels[static_cast<std::size_t>(begin + i)];
-    }
-    loss_sums[static_cast<std::size_t>(chunk)] = sum;
-    correct[static_cast<std::size_t>(chunk)] = right;
-  });
+  threads.for_chunks(
+      std::max<int64_t>(0, end_row - first_row), chunk_rows, [&](int64_t c, int64_t b, int64_t e) {
+        const int64_t chunk = first + c, begin = first_row + b, end = first_row + e;
+        const Matrix<S> outputs =
+            model.forward<S>(inputs.middleRows(begin, end - begin).template cast<S>());
+        std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
+        loss.per_sample(outputs, targets, begin, per);
+        double sum = 0;
+        int64_t right = 0;
+        for (Eigen::Index i = 0; i < outputs.rows(); ++i) {
+          sum += static_cast<double>(per[static_cast<std::size_t>(i)]);
+          Eigen::Index best = 0;
+          for (Eigen::Index k = 1; k < outputs.cols(); ++k)
+            if (outputs(i, k) > outputs(i, best)) best = k;
+          right += best == targets.labels[static_cast<std::size_t>(begin + i)];
+        }
+        partials[static_cast<std::size_t>(2 * chunk)] = sum;
+        partials[static_cast<std::size_t>(2 * chunk + 1)] = static_cast<double>(right);
+      });
+  if (shares > 1) processes->share(partials, offsets, "an evaluation's partial sums");
   EvaluationResult r;
   r.samples = rows;
-  int64_t right = 0;
+  double right = 0;
   for (int64_t c = 0; c < chunks; ++c) {
-    r.loss += loss_sums[static_cast<std::size_t>(c)];
-    right += correct[static_cast<std::size_t>(c)];
+    r.loss += partials[static_cast<std::size_t>(2 * c)];
+    right += partials[static_cast<std::size_t>(2 * c + 1)];
   }
   r.loss /= static_cast<double>(std::max<int64_t>(r.samples, 1));
-  r.accuracy = static_cast<double>(right) / static_cast<double>(std::max<int64_t>(r.samples, 1));
+  r.accuracy = right / static_cast<double>(std::max<int64_t>(r.samples, 1));
   return r;
 }
 
 EvaluationResult evaluate_rows(const Model& model, const Loss& loss, const Matrix<double>& inputs,
                                const Targets& targets, DType dtype,
-                               const detail::StepThreads& threads) {
-  return dtype == DType::f64 ? evaluate_in<double>(model, loss, inputs, targets, threads)
-                             : evaluate_in<float>(model, loss, inputs, targets, threads);
+                               const detail::StepThreads& threads, StepShard* processes) {
+  return dtype == DType::f64 ? evaluate_in<double>(model, loss, inputs, targets, threads, processes)
+                             : evaluate_in<float>(model, loss, inputs, targets, threads, processes);
 }
 
 EvaluationResult evaluate_batch(const Model& model, const Loss& loss, const Batch& batch,
-                                DType dtype, const detail::StepThreads& threads) {
-  return evaluate_rows(model, loss, batch.inputs, batch.targets, dtype, threads);
+                                DType dtype, const detail::StepThreads& threads,
+                                StepShard* processes) {
+  return evaluate_rows(model, loss, batch.inputs, batch.targets, dtype, threads, processes);
 }
 
 // The labels of a data set as targets, without copying its features.
@@ -85,13 +108,15 @@ Targets targets_of(const Dataset& data) {
   return targets;
 }
 
-// evaluate_model() on `threads`, without copying the data's features.
+// evaluate_model() on `threads` (and `processes`, as evaluate_in), without copying the data's
+// features.
 EvaluationResult evaluate_data(const Model& model, const Loss& loss, const Dataset& data,
-                               DType dtype, const detail::StepThreads& threads) {
+                               DType dtype, const detail::StepThreads& threads,
+                               StepShard* processes = nullptr) {
   if (data.size() == 0) throw Error("cannot evaluate on the empty data '" + data.name + "'");
   const Targets targets = targets_of(data);
   loss.check_targets(targets, model.output_shape().numel());
-  return evaluate_rows(model, loss, data.features, targets, dtype, threads);
+  return evaluate_rows(model, loss, data.features, targets, dtype, threads, processes);
 }
 
 // Appends one JSON object per line to the metrics file, flushed so a crash loses nothing.
@@ -213,6 +238,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   // The loop's own evaluations (the batch after each step, validation, test) on the
   // evaluator's threads, as the optimizer's step runs.
   const detail::StepThreads threads(evaluator.threads());
+  // Processes that share the steps share the loop's evaluations too (evaluate_in).
+  StepShard* const processes = evaluator.step_shard();
 
   MinibatchStream stream(data.train, options.batch_size, options.seed);
   Checkpoint state;
@@ -271,7 +298,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   // Measures the validation split and keeps the parameters if they are the best so far.
   const auto validate = [&](int64_t epoch) {
     const Dataset& check = data.validation.size() > 0 ? data.validation : data.train;
-    const EvaluationResult v = evaluate_data(model, loss, check, options.dtype, threads);
+    const EvaluationResult v = evaluate_data(model, loss, check, options.dtype, threads, processes);
     ++state.validations;
     const bool finite = std::isfinite(v.loss);
     nlohmann::json record = {{"step", state.step},     {"epoch", epoch},
@@ -285,7 +312,8 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                                    (v.accuracy == state.best_accuracy && v.loss < state.best_loss));
     if (options.record_test && data.test.size() > 0) {
       if (better)
-        best_test_accuracy = evaluate_data(model, loss, data.test, options.dtype, threads).accuracy;
+        best_test_accuracy =
+            evaluate_data(model, loss, data.test, options.dtype, threads, processes).accuracy;
       if (best_test_accuracy) record["best_test_accuracy"] = *best_test_accuracy;
     }
     metrics.write(record);
@@ -314,14 +342,14 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     const StepInfo info = optimizer.step();
     state.evaluations += info.candidates;
     ++state.step;
-    EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype, threads);
+    EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype, threads, processes);
     bool reverted = false;
     if (!std::isfinite(now.loss)) {
       // Undo the step; if the state before it is not finite either, nothing will be.
       after.assign(model.parameters().begin(), model.parameters().end());
       std::copy(before.begin(), before.end(), model.parameters().begin());
       optimizer.resync_from_model();
-      now = evaluate_batch(model, loss, batch, options.dtype, threads);
+      now = evaluate_batch(model, loss, batch, options.dtype, threads, processes);
       if (!std::isfinite(now.loss))
         throw_nonfinite(model, batch, options.dtype,
                         "the loss on the training minibatch of step " + std::to_string(state.step) +
@@ -355,7 +383,7 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                              {"accuracy", progress.accuracy},
                              {"candidates", progress.candidates},
                              {"seconds", progress.seconds}};
-    if (!options.metrics_path.empty()) {
+    if (!options.metrics_path.empty() && options.write_files) {
       nlohmann::json paths = candidates_per_path(evaluator, info.candidates);
       if (!paths.empty()) record["paths"] = std::move(paths);
     }

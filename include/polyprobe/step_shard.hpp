@@ -9,7 +9,9 @@
 // multiples of kGrain).
 //
 // The core knows no MPI: an evaluator that shards its steps returns one of these from
-// Evaluator::step_shard(), and the optimizer asks it per step whether to finish sharded.
+// Evaluator::step_shard(), and the optimizer asks it per step whether to finish sharded; the
+// training loop shares its own evaluations (the minibatch after each step, validation, test)
+// among the same processes through share().
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,8 @@ class StepShard {
   // ascending, disjoint ranges: the optimizer plans only these.
   virtual std::vector<ParticleRange> planned_particles(int64_t particles) = 0;
 
-  // This process's index into bounds().
+  // How many processes share the steps, and this one's index among them (into bounds()).
+  virtual int processes() const = 0;
   virtual int index() const = 0;
 
   // In place, on every process in the same order: process r's entries values[offsets[r],
