@@ -1,5 +1,7 @@
-// Which clock the slice balancer reads (choose_balance_clock): wall time where every rank has
-// cores of its own, CPU time where the ranks of a node oversubscribe its cores.
+// What the ranks' cores decide: which clock the slice balancer reads (choose_balance_clock),
+// wall time where every rank has cores of its own, CPU time where the ranks of a node
+// oversubscribe its cores; and how the ranks wait for each other (choose_waits), polling on cores
+// of their own, pausing on shared ones.
 #include <polyprobe/distributed.hpp>
 #include <polyprobe/error.hpp>
 
@@ -82,16 +84,25 @@ BalanceClock choose_balance_clock(Job& job, const std::string& asked, int thread
   const std::vector<std::string> facts =
       job.allgather_text(core_facts(threads), "the ranks' cores");
   const BalanceClock found = balance_clock_for(facts, why);
-  job.set_polling(found == BalanceClock::wall);
-  const std::string waits = job.polling()
-                                ? "; the ranks' waits poll (CPUs of their own)"
-                                : "; the ranks' waits pause after 200 us (they share CPUs)";
-  if (asked == "auto") {
-    why += waits;
-    return found;
-  }
-  why = (asked == "wall" ? "wall time, as asked" : "CPU time, as asked") + waits;
+  if (asked == "auto") return found;
+  why = asked == "wall" ? "wall time, as asked" : "CPU time, as asked";
   return asked == "wall" ? BalanceClock::wall : BalanceClock::cpu;
+}
+
+void choose_waits(Job& job, const std::string& asked, int threads, std::string& why) {
+  if (asked != "auto" && asked != "poll" && asked != "pause")
+    throw Error("the ranks' waits must be auto, poll or pause, not '" + asked + "'");
+  // Every rank takes part, whatever was asked, so the calls stay in step.
+  const std::vector<std::string> facts =
+      job.allgather_text(core_facts(threads), "the ranks' cores");
+  std::string shared;
+  const bool own = balance_clock_for(facts, shared) == BalanceClock::wall;
+  const bool poll = asked == "auto" ? own : asked == "poll";
+  job.set_polling(poll);
+  why = std::string(poll ? "poll" : "pause after 200 us") +
+        (asked != "auto" ? " (as asked)"
+         : own           ? " (every rank has CPUs of its own)"
+                         : " (ranks share CPUs)");
 }
 
 }  // namespace polyprobe::distributed

@@ -2,14 +2,16 @@
 # Parallel efficiency of `polyprobe bench scale` (docs/scale.md): complete steps at train's
 # radii of mlp256-full and mnist64-full, N ranks x 1 thread (mpirun) against 1 rank x N threads,
 # both against 1 rank x 1 thread, in one script on one machine. Prints one table.
-# usage: scripts/bench-scale.sh POLYPROBE "1 2" [REPEATS] [FINISHES] [HYBRIDS] [BALANCES]
+# usage: scripts/bench-scale.sh POLYPROBE "1 2" [REPEATS] [FINISHES] [HYBRIDS] [BALANCES] [WAITS]
 #   here (2 cores):            scripts/bench-scale.sh build/bin/polyprobe "1 2"
 #   the GPU machine (16 cores): scripts/bench-scale.sh build/bin/polyprobe "1 2 4 8 16" 15 \
 #                                 sharded,gathered "2x8 4x4"
 # FINISHES (default sharded,gathered): how the ranks finish a step (bench scale --scale-finish);
 # each gives its own N-ranks row. HYBRIDS (default none): "RxT" runs of R ranks x T threads
 # (sharded finish), each a row at R T cores. BALANCES (default auto): what the ranks' slices are
-# balanced by (bench scale --scale-balance: auto, cpu and/or wall), each its own row.
+# balanced by (bench scale --scale-balance: auto, cpu and/or wall), each its own row. WAITS
+# (default auto): how the ranks wait for each other (--scale-waits: auto, poll and/or pause),
+# each its own row, alternated within each run.
 # With BENCH_SCALE_JSON=DIR set, the runs' JSON records are copied into DIR. The last row is the
 # machine's ceiling: the largest count of independent one-thread processes stepping at once
 # (its iqr column: the spread between their medians).
@@ -20,6 +22,7 @@ repeats=${3:-7}
 finishes=${4:-sharded,gathered}
 hybrids=${5:-}
 balances=${6:-auto}
+waits=${7:-auto}
 out=$(mktemp -d)
 trap '[[ -n ${BENCH_SCALE_JSON:-} ]] && mkdir -p "$BENCH_SCALE_JSON" && cp "$out"/*.json "$BENCH_SCALE_JSON"/; rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -30,7 +33,8 @@ ranks() {
   local bind=(--bind-to core --map-by "slot:PE=$t")
   ((r * t > $(nproc))) && bind=(--oversubscribe --bind-to none)
   mpirun "${bind[@]}" -np "$r" "$polyprobe" "${bench[@]}" --scale-threads "$t" \
-    --scale-finish "$finish" --scale-balance "$balances" --json "$file" >/dev/null
+    --scale-finish "$finish" --scale-balance "$balances" --scale-waits "$waits" \
+    --json "$file" >/dev/null
 }
 for n in $counts; do
   # One process, n threads.
@@ -76,10 +80,10 @@ for w in base:
             elif kind == "ranks":
                 how = f"{n} ranks x 1 thread, "
                 how += "gathered" if "gathered-finish" in path else "sharded"
-                how += ", " + path.split("+")[-1] if path.endswith("-balanced") else ""
             else:
                 how = f"{r['ranks']} ranks x {r['threads']} threads, sharded"
-                how += ", " + path.split("+")[-1] if path.endswith("-balanced") else ""
+            # What the run asked for beyond the defaults: a balance clock, a way to wait.
+            how += "".join(", " + x for x in path.split("+")[1:] if x != "gathered-finish")
             efficiency = base[w]["median_ms"] / (n * r["median_ms"])
             rows.append((w, str(n), how, cell("median_ms"), cell("iqr_ms"),
                          f"{100 * efficiency:.0f}%", cell("imbalance"), cell("step_imbalance"), cell("cpu_imbalance"),

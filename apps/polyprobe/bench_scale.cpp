@@ -49,17 +49,28 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
       throw UsageError("--scale-balance takes auto, cpu and/or wall, not '" + c + "'");
     clocks.push_back(c);
   }
+  std::vector<std::string> waits_list;  // how each run's ranks wait
+  std::stringstream waits_text(ctx.vm["scale-waits"].as<std::string>());
+  for (std::string w; std::getline(waits_text, w, ',');) {
+    if (w != "auto" && w != "poll" && w != "pause")
+      throw UsageError("--scale-waits takes auto, poll and/or pause, not '" + w + "'");
+    waits_list.push_back(w);
+  }
   struct Run {
     std::string workload;
     bool sharded_finish;
     std::string balance;
+    std::string waits;
   };
   std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
   std::vector<Run> runs;
+  // The waits vary fastest: each workload's runs alternate them, so they share the machine's
+  // moods.
   for (std::string name; std::getline(list, name, ',');)
     for (const bool sharded : finishes)
-      for (const std::string& clock : clocks) runs.push_back({name, sharded, clock});
-  for (const auto& [name, sharded_finish, balance] : runs) {
+      for (const std::string& clock : clocks)
+        for (const std::string& w : waits_list) runs.push_back({name, sharded, clock, w});
+  for (const auto& [name, sharded_finish, balance, waits] : runs) {
     Workload w = build_workload(find_workload(name));
     OptimizerConfig config = complete_step_config(w, "step@train");
     config.sharded_finish = sharded_finish;
@@ -69,8 +80,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     request.options.dtype = DType::f32;
     request.options.threads = threads;
     request.subspace = w.subspace.get();
-    auto evaluator =
-        ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi", false, balance);
+    auto evaluator = ranks.shard(ctx.registry.make_evaluator(*w.model, *w.loss, request), "mpi",
+                                 false, balance, waits);
     optimizer.register_evaluator(*evaluator, w.batch);
     std::vector<double> score_ms, exchange_ms, score_cpu_ms, finish_exchange_ms;
     std::vector<double> step_slowest_ms, step_imbalance;  // each step's, over the ranks
@@ -130,6 +141,7 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.workload = name;
     r.path = sharded_finish ? "step@train" : "step@train+gathered-finish";
     if (balance != "auto") r.path += "+" + balance + "-balanced";
+    if (waits != "auto") r.path += "+" + waits + "-waits";
     r.threads = threads;
     r.candidates = last.candidates;
     r.batch = w.spec.batch;
@@ -138,9 +150,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     r.extra["ranks"] = ranks.size();
     // What the slices were balanced by (auto: as train chooses), and why.
     if (ranks.size() > 1) r.extra["balanced_by"] = ranks.balance();
-    // How the ranks waited in the exchanges: poll (CPUs of their own) or pause.
-    const nlohmann::json sharding = evaluator->explain().value("distributed", nlohmann::json());
-    if (sharding.contains("waits")) r.extra["waits"] = sharding["waits"];
+    // How the ranks waited in the exchanges, and why.
+    if (ranks.size() > 1) r.extra["waits"] = ranks.waits();
     r.extra["cores"] = ranks.size() * threads;
     r.extra["evaluator"] = evaluator->name();
     // Rank 0's backend's own phases of its last call, when it reports them.
@@ -204,6 +215,7 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
     rows.push_back({r.workload,
                     r.path.find("gathered") == std::string::npos ? "sharded" : "gathered",
                     first_word(r.extra.value("balanced_by", std::string("-"))),
+                    first_word(r.extra.value("waits", std::string("-"))),
                     std::to_string(r.extra.value("ranks", 1)), std::to_string(r.threads),
                     std::to_string(r.candidates), ms(timing, "cold"), ms(timing, "median"),
                     ms(timing, "iqr"), ms(r.extra, "score_max_ms"), ms(r.extra, "imbalance"),
@@ -211,9 +223,10 @@ void print_scale(std::ostream& out, const std::vector<BenchRecord>& records) {
   }
   print_columns(
       out,
-      {"workload", "finish", "balanced by", "ranks", "threads", "candidates", "cold ms",
+      {"workload", "finish", "balanced by", "waits", "ranks", "threads", "candidates", "cold ms",
        "median ms", "iqr ms", "slowest score ms", "imbalance", "all-gather ms", "rest ms"},
-      {false, false, false, true, true, true, true, true, true, true, true, true, true}, rows);
+      {false, false, false, false, true, true, true, true, true, true, true, true, true, true},
+      rows);
 }
 
 }  // namespace
@@ -235,7 +248,10 @@ BenchSuite scale_suite() {
         "scale-balance", po::value<std::string>()->default_value("auto"),
         "scale: what the ranks' slices are balanced by, comma-separated: auto (as train "
         "--rank-balance auto), cpu (each rank's CPU time scoring its slice) and/or wall (its "
-        "wall time)");
+        "wall time)")(
+        "scale-waits", po::value<std::string>()->default_value("auto"),
+        "scale: how the ranks wait for each other, comma-separated: auto (as train --rank-waits "
+        "auto), poll and/or pause");
   };
   s.run = run_scale;
   s.table = print_scale;

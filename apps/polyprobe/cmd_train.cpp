@@ -558,7 +558,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   if (ranks.size() > 1) {
     ranks.agree_to_start("", startup_facts(vm, model, spec, splits, *evaluator, options));
     evaluator = ranks.shard(std::move(evaluator), vm["rank-exchange"].as<std::string>(),
-                            request.device == "cuda", vm["rank-balance"].as<std::string>());
+                            request.device == "cuda", vm["rank-balance"].as<std::string>(),
+                            vm["rank-waits"].as<std::string>());
     options.write_files = ranks.leader();
     options.agree_on_stop = ranks.stop_agreement();
   }
@@ -571,8 +572,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << " parameters; loss " << spec.loss << "; evaluator " << evaluator->name();
   if (ranks.size() > 1)
     out << " on each of " << ranks.size() << " ranks (exchanges over " << ranks.exchange()
-        << "; slices balanced by " << ranks.balance() << "; sharded finish "
-        << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
+        << "; slices balanced by " << ranks.balance() << "; waits " << ranks.waits()
+        << "; sharded finish " << (settings.optimizer.sharded_finish ? "on" : "off") << ")";
   if (subspace)
     out << "; subspace " << subspace->kind() << " (" << subspace->dimension() << " coordinates)";
   if (settings.optimizer.radius.kind == RadiusModelKind::plugin)
@@ -685,6 +686,9 @@ int run(Context& ctx) {
   const std::string balance = ctx.vm["rank-balance"].as<std::string>();
   if (balance != "auto" && balance != "wall" && balance != "cpu")
     throw UsageError("--rank-balance must be auto, wall or cpu, got '" + balance + "'");
+  const std::string waits = ctx.vm["rank-waits"].as<std::string>();
+  if (waits != "auto" && waits != "poll" && waits != "pause")
+    throw UsageError("--rank-waits must be auto, poll or pause, got '" + waits + "'");
   // Shared with ctx.after_error, which outlives this frame.
   const auto held = std::make_shared<TrainRanks>(timeout);
   TrainRanks& ranks = *held;
@@ -798,7 +802,13 @@ Command train_command() {
         "scoring wall times: what a step waits for), cpu (their CPU times: blind to other "
         "processes on a rank's cores) or auto (wall unless the ranks of a machine run more "
         "threads than it gives them CPUs); the start-up line says which and why. The losses, "
-        "and so the trajectory, are the same whichever");
+        "and so the trajectory, are the same whichever")(
+        "rank-waits", po::value<std::string>()->default_value("auto")->value_name("HOW"),
+        "under mpirun: how a rank waits for the others in an exchange: poll (test MPI without "
+        "pause: the quickest answer, and a core kept busy), pause (after 200 us, test with "
+        "pauses of 50-200 us, leaving shared cores to the ranks still computing) or auto (poll "
+        "where every rank has CPUs of its own, as mpirun --bind-to core gives them); the "
+        "start-up line says which and why");
     add_optimizer_options(o);
     add_backend_options(o);
   };

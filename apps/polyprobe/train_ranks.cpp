@@ -94,18 +94,19 @@ void TrainRanks::agree_to_start(const std::string& failure,
 
 std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluator,
                                              const std::string& exchange, bool gpu_backend,
-                                             const std::string& balance) {
+                                             const std::string& balance, const std::string& waits) {
 #if POLYPROBE_HAVE_MPI
   if (size_ > 1) {
     impl_->exchange =
         distributed::choose_exchange(impl_->job, exchange, gpu_backend, exchange_why_);
     const distributed::BalanceClock clock =
         distributed::choose_balance_clock(impl_->job, balance, evaluator->threads(), balance_why_);
+    distributed::choose_waits(impl_->job, waits, evaluator->threads(), waits_why_);
     return distributed::shard_evaluator(std::move(evaluator), impl_->job, *impl_->exchange, nullptr,
                                         clock);
   }
 #else
-  (void)exchange, (void)gpu_backend, (void)balance;
+  (void)exchange, (void)gpu_backend, (void)balance, (void)waits;
 #endif
   return evaluator;
 }

@@ -56,12 +56,18 @@ class TrainRanks {
   // `balance` names: "wall", "cpu" or "auto" (wall unless ranks oversubscribe a node's cores;
   // distributed::choose_balance_clock). Every rank, after agree_to_start; throws on every rank
   // when NCCL was asked for and a rank cannot use it.
+  // `waits`: how the ranks wait for each other, "poll", "pause" or "auto" (poll where every
+  // rank has CPUs of its own; distributed::choose_waits).
   std::unique_ptr<Evaluator> shard(std::unique_ptr<Evaluator> evaluator,
                                    const std::string& exchange = "mpi", bool gpu_backend = false,
-                                   const std::string& balance = "auto");
+                                   const std::string& balance = "auto",
+                                   const std::string& waits = "auto");
   // What the slices are balanced by, and why: "" alone or before shard(), else e.g. "wall time:
   // every rank runs on CPUs of its own ...".
   const std::string& balance() const { return balance_why_; }
+  // How the ranks wait, and why: "" alone or before shard(), else e.g. "poll (every rank has
+  // CPUs of its own)".
+  const std::string& waits() const { return waits_why_; }
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
@@ -85,6 +91,7 @@ class TrainRanks {
   bool agreed_ = false;
   std::string exchange_why_;
   std::string balance_why_;
+  std::string waits_why_;
 };
 
 }  // namespace polyprobe::app

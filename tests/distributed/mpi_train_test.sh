@@ -49,14 +49,14 @@ grep -q "exchanges over mpi, why: the backend's losses are in host memory" r2.ou
   fail "the 2-rank run does not say how its losses cross and why: $(cat r2.out)"
 grep -q "slices balanced by \(wall\|CPU\) time: " r2.out ||
   fail "the 2-rank run does not say what its slices are balanced by: $(cat r2.out)"
-grep -q "the ranks' waits \(poll (CPUs of their own)\|pause after 200 us (they share CPUs)\)" r2.out ||
+grep -q "; waits \(poll (every rank has CPUs of its own)\|pause after 200 us (ranks share CPUs)\); " r2.out ||
   fail "the 2-rank run does not say how its ranks wait: $(cat r2.out)"
 # Three one-thread ranks on fewer CPUs (unbound, as mpirun leaves oversubscribed ranks) share
 # them: their wall times count each other, so auto balances by CPU time.
 if ((3 > $(nproc))); then
   grep -q "slices balanced by CPU time: the 3 ranks on .* run 3 threads on $(nproc) CPUs" r3.out ||
     fail "3 oversubscribed ranks are not balanced by CPU time: $(cat r3.out)"
-  grep -q "the ranks' waits pause after 200 us (they share CPUs)" r3.out ||
+  grep -q "; waits pause after 200 us (ranks share CPUs); " r3.out ||
     fail "3 oversubscribed ranks do not pause in their waits: $(cat r3.out)"
 fi
 timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-balance wall --save w3.safetensors \
@@ -64,9 +64,10 @@ timeout 120 "${mpi[@]}" -np 3 "$polyprobe" "${run[@]}" --rank-balance wall --sav
 cmp -s alone.safetensors w3.safetensors || fail "weights with --rank-balance wall differ"
 grep -q "slices balanced by wall time, as asked" w3.out ||
   fail "--rank-balance wall is not said: $(cat w3.out)"
-timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange mpi --save m2.safetensors \
-  >m2.out 2>&1 || fail "mpirun -np 2 train --rank-exchange mpi: $(cat m2.out)"
+timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --rank-exchange mpi --rank-waits pause \
+  --save m2.safetensors >m2.out 2>&1 || fail "mpirun -np 2 train --rank-exchange mpi: $(cat m2.out)"
 cmp -s alone.safetensors m2.safetensors || fail "weights with --rank-exchange mpi differ"
+grep -q "; waits pause after 200 us (as asked); " m2.out || fail "--rank-waits pause is not said: $(cat m2.out)"
 # The same trajectory when every rank gathers all losses and finishes the whole step.
 timeout 120 "${mpi[@]}" -np 2 "$polyprobe" "${run[@]}" --sharded-finish off --metrics g2.jsonl \
   --save g2.safetensors >g2.out 2>&1 || fail "mpirun -np 2 train --sharded-finish off: $(cat g2.out)"
@@ -151,6 +152,9 @@ grep -q "rank-exchange nccl: rank 0 cannot use NCCL: .*use --rank-exchange mpi" 
 "$polyprobe" train --rank-exchange gloo >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-exchange must be auto, mpi or nccl, got 'gloo'" bad.out ||
   fail "--rank-exchange gloo: $(cat bad.out)"
+"$polyprobe" train --rank-waits spin >bad.out 2>&1
+[[ $? == 2 ]] && grep -q -- "--rank-waits must be auto, poll or pause, got 'spin'" bad.out ||
+  fail "--rank-waits spin: $(cat bad.out)"
 "$polyprobe" train --rank-balance fair >bad.out 2>&1
 [[ $? == 2 ]] && grep -q -- "--rank-balance must be auto, wall or cpu, got 'fair'" bad.out ||
   fail "--rank-balance fair: $(cat bad.out)"

@@ -395,24 +395,31 @@ TEST_CASE("the sharded evaluator scores what the unsharded one does, on every ra
 TEST_CASE("ranks with CPUs of their own poll while they wait, ranks that share them pause",
           "[sharded]") {
   distributed::Job& job = the_job();
-  // Every rank's facts decide, whatever clock is asked for; all ranks decide alike.
+  // Every rank's facts decide auto; all ranks decide alike.
   const std::vector<std::string> facts = job.allgather_text(distributed::core_facts(1), "facts");
   std::string why;
   const bool own = distributed::balance_clock_for(facts, why) == distributed::BalanceClock::wall;
   INFO(job.size() << " ranks: " << why);
-  for (const char* asked : {"auto", "cpu", "wall"}) {
-    job.set_polling(!own);
-    distributed::choose_balance_clock(job, asked, 1, why);
-    CHECK(job.polling() == own);
-  }
+  job.set_polling(!own);
+  distributed::choose_waits(job, "auto", 1, why);
+  CHECK(job.polling() == own);
+  CHECK_THAT(why, Catch::StartsWith(own ? "poll (every rank has CPUs of its own)"
+                                        : "pause after 200 us (ranks share CPUs)"));
   // A job of one has its CPUs to itself.
   if (job.size() == 1) CHECK(job.polling());
-  // The waits still end: a collective with every rank (as under either policy).
+  distributed::choose_waits(job, "pause", 1, why);
+  CHECK(!job.polling());
+  CHECK(why == "pause after 200 us (as asked)");
+  // Waits that poll still end: a collective with every rank.
+  distributed::choose_waits(job, "poll", 1, why);
+  CHECK(job.polling());
   std::vector<double> values(static_cast<std::size_t>(job.size()), 1.0);
   std::vector<int64_t> offsets;
   for (int r = 0; r <= job.size(); ++r) offsets.push_back(r);
   job.allgather(values, offsets, "the test's values");
   CHECK(values == std::vector<double>(values.size(), 1.0));
+  CHECK_THROWS_WITH(distributed::choose_waits(job, "spin", 1, why),
+                    Catch::Contains("must be auto, poll or pause, not 'spin'"));
   job.set_polling(false);
 }
 

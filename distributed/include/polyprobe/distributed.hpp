@@ -186,11 +186,16 @@ std::string core_facts(int threads);
 // same answer from the same facts. Throws polyprobe::Error on facts not in that form.
 BalanceClock balance_clock_for(const std::vector<std::string>& facts, std::string& why);
 // `asked` is "auto" (balance_clock_for over every rank's facts), "wall" or "cpu". Every rank
-// calls it in the same order (it all-gathers the facts whatever was asked). It also sets how
-// the job waits (Job::set_polling) from the facts, whatever clock was asked for: polling where
-// every rank has CPUs of its own (balance_clock_for's wall time), else pausing.
+// calls it in the same order (it all-gathers the facts whatever was asked).
 BalanceClock choose_balance_clock(Job& job, const std::string& asked, int threads,
                                   std::string& why);
+// How the job's ranks wait for each other (Job::set_polling): `asked` is "poll", "pause" or
+// "auto" (poll where every rank has CPUs of its own, the facts balance_clock_for reads as wall
+// time, else pause). `why` gets e.g. "poll (every rank has CPUs of its own)". Every rank calls
+// it in the same order (it all-gathers the facts whatever was asked); throws polyprobe::Error
+// for another `asked`. Measured on a 16-core Xeon, 16 one-thread ranks: polling took
+// mlp256-full's step from 12.2-13.4 ms to 8.0-9.5 ms (docs/scale.md).
+void choose_waits(Job& job, const std::string& asked, int threads, std::string& why);
 
 // An evaluator whose session calls score only this rank's slice of each step's candidates
 // (particle_slices, with the probe's active mask) on `inner`, and then all-gather the losses
