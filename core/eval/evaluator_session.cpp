@@ -5,6 +5,7 @@
 #include <polyprobe/subspace.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <string>
 
@@ -61,6 +62,8 @@ void Evaluator::bind_particles(const ParticleMap& particles, const Matrix<double
   polytope_ = polytope;
   probes_ = probes;
   bound_ = true;
+  static std::atomic<uint64_t> bindings{0};
+  binding_ = ++bindings;
   session_particles();
 }
 

@@ -45,6 +45,16 @@ int64_t VectorSearch::next_step_cost() const {
   return engine_.candidates_per_step() + (engine_.needs_incumbent() ? 1 : 0);
 }
 
+bool VectorSearch::holds_particles(const Evaluator& eval, int32_t probes) {
+  const std::pair<uint64_t, int32_t> key{eval.binding(), probes};
+  if (key.first != 0 && std::find(holding_.begin(), holding_.end(), key) != holding_.end())
+    return true;
+  if (!eval.has_particles(particles_, engine_.polytope(), probes)) return false;
+  holding_[1] = holding_[0];
+  holding_[0] = key;
+  return true;
+}
+
 void VectorSearch::apply(std::span<double> params, std::span<const double> moves) const {
   if (subspace_ != nullptr) {
     subspace_->apply(particles_.coords, moves, params);
@@ -112,8 +122,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
   // The evaluator keeps the incumbent as a session: bound to these particles once, synced
   // with `params` (an exact comparison, so external changes are caught), moved by the step.
   auto open_session = [&](Evaluator& eval) {
-    if (!eval.has_particles(particles_, engine_.polytope(), K))
-      eval.bind_particles(particles_, engine_.polytope(), K);
+    if (!holds_particles(eval, K)) eval.bind_particles(particles_, engine_.polytope(), K);
     eval.sync_incumbent(params);
   };
 
@@ -215,8 +224,7 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     // The sessions move with the optimizer's copy (the same arithmetic), so the next step's
     // sync finds them equal and nothing is sent again.
     for (Evaluator* eval : {&evaluator, screen})
-      if (eval != nullptr && eval->has_particles(particles_, engine_.polytope(), K) &&
-          eval->incumbent().size() == params.size())
+      if (eval != nullptr && holds_particles(*eval, K) && eval->incumbent().size() == params.size())
         eval->move_incumbent(moves_);
   }
   info.phase_ms.apply = since(start);

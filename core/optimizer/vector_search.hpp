@@ -13,8 +13,10 @@
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/subspace.hpp>
 
+#include <array>
 #include <iosfwd>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace polyprobe::detail {
@@ -40,6 +42,10 @@ class VectorSearch {
 
  private:
   void apply(std::span<double> params, std::span<const double> moves) const;
+  // Whether `eval` holds this search's particles and polytope (both fixed for the search's
+  // life) with `probes` probes: compared once per binding of it (Evaluator::binding()) and
+  // probe count, and known from then on.
+  bool holds_particles(const Evaluator& eval, int32_t probes);
 
   OptimizerConfig config_;
   ParticleMap particles_;
@@ -52,6 +58,9 @@ class VectorSearch {
   std::vector<double> candidate_displacement_, candidate_losses_, losses_, moves_;
   std::vector<char> active_;  // [P] when adaptive_probes reuses some particles, else empty
   std::vector<ParticleRange> planned_;  // a shared step's particles this process plans
+  // Bindings found to hold this search's particles, with their probe counts: the evaluator's
+  // and the screen's (holds_particles).
+  std::array<std::pair<uint64_t, int32_t>, 2> holding_{};
   // No coordinate belongs to two particles: the move may be applied in parallel.
   bool distinct_coords_ = false;
   // trust_reject: the search vector before the last applied move (checkpointed).

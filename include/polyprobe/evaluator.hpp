@@ -127,6 +127,11 @@ class Evaluator {
   // Whether exactly this structure is bound (an O(P d) comparison).
   bool has_particles(const ParticleMap& particles, const Matrix<double>& polytope,
                      int32_t probes) const;
+  // Changes at every bind_particles(), to a value no other binding in the process had (0
+  // before the first): a caller that bound this evaluator, or found has_particles() true, at
+  // binding() == s and sees s again knows the same structure is still bound, without
+  // has_particles()' comparison (which every rank of a sharded step would pay every step).
+  uint64_t binding() const { return binding_; }
   // Makes `theta` the incumbent unless it already is (exact comparison with the mirror).
   void sync_incumbent(std::span<const double> theta);
   // Moves the incumbent by [P d] moves in search coordinates: through the subspace given at
@@ -200,6 +205,7 @@ class Evaluator {
   Matrix<double> polytope_;
   int32_t probes_ = 1;
   bool bound_ = false;
+  uint64_t binding_ = 0;
   std::vector<double> incumbent_;
   bool has_incumbent_ = false;
   Evaluator* mirror_owner_ = nullptr;  // share_mirror_of: the evaluator keeping the mirror

@@ -146,34 +146,45 @@ TEST_CASE("the slice balancer settles on measured costs within a few steps", "[s
   const auto layer = [&](int64_t i) { return i < first_layer ? 0 : i < last_layer ? 1 : 2; };
   std::mt19937_64 rng(3);
   std::normal_distribution<double> noise(1.0, 0.03);
-  for (int ranks : {2, 3, 8, 16}) {
-    SliceBalancer balancer;
-    std::vector<double> imbalance;
-    for (int step = 0; step < 10; ++step) {
-      const std::vector<int64_t> b = balancer.slices(P, {}, ranks);
-      std::vector<double> times;
-      for (int r = 0; r < ranks; ++r) {
-        const int64_t first = b[static_cast<std::size_t>(r)];
-        const int64_t last = b[static_cast<std::size_t>(r) + 1];
-        double t = 0;
-        for (int64_t i = first; i < last; ++i) t += cost(i);
-        if (last > first) t += 0.05 * (1 + layer(last - 1) - layer(first));
-        times.push_back(t * noise(rng));
+  // Also with a mask: a third of the particles (every third one) is not scored this run.
+  std::vector<char> some(static_cast<std::size_t>(P));
+  for (int64_t i = 0; i < P; ++i) some[static_cast<std::size_t>(i)] = i % 3 != 0 ? 1 : 0;
+  for (const bool masked : {false, true})
+    for (int ranks : {2, 3, 8, 16}) {
+      const std::span<const char> active =
+          masked ? std::span<const char>(some) : std::span<const char>();
+      SliceBalancer balancer;
+      std::vector<double> imbalance;
+      for (int step = 0; step < 10; ++step) {
+        const std::vector<int64_t> b = balancer.slices(P, active, ranks);
+        REQUIRE(b.size() == static_cast<std::size_t>(ranks) + 1);
+        CHECK((b.front() == 0 && b.back() == P && std::is_sorted(b.begin(), b.end())));
+        std::vector<double> times;
+        for (int r = 0; r < ranks; ++r) {
+          const int64_t first = b[static_cast<std::size_t>(r)];
+          const int64_t last = b[static_cast<std::size_t>(r) + 1];
+          double t = 0;
+          for (int64_t i = first; i < last; ++i)
+            if (!masked || some[static_cast<std::size_t>(i)] != 0) t += cost(i);
+          if (last > first) t += 0.05 * (1 + layer(last - 1) - layer(first));
+          times.push_back(t * noise(rng));
+        }
+        const double mean = std::accumulate(times.begin(), times.end(), 0.0) / ranks;
+        imbalance.push_back(*std::max_element(times.begin(), times.end()) / mean);
+        balancer.observe(b, active, times);
       }
-      const double mean = std::accumulate(times.begin(), times.end(), 0.0) / ranks;
-      imbalance.push_back(*std::max_element(times.begin(), times.end()) / mean);
-      balancer.observe(b, {}, times);
+      INFO(ranks << " ranks" << (masked ? ", masked" : "") << ": imbalance after the first step "
+                 << imbalance[1] << ", the last " << imbalance.back());
+      CHECK(imbalance.front() > 1.5);  // the count-balanced start is far off
+      // Settled from the sixth step on, as far as the noise and the per-layer set-up allow.
+      for (std::size_t k = 5; k < imbalance.size(); ++k) CHECK(imbalance[k] < 1.15);
     }
-    INFO(ranks << " ranks: imbalance after the first step " << imbalance[1] << ", the last "
-               << imbalance.back());
-    CHECK(imbalance.front() > 1.5);  // the count-balanced start is far off
-    // Settled from the sixth step on, as far as the noise and the per-layer set-up allow.
-    for (std::size_t k = 5; k < imbalance.size(); ++k) CHECK(imbalance[k] < 1.15);
-  }
   SliceBalancer balancer;
   const std::vector<int64_t> b = balancer.slices(10, {}, 2);
   CHECK_THROWS_WITH(balancer.observe(b, {}, std::vector<double>{1, 2, 3}),
                     Catch::Contains("3 slice bounds and 3 times"));
+  CHECK_THROWS_WITH(balancer.slices(10, std::vector<char>(9, 1), 2),
+                    Catch::Contains("9 active flags for 10 particles"));
 }
 
 TEST_CASE("the slice balancer holds a settled cut still through the times' noise", "[slices]") {

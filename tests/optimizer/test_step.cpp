@@ -151,6 +151,39 @@ TEST_CASE("a decorator sharing its wrapped evaluator's mirror steps as the evalu
   CHECK_THROWS_WITH(MirrorSharing(nullptr), Catch::Contains("MirrorSharing: no evaluator to wrap"));
 }
 
+TEST_CASE("optimizers taking turns on one evaluator step as each on its own evaluator",
+          "[optimizer][step]") {
+  // Each turn finds the evaluator bound to the other's particles (another d): the optimizer
+  // must see that the binding changed (Evaluator::binding) and bind its own again.
+  OptimizerConfig first, second;
+  first.seed = 3;
+  second.seed = 4;
+  second.particle_dim = 3;
+  const auto loss = make_loss("cross_entropy");
+  const Batch batch = random_batch(2);
+  Model a = small_mlp(1), b = small_mlp(1);
+  auto shared = make_reference_evaluator(a, *loss);
+  PolytopeOptimizer on_a(a, first), on_b(b, second);
+  on_a.register_evaluator(*shared, batch);
+  on_b.register_evaluator(*shared, batch);
+  uint64_t last = 0;
+  for (int s = 0; s < 5; ++s) {
+    on_a.step();
+    CHECK(shared->binding() != last);
+    last = shared->binding();
+    on_b.step();
+    CHECK(shared->binding() != last);
+    last = shared->binding();
+  }
+  CHECK(params_of(a) == run(first, 5));
+  CHECK(params_of(b) == run(second, 5));
+  // Alone, the evaluator is bound once.
+  const uint64_t alone = shared->binding();
+  on_b.step();
+  on_b.step();
+  CHECK(shared->binding() == alone);
+}
+
 TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[optimizer][step]") {
   for (const OptimizerConfig& config : varied_configs()) {
     const std::vector<double> straight = run(config, 8);

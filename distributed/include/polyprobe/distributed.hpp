@@ -95,16 +95,20 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
                                      std::span<const double> weights = {});
 
 // The cost model behind the sharded evaluator's cut: one relative cost estimate a particle
-// (starting at 1, so the first cut balances the candidate count), cut by particle_slices, and
-// corrected from each step's measured scoring times. Rank r's estimates are scaled by its share
-// of the measured time over its share of the predicted cost: the first measurement whole (the
-// starting guess knows nothing), later ones halfway, which averages out a single step's noise.
-// Measured costs are not uniform (a particle of a model's first layer runs its candidates
+// (starting at 1, so the first cut balances the candidate count), cut by particle_slices' rule,
+// and corrected from each step's measured scoring times. Rank r's estimates are scaled by its
+// share of the measured time over its share of the predicted cost: the first measurement whole
+// (the starting guess knows nothing), later ones halfway, which averages out a single step's
+// noise. Measured costs are not uniform (a particle of a model's first layer runs its candidates
 // through more of the network than one of its last), and the cut follows them; it settles within
 // about five steps. Once settled the cut holds still: the last measured cut is kept while its
 // slowest slice is predicted within kHold of the best cut's, because a backend plans its work
 // for a slice and re-plans when the slice moves (cpu_tbb: 0.37 ms of mnist64-full's 2.7 ms
 // scoring at 2 ranks), which a cut chasing each step's noise would pay every step.
+// Every rank runs this every step, so it costs what a rank cannot share: the estimates are kept
+// as running sums, a cut of every particle is a binary search a rank (not a pass over the
+// particles), and a measurement is one pass without a dependency chain. Only a cut of some
+// particles (a non-empty active mask) pays one more pass.
 // Deterministic: every rank feeding it the same all-gathered times cuts the same slices. Not
 // thread-safe.
 class SliceBalancer {
@@ -113,19 +117,21 @@ class SliceBalancer {
   // The cut of this step (particles, active: as particle_slices). A new particle count resets
   // the estimates.
   std::vector<int64_t> slices(int64_t particles, std::span<const char> active, int ranks);
-  // The measured cost of each rank's slice of the cut `slices` returned (times[r] for slice r;
-  // any unit; a rank that measured nothing, 0, keeps its estimates).
+  // The measured cost of each rank's slice of the cut `slices` returned for the same `active`
+  // (times[r] for slice r; any unit; a rank that measured nothing, 0, keeps its estimates).
   void observe(std::span<const int64_t> slices, std::span<const char> active,
                std::span<const double> times);
-  std::span<const double> costs() const { return cost_; }
 
  private:
-  double slowest(std::span<const int64_t> bounds, std::span<const char> active) const;
+  // The running sums to cut by: the estimates' own, or over the active particles only.
+  const std::vector<double>& sums_for(std::span<const char> active);
 
-  std::vector<double> cost_;       // [P]
+  std::vector<double> before_;     // [P + 1]: the estimates' sum over the particles before i
+  std::vector<double> masked_;     // [P + 1]: the same over the last active mask's particles
   std::vector<double> predicted_;  // [ranks]: the estimates' sum over each slice
+  std::vector<double> starts_;     // [ranks + 1]: before_ at the measured cut's bounds
   std::vector<int64_t> held_;      // [ranks + 1]: the last measured cut (empty: none)
-  int64_t measurements_ = 0;       // taken into cost_ since the last reset
+  int64_t measurements_ = 0;       // taken into the estimates since the last reset
 };
 
 // Moves the losses of each step between ranks. The MPI job carries host buffers; a GPU job can
