@@ -70,6 +70,12 @@ void print_columns(std::ostream& out, const std::vector<std::string>& header,
 // rel diff, one row per record.
 void print_records(std::ostream& out, const std::vector<BenchRecord>& records);
 
+// The step suite's options as read (bench_step.cpp), for the suites that take them too
+// (forward; scale's --workloads): --bench-threads, --workloads (names checked) and --repeats.
+std::vector<int> bench_thread_counts(const Context& ctx);
+std::vector<std::string> bench_workload_names(const Context& ctx);
+TimingOptions bench_timing(const Context& ctx);
+
 // The suites, in the order `polyprobe bench --help` lists them (cmd_bench.cpp).
 const std::vector<BenchSuite>& bench_suites();
 

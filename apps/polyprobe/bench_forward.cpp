@@ -9,10 +9,6 @@
 
 namespace polyprobe::app {
 
-std::vector<int> bench_thread_counts(const Context& ctx);
-std::vector<std::string> bench_workload_names(const Context& ctx);
-TimingOptions bench_timing(const Context& ctx);
-
 namespace {
 
 std::vector<BenchRecord> run_forward(Context& ctx) {

@@ -62,11 +62,22 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
     std::string balance;
     std::string waits;
   };
-  std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
+  // --workloads (step's) names them here too, so that it is never silently ignored.
+  const bool named_scale = !ctx.vm["scale-workloads"].defaulted();
+  const bool named_step = ctx.vm.count("workloads") > 0 && !ctx.vm["workloads"].defaulted();
+  if (named_scale && named_step)
+    throw UsageError("bench scale: give the workloads once, by --workloads or --scale-workloads");
+  std::vector<std::string> names;
+  if (named_step) {
+    names = bench_workload_names(ctx);
+  } else {
+    std::stringstream list(ctx.vm["scale-workloads"].as<std::string>());
+    for (std::string name; std::getline(list, name, ',');) names.push_back(name);
+  }
   std::vector<Run> runs;
   // The waits vary fastest: each workload's runs alternate them, so they share the machine's
   // moods.
-  for (std::string name; std::getline(list, name, ',');)
+  for (const std::string& name : names)
     for (const bool sharded : finishes)
       for (const std::string& clock : clocks)
         for (const std::string& w : waits_list) runs.push_back({name, sharded, clock, w});
@@ -239,7 +250,7 @@ BenchSuite scale_suite() {
   s.options = [](po::options_description& o) {
     o.add_options()("scale-workloads",
                     po::value<std::string>()->default_value("mlp256-full,mnist64-full"),
-                    "scale: comma-separated workloads")(
+                    "scale: comma-separated workloads (or --workloads)")(
         "scale-threads", po::value<int>()->default_value(1), "scale: threads per rank")(
         "scale-finish", po::value<std::string>()->default_value("sharded"),
         "scale: how the ranks finish a step, comma-separated: sharded (each its own particles, "

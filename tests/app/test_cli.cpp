@@ -449,6 +449,20 @@ TEST_CASE("bench tables keep their columns apart") {
   for (const std::string& row : table) CHECK(cells(row).size() == 8);
 }
 
+TEST_CASE("bench scale takes its workloads from --workloads too, never ignoring it") {
+  const auto r = polyprobe("bench scale --quiet --repeats 1 --workloads mnist64-full");
+  REQUIRE(r.exit_code == 0);
+  const auto table = split_lines(r.out);
+  REQUIRE(table.size() == 2);  // the header and the one workload
+  CHECK(cells(table[1]).front() == "mnist64-full");
+  const auto both = polyprobe("bench scale --workloads mnist64-full --scale-workloads mlp256-full");
+  CHECK(both.exit_code == 2);
+  CHECK_THAT(both.err, Catch::Contains("give the workloads once"));
+  const auto unknown = polyprobe("bench scale --workloads no-such-workload");
+  CHECK(unknown.exit_code != 0);
+  CHECK_THAT(unknown.err, Catch::Contains("unknown workload 'no-such-workload'"));
+}
+
 TEST_CASE("bench dfo closes with one row per run, not the profiles again") {
   const auto r = polyprobe(
       "bench dfo --quiet --dfo-problems rosenbrock --dfo-max-n 10 "
