@@ -59,30 +59,34 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   // The inner evaluator's account (of this rank's slice) and the slicing.
   nlohmann::json explain() const override {
     nlohmann::json e = inner().explain();
-    e["distributed"] = {
-        {"ranks", job_.size()},
-        {"rank", job_.rank()},
-        {"exchange", exchange_.name()},
-        {"last_slice", last_slice_},
-        {"last_score_ms", last_score_ms_},
-        {"last_exchange_ms", last_exchange_ms_},
-        {"last_score_cpu_ms", last_score_cpu_ms_},
-        // The last probe call's slowest and mean scoring wall time over the ranks: what that
-        // step waited for, stragglers of the step and all.
-        {"last_slowest_score_ms", last_slowest_ms_},
-        {"last_mean_score_ms", last_mean_ms_},
-        {"balanced_by", clock_ == BalanceClock::wall ? "wall time" : "CPU time"},
-        // How this rank waits in the exchanges (Job::set_polling).
-        {"waits", job_.polling() ? "poll" : "pause"},
-        // The optimizer's exchanges since the last score call (the sharded finish's partial
-        // sums, moves and row duals), waits for slower ranks included.
-        {"finish_exchange_ms", finish_exchange_ms_},
-        {"finish_exchanges", finish_exchanges_},
-        {"last_losses", last_gathered_ ? "all-gathered"
-                                       : "the particles this rank finishes (the optimizer "
-                                         "finished the step sharded)"},
-        {"note", "paths and counts are this rank's slice of the candidates"}};
+    e["distributed"] = account();
     return e;
+  }
+
+  // The slicing's own account (shard_account).
+  nlohmann::json account() const {
+    return {{"ranks", job_.size()},
+            {"rank", job_.rank()},
+            {"exchange", exchange_.name()},
+            {"last_slice", last_slice_},
+            {"last_score_ms", last_score_ms_},
+            {"last_exchange_ms", last_exchange_ms_},
+            {"last_score_cpu_ms", last_score_cpu_ms_},
+            // The last probe call's slowest and mean scoring wall time over the ranks: what that
+            // step waited for, stragglers of the step and all.
+            {"last_slowest_score_ms", last_slowest_ms_},
+            {"last_mean_score_ms", last_mean_ms_},
+            {"balanced_by", clock_ == BalanceClock::wall ? "wall time" : "CPU time"},
+            // How this rank waits in the exchanges (Job::set_polling).
+            {"waits", job_.polling() ? "poll" : "pause"},
+            // The optimizer's exchanges since the last score call (the sharded finish's partial
+            // sums, moves and row duals), waits for slower ranks included.
+            {"finish_exchange_ms", finish_exchange_ms_},
+            {"finish_exchanges", finish_exchanges_},
+            {"last_losses", last_gathered_ ? "all-gathered"
+                                           : "the particles this rank finishes (the optimizer "
+                                             "finished the step sharded)"},
+            {"note", "paths and counts are this rank's slice of the candidates"}};
   }
 
  protected:
@@ -221,6 +225,11 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
 };
 
 }  // namespace
+
+nlohmann::json shard_account(const Evaluator& evaluator) {
+  const auto* sharded = dynamic_cast<const ShardedEvaluator*>(&evaluator);
+  return sharded != nullptr ? sharded->account() : nlohmann::json::object();
+}
 
 std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job& job,
                                            LossExchange& exchange, const Subspace* subspace,

@@ -103,8 +103,8 @@ std::vector<BenchRecord> run_scale(Context& ctx) {
         [&] {
           ranks.sync();  // every rank starts the step together
           last = optimizer.step();
-          const nlohmann::json d = evaluator->explain().value("distributed", nlohmann::json());
-          if (d.is_object()) {
+          const nlohmann::json d = ranks.shard_account(*evaluator);
+          if (!d.empty()) {
             finish_exchange_ms.push_back(d.value("finish_exchange_ms", 0.0));
             finish_exchanges = d.value("finish_exchanges", int64_t{0});
             score_ms.push_back(d.value("last_score_ms", 0.0));

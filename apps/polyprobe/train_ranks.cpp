@@ -111,6 +111,15 @@ std::unique_ptr<Evaluator> TrainRanks::shard(std::unique_ptr<Evaluator> evaluato
   return evaluator;
 }
 
+nlohmann::json TrainRanks::shard_account(const Evaluator& evaluator) const {
+#if POLYPROBE_HAVE_MPI
+  return distributed::shard_account(evaluator);
+#else
+  (void)evaluator;
+  return nlohmann::json::object();
+#endif
+}
+
 std::function<uint32_t(uint32_t)> TrainRanks::stop_agreement() {
 #if POLYPROBE_HAVE_MPI
   if (size_ > 1)

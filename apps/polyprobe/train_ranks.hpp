@@ -12,6 +12,8 @@
 
 #include <polyprobe/evaluator.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -68,6 +70,9 @@ class TrainRanks {
   // How the ranks wait, and why: "" alone or before shard(), else e.g. "poll (every rank has
   // CPUs of its own)".
   const std::string& waits() const { return waits_why_; }
+  // What a shard()'s evaluator measured of its last step (distributed::shard_account: its
+  // explain()'s "distributed" block without the backend's own account); {} alone.
+  nlohmann::json shard_account(const Evaluator& evaluator) const;
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the

@@ -19,6 +19,8 @@
 
 #include <polyprobe/evaluator.hpp>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -224,6 +226,10 @@ std::unique_ptr<Evaluator> shard_evaluator(std::unique_ptr<Evaluator> inner, Job
                                            LossExchange& exchange,
                                            const Subspace* subspace = nullptr,
                                            BalanceClock clock = BalanceClock::cpu);
+// The "distributed" block of a shard_evaluator's explain() (its slice, times and exchanges of
+// the last step) without the wrapped evaluator's own account, which a caller reading it every
+// step (bench scale) would otherwise pay for; {} when `evaluator` is not one.
+nlohmann::json shard_account(const Evaluator& evaluator);
 
 // One fact each rank states about its run at start-up, compared across ranks: a name ("model",
 // "data", "option --seed", "backend") and its value (a digest or the value itself).
