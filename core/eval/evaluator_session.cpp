@@ -89,7 +89,7 @@ void Evaluator::sync_incumbent(std::span<const double> theta) {
   session_incumbent();
 }
 
-void Evaluator::move_incumbent(std::span<const double> moves) {
+void Evaluator::move_incumbent(std::span<const double> moves, std::span<const double> moved) {
   follow_subspace();
   if (!has_incumbent_) throw Error("move_incumbent before sync_incumbent");
   if (!bound_) throw Error("move_incumbent before bind_particles");
@@ -97,10 +97,15 @@ void Evaluator::move_incumbent(std::span<const double> moves) {
     throw Error("move_incumbent: " + std::to_string(moves.size()) + " moves for " +
                 std::to_string(particles_.coords.size()) + " particle coordinates");
   if (mirror_owner_ != nullptr) {
-    mirror_owner_->move_incumbent(moves);
+    mirror_owner_->move_incumbent(moves, moved);
     return;
   }
-  if (move_space_ != nullptr) {
+  if (!moved.empty()) {
+    if (moved.size() != incumbent_.size())
+      throw Error("move_incumbent: a moved copy of " + std::to_string(moved.size()) +
+                  " values for an incumbent of " + std::to_string(incumbent_.size()));
+    std::copy(moved.begin(), moved.end(), incumbent_.begin());
+  } else if (move_space_ != nullptr) {
     move_space_->apply(particles_.coords, moves, incumbent_);
   } else {
     for (std::size_t c = 0; c < particles_.coords.size(); ++c) {

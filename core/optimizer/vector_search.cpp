@@ -6,6 +6,7 @@
 #include <polyprobe/error.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <string>
@@ -121,9 +122,11 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
 
   // The evaluator keeps the incumbent as a session: bound to these particles once, synced
   // with `params` (an exact comparison, so external changes are caught), moved by the step.
+  std::array<const Evaluator*, 2> synced{};  // the sessions made equal to `params` this step
   auto open_session = [&](Evaluator& eval) {
     if (!holds_particles(eval, K)) eval.bind_particles(particles_, engine_.polytope(), K);
     eval.sync_incumbent(params);
+    synced[&eval == &evaluator ? 0 : 1] = &eval;
   };
 
   // Gathers candidates (i, v, k) accepted by `take` into one described set and scores it.
@@ -222,10 +225,13 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     if (review) previous_.assign(params.begin(), params.end());
     apply(params, moves_);
     // The sessions move with the optimizer's copy (the same arithmetic), so the next step's
-    // sync finds them equal and nothing is sent again.
+    // sync finds them equal and nothing is sent again. A session synced this step held
+    // `params` before the move, so its mirror takes the moved copy rather than redoing it.
     for (Evaluator* eval : {&evaluator, screen})
       if (eval != nullptr && holds_particles(*eval, K) && eval->incumbent().size() == params.size())
-        eval->move_incumbent(moves_);
+        eval->move_incumbent(moves_, std::find(synced.begin(), synced.end(), eval) != synced.end()
+                                         ? std::span<const double>(params)
+                                         : std::span<const double>());
   }
   info.phase_ms.apply = since(start);
   return info;

@@ -5,6 +5,7 @@
 
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/geometry.hpp>
 #include <polyprobe/minimize.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
@@ -182,6 +183,35 @@ TEST_CASE("optimizers taking turns on one evaluator step as each on its own eval
   on_b.step();
   on_b.step();
   CHECK(shared->binding() == alone);
+}
+
+TEST_CASE("a session moved with the caller's moved copy holds that copy", "[optimizer][step]") {
+  const Model model = small_mlp(1);
+  const auto loss = make_loss("cross_entropy");
+  const std::vector<double> theta = params_of(model);
+  const auto n = static_cast<int64_t>(theta.size());
+  const ParticleMap particles = ParticleMap::contiguous(n, 2);
+  const Matrix<double> simplex = make_template(PolytopeKind::simplex, 2);
+  std::vector<double> moves(particles.coords.size());
+  for (std::size_t c = 0; c < moves.size(); ++c) moves[c] = 1e-3 * static_cast<double>(c % 5);
+  std::vector<double> moved = theta;
+  for (std::size_t c = 0; c < moves.size(); ++c)
+    if (particles.coords[c] >= 0) moved[static_cast<std::size_t>(particles.coords[c])] += moves[c];
+  // Alone and through a decorator sharing the mirror: both the mirror and the session take it.
+  auto alone = make_reference_evaluator(model, *loss);
+  MirrorSharing decorator(make_reference_evaluator(model, *loss));
+  const Batch batch = random_batch(2);
+  for (Evaluator* e : {static_cast<Evaluator*>(alone.get()), static_cast<Evaluator*>(&decorator)}) {
+    e->register_batch(batch);
+    e->bind_particles(particles, simplex, 1);
+    e->sync_incumbent(theta);
+    e->move_incumbent(moves, moved);
+    const std::span<const double> held = e->incumbent();
+    CHECK(std::vector<double>(held.begin(), held.end()) == moved);
+    CHECK(e->read_incumbent() == moved);
+    CHECK_THROWS_WITH(e->move_incumbent(moves, std::span<const double>(moved).first(3)),
+                      Catch::Contains("a moved copy of 3 values for an incumbent of"));
+  }
 }
 
 TEST_CASE("a resumed run is bit-identical to an uninterrupted one", "[optimizer][step]") {
