@@ -194,7 +194,6 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
   duals_.resize(blocks_.size());
   const auto pd = idx(particles_ * d_);
   velocity_.assign(pd, 0.0);
-  last_move_.assign(pd, 0.0);
   cache_costs_.assign(idx(particles_ * vertices_), 0.0);
   cache_rotations_.assign(pd * idx(d_), 0.0);
   cache_valid_.assign(idx(particles_), 0);
@@ -270,14 +269,14 @@ void StepEngine::plan_particles(const RotationStream& stream, bool may_reuse,
     draw_rotations(stream, begin, n, d_, rotation_method_,
                    std::span<double>(rotations_).subspan(idx(begin * dd), idx(n * dd)),
                    config_.biased_rotation
-                       ? std::span<const double>(last_move_).subspan(idx(begin * d_), idx(n * d_))
+                       ? std::span<const double>(velocity_).subspan(idx(begin * d_), idx(n * d_))
                        : std::span<const double>());
     for (int64_t i = begin; i < end; ++i) {
       reused_[idx(i)] = 0;
       if (may_reuse && cache_valid_[idx(i)]) {
         double norm2 = 0;
         for (int32_t j = 0; j < d_; ++j)
-          norm2 += last_move_[idx(i * d_ + j)] * last_move_[idx(i * d_ + j)];
+          norm2 += velocity_[idx(i * d_ + j)] * velocity_[idx(i * d_ + j)];
         if (norm2 < config_.adaptive_probes_threshold) {
           reused_[idx(i)] = 1;
           // The cached costs were measured with the cached rotation: keep them together.
@@ -327,7 +326,6 @@ bool StepEngine::review(double loss, uint64_t objective_key) {
   if (rejected) {
     // Back at the previous incumbent: the move that left it carries no momentum.
     std::fill(velocity_.begin(), velocity_.end(), 0.0);
-    std::fill(last_move_.begin(), last_move_.end(), 0.0);
   }
   return rejected;
 }
@@ -657,11 +655,11 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
       models.push_back(model);
     }
   }
-  // Every process's moves (its rows of the plan, the fit and the move stay its own).
-  all.share_rows(moves, d_, "the step's moves");
   info.phase_ms.move = since(start);
   start = Clock::now();
-  StepInfo done = finish_tail(info, models, moves, /*host_costs=*/true);
+  // Every process's moves are shared inside (its rows of the plan, the fit and the move stay
+  // its own).
+  StepInfo done = finish_tail(info, models, moves, /*host_costs=*/true, &all);
   done.phase_ms.tail = since(start);
   return done;
 }
@@ -731,8 +729,19 @@ StepInfo StepEngine::finish_on(Evaluator& backend, std::span<const double> incum
 }
 
 StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& models,
-                                 std::span<double> moves, bool host_costs) {
+                                 std::span<double> moves, bool host_costs, const RowChunks* own) {
   const auto P = particles_, V = vertices_;
+  // A shared step scales and carries the momentum of this process's rows only, then shares
+  // them: the moves every process then holds are the ones one process computes.
+  const bool shared = own != nullptr && own->sharded();
+  const int64_t first = shared ? own->own_begin() : 0, last = shared ? own->own_end() : P;
+  // [begin, end) of the moves (particles' coordinates) in both this process's rows and `range`.
+  const auto for_own_coords = [&](int64_t range_first, int64_t range_count, auto&& body) {
+    const int64_t b = std::max(first, range_first), e = std::min(last, range_first + range_count);
+    if (b < e)
+      threads_.for_chunks((e - b) * d_, kParticleGrain * d_,
+                          [&](int64_t, int64_t cb, int64_t ce) { body(b * d_ + cb, b * d_ + ce); });
+  };
   if (!models.empty()) {
     double predicted = 0;
     bool at_boundary = false;
@@ -742,12 +751,9 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
       const double a = radius_->move_scale(model);
       at_boundary = at_boundary || a >= config_.radius.quadratic_max_scale;
       predicted += a * model.slope + 0.5 * a * a * model.curvature;
-      const int64_t first = block.first * d_;
-      threads_.for_chunks(block.count * d_, kParticleGrain * d_,
-                          [&](int64_t, int64_t begin, int64_t end) {
-                            for (int64_t c = first + begin; c < first + end; ++c)
-                              moves[idx(c)] *= a;
-                          });
+      for_own_coords(block.first, block.count, [&](int64_t begin, int64_t end) {
+        for (int64_t c = begin; c < end; ++c) moves[idx(c)] *= a;
+      });
     }
     info.predicted_change = predicted;
     radius_->record_prediction(predicted, at_boundary);
@@ -755,10 +761,16 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     prediction_key_ = key_;
     if (config_.metric == MetricKind::bfgs) apply_metric(moves);
   }
-
-  // Momentum, then the finiteness check and the move's norm (chunk partials in order); the
-  // velocity and the last move are kept in the same pass.
   const double mu = config_.momentum ? momentum_coefficient() : 0.0;
+  if (config_.momentum)
+    for_own_coords(0, P, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c)
+        moves[idx(c)] = mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
+    });
+  if (shared) own->share_rows(moves, d_, "the step's moves");
+
+  // The velocity (the move applied), the finiteness check and the move's norm (chunk partials
+  // in order), in one pass.
   const auto n_moves = static_cast<int64_t>(moves.size());
   std::vector<double> norm_partial(idx(StepThreads::chunk_count(n_moves, kParticleGrain * d_)));
   std::vector<char> finite_partial(norm_partial.size(), 1);
@@ -766,9 +778,7 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     double norm2 = 0;
     bool finite = true;
     for (int64_t c = b; c < e; ++c) {
-      if (config_.momentum)
-        moves[idx(c)] = mu * velocity_[idx(c)] + config_.velocity_lr * moves[idx(c)];
-      velocity_[idx(c)] = last_move_[idx(c)] = moves[idx(c)];
+      velocity_[idx(c)] = moves[idx(c)];
       finite = finite && std::isfinite(moves[idx(c)]);
       norm2 += moves[idx(c)] * moves[idx(c)];
     }
@@ -781,7 +791,6 @@ StepInfo StepEngine::finish_tail(StepInfo& info, const std::vector<BlockModel>& 
     // A NaN step is reverted: nothing moves and the history that produced it is dropped.
     std::fill(moves.begin(), moves.end(), 0.0);
     std::fill(velocity_.begin(), velocity_.end(), 0.0);
-    std::fill(last_move_.begin(), last_move_.end(), 0.0);
     info.reverted = true;
     radius_->invalidate();
     prediction_valid_ = false;
@@ -830,7 +839,7 @@ void StepEngine::apply_metric(std::span<double> moves) {
       // A finite-difference gradient is off by about (probe radius) x (curvature), and the
       // gradient changes by about |s| x (curvature): a move much shorter than the probe radius
       // yields a pair that is mostly noise, so it teaches the metric nothing.
-      const std::span<const double> s(last_move_.data() + i * d_, idx(d_));
+      const std::span<const double> s(velocity_.data() + i * d_, idx(d_));
       double s2 = 0;
       for (double x : s) s2 += x * x;
       if (valid && std::sqrt(s2) >= kMetricMinMove * probe_r_) {
@@ -860,7 +869,6 @@ StepInfo StepEngine::coast(std::span<double> moves) {
   double norm2 = 0;
   for (double x : moves) norm2 += x * x;
   info.move_norm = std::sqrt(norm2);
-  std::copy(moves.begin(), moves.end(), last_move_.begin());
   // The next incumbent differs from the predicted one by this unmodelled move.
   prediction_valid_ = false;
   std::fill(metric_gradient_valid_.begin(), metric_gradient_valid_.end(), 0);
@@ -872,7 +880,6 @@ StepInfo StepEngine::coast(std::span<double> moves) {
 
 void StepEngine::forget_history() {
   std::fill(velocity_.begin(), velocity_.end(), 0.0);
-  std::fill(last_move_.begin(), last_move_.end(), 0.0);
   std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
   std::fill(metric_gradient_valid_.begin(), metric_gradient_valid_.end(), 0);
   prediction_valid_ = false;
@@ -883,7 +890,6 @@ void StepEngine::forget_history() {
 
 void StepEngine::change_basis() {
   std::fill(velocity_.begin(), velocity_.end(), 0.0);
-  std::fill(last_move_.begin(), last_move_.end(), 0.0);
   std::fill(cache_valid_.begin(), cache_valid_.end(), 0);
   if (config_.metric == MetricKind::bfgs) {  // back to the template's own shape
     std::fill(metric_inverse_.begin(), metric_inverse_.end(), 0.0);
@@ -926,7 +932,7 @@ void StepEngine::save(std::ostream& out) const {
     put(out, "duals.g", d.g);
   }
   put(out, "engine.velocity", velocity_);
-  put(out, "engine.last_move", last_move_);
+  put(out, "engine.last_move", velocity_);  // its old twin, kept so the format stays
   put(out, "cache.costs", cache_costs_);
   put(out, "cache.rotations", cache_rotations_);
   put(out, "cache.valid", flags(cache_valid_));
@@ -977,7 +983,8 @@ void StepEngine::load(std::istream& in) {
     get(in, "duals.g", dl.g);
   }
   get(in, "engine.velocity", velocity_);
-  get(in, "engine.last_move", last_move_);
+  std::vector<double> last_move;  // velocity_'s old twin, always equal to it
+  get(in, "engine.last_move", last_move);
   get(in, "cache.costs", cache_costs_);
   get(in, "cache.rotations", cache_rotations_);
   std::vector<double> valid;

@@ -34,6 +34,8 @@ class Evaluator;
 
 namespace polyprobe::detail {
 
+class RowChunks;
+
 // Particles [first, first + count) form one transport problem.
 struct BlockRange {
   int64_t first = 0;
@@ -152,13 +154,15 @@ class StepEngine {
   StepInfo begin_info() const;
   // finish()'s common parts: the checks and the reviewed incumbent; the radius model's view
   // of f(X) and the step radius; the block step lengths, momentum, the finiteness check and
-  // the caches (host_costs: cost_ holds this step's matrix).
+  // the caches (host_costs: cost_ holds this step's matrix). finish_tail's `own` (null: none):
+  // the rows of a shared step this process computed, whose moves it scales and carries the
+  // momentum of before every process's moves are shared (RowChunks::share_rows).
   std::span<const double> check_finish(std::span<const double> incumbents,
                                        std::span<const double> moves, bool& reviewed);
   StepInfo scored_info() const;  // begin_info() with the planned epsilon and probe radius
   double observe_incumbent(std::span<const double> incumbents, bool reviewed, StepInfo& info);
   StepInfo finish_tail(StepInfo& info, const std::vector<BlockModel>& models,
-                       std::span<double> moves, bool host_costs);
+                       std::span<double> moves, bool host_costs, const RowChunks* own = nullptr);
   double momentum_coefficient() const;
   // metric = bfgs: maps the template-space moves through each particle's factor and updates
   // the metric with this step's gradients.
@@ -184,8 +188,9 @@ class StepEngine {
   // Not empty: the bounds of the sharded step whose row duals each process kept for its own
   // particles (gather_duals makes them whole).
   std::vector<int64_t> spread_duals_;
-  std::vector<double> velocity_;         // [P d]
-  std::vector<double> last_move_;        // [P d]
+  // [P d]: the last move applied, momentum and all, which momentum carries into the next step
+  // (biased rotations, adaptive probes and the metric read it as the last move).
+  std::vector<double> velocity_;
   std::vector<double> cache_costs_;      // [P V]
   std::vector<double> cache_rotations_;  // [P d d]
   std::vector<char> cache_valid_;        // [P]

@@ -489,6 +489,10 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
     config.seed = 50 + k;
     set.apply(config);
     config.particle_dim = particle_dim[k];
+    // Momentum (each rank carries its own rows' before the moves are shared) in half the
+    // settings, and rotations biased by the last move in one.
+    config.momentum = k % 2 == 1;
+    config.biased_rotation = k == 2;
     config.top_k = 2;
     config.sinkhorn_max_iterations = 40;
     config.sinkhorn_tolerance = 1e-10;  // several iterations a step
