@@ -4,6 +4,7 @@
 #include "state_io.hpp"
 
 #include <polyprobe/error.hpp>
+#include <polyprobe/plugin/kernels/coordinate_runs.hpp>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +17,8 @@ namespace polyprobe::detail {
 namespace {
 // Coordinates per chunk of the parallel move into the parameters.
 constexpr int64_t kApplyGrain = 16384;
+// Coordinates a run at least, on average, for apply() to move by runs.
+constexpr int64_t kShortestRuns = 64;
 }  // namespace
 
 TransportSolver resolve_solver(TransportSolver requested, bool subspace) {
@@ -39,6 +42,10 @@ VectorSearch::VectorSearch(const OptimizerConfig& config, ParticleMap particles,
     seen[static_cast<std::size_t>(c)] = true;
     return true;
   });
+  runs_ = kernels::coordinate_runs(coords);
+  // Runs pay only where they are long (the optimizer's layouts: one a block).
+  if (static_cast<int64_t>(runs_.size()) * kShortestRuns > static_cast<int64_t>(coords.size()))
+    runs_.clear();
 }
 
 int64_t VectorSearch::next_step_cost() const {
@@ -59,6 +66,19 @@ bool VectorSearch::holds_particles(const Evaluator& eval, int32_t probes) {
 void VectorSearch::apply(std::span<double> params, std::span<const double> moves) const {
   if (subspace_ != nullptr) {
     subspace_->apply(particles_.coords, moves, params);
+    return;
+  }
+  if (!runs_.empty()) {
+    // Each run in plain loops; in parallel only where each coordinate is added to once.
+    for (const kernels::CoordinateRun& run : runs_) {
+      const auto add_run = [&](int64_t, int64_t begin, int64_t end) {
+        kernels::add_run_moves(run, begin, end, moves.data(), params.data());
+      };
+      if (distinct_coords_)
+        engine_.threads().for_chunks(run.count, kApplyGrain, add_run);
+      else
+        add_run(0, 0, run.count);
+    }
     return;
   }
   const auto add = [&](int64_t, int64_t begin, int64_t end) {

@@ -11,6 +11,7 @@
 
 #include <polyprobe/candidates.hpp>
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/plugin/kernels/coordinate_runs.hpp>
 #include <polyprobe/subspace.hpp>
 
 #include <array>
@@ -63,6 +64,8 @@ class VectorSearch {
   std::array<std::pair<uint64_t, int32_t>, 2> holding_{};
   // No coordinate belongs to two particles: the move may be applied in parallel.
   bool distinct_coords_ = false;
+  // The layout's coordinates as runs of consecutive parameters (empty: too short to pay).
+  std::vector<kernels::CoordinateRun> runs_;
   // trust_reject: the search vector before the last applied move (checkpointed).
   std::vector<double> previous_;
 };

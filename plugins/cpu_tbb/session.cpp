@@ -2,6 +2,7 @@
 
 #include "active_mask.hpp"
 
+#include <polyprobe/plugin/kernels/coordinate_runs.hpp>
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
 #include <polyprobe/plugin/plugin.hpp>
 
@@ -18,6 +19,8 @@ namespace polyprobe::cpu_tbb {
 
 namespace {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
+// Coordinates a run at least, on average, for move_incumbent to move by runs.
+constexpr std::size_t kShortestRuns = 64;
 }  // namespace
 
 Session::Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
@@ -51,6 +54,12 @@ void Session::set_particles(const pp_particle_layout& layout) {
         seen[idx(c)] = true;
         return true;
       });
+  runs_.clear();
+  if (distinct_coords_) {
+    runs_ = kernels::coordinate_runs(coords_);
+    // Runs pay only where they are long (the optimizer's layouts: one a block).
+    if (runs_.size() * kShortestRuns > coords_.size()) runs_.clear();
+  }
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;
   ++layout_generation_;
@@ -69,7 +78,18 @@ void Session::set_incumbent(const pp_tensor& theta) {
 
 void Session::move_incumbent(const double* moves) {
   if (!has_incumbent_) throw std::logic_error("move_incumbent before set_incumbent");
-  if (distinct_coords_) {
+  if (!runs_.empty()) {
+    // Each entry is added to once: runs, and blocks of them in parallel, give the serial
+    // coordinate loop's bits.
+    arena_->execute([&] {
+      for (const kernels::CoordinateRun& run : runs_)
+        tbb::parallel_for(tbb::blocked_range<int64_t>(0, run.count, 16384),
+                          [&](const tbb::blocked_range<int64_t>& r) {
+                            kernels::add_run_moves(run, r.begin(), r.end(), moves,
+                                                   incumbent_.data());
+                          });
+    });
+  } else if (distinct_coords_) {
     // Each entry is added to once: blocks in parallel give the serial loop's bits.
     arena_->execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, coords_.size(), 16384),

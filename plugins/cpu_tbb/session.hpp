@@ -12,6 +12,7 @@
 #include "evaluator.hpp"
 
 #include <polyprobe/plugin/abi.h>
+#include <polyprobe/plugin/kernels/coordinate_runs.hpp>
 
 #include <tbb/task_arena.h>
 
@@ -50,6 +51,8 @@ class Session {
   // No coordinate belongs to two particles and no subspace maps them: moves are applied to
   // the incumbent in parallel.
   bool distinct_coords_ = false;
+  // With distinct coordinates, coords_ as runs of consecutive parameters (empty: too short).
+  std::vector<kernels::CoordinateRun> runs_;
   int64_t vertices_ = 0;
   int32_t probes_ = 1;
   std::vector<double> incumbent_;
