@@ -14,6 +14,11 @@
 # ranks (each binary), ms a step of one process over N, and the first's excess over that.
 # Needs perf (linux-perf) and mpirun. The kernel's task switches are the oversubscription's own.
 set -euo pipefail
+for tool in perf mpirun; do
+  command -v "$tool" >/dev/null ||
+    { echo "rank-cpu.sh: needs $tool (Debian: apt-get install linux-perf openmpi-bin)" >&2; exit 2; }
+done
+[[ $# -ge 1 && -x $1 ]] || { echo "usage: scripts/rank-cpu.sh POLYPROBE [RANKS] [WORKLOAD] [BEFORE]" >&2; exit 2; }
 polyprobe=$(realpath "$1")
 ranks=${2:-16}
 workload=${3:-mlp256-full}
@@ -60,6 +65,9 @@ data = {}
 for column in columns:
     tag, n = column.split(":")
     data[tag] = per_rank_step(tag, int(n))
+if not any(data["alone"].values()):
+    sys.exit("rank-cpu.sh: perf recorded no samples (is kernel.perf_event_paranoid too high, "
+             "or did polyprobe fail? run its bench scale command by hand)")
 alone = {k: v / ranks for k, v in data["alone"].items()}
 keys = set().union(*data.values())
 excess = {k: data["ranks"].get(k, 0) - alone.get(k, 0) for k in keys}
