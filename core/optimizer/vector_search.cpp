@@ -17,8 +17,6 @@ namespace polyprobe::detail {
 namespace {
 // Coordinates per chunk of the parallel move into the parameters.
 constexpr int64_t kApplyGrain = 16384;
-// Coordinates a run at least, on average, for apply() to move by runs.
-constexpr int64_t kShortestRuns = 64;
 }  // namespace
 
 TransportSolver resolve_solver(TransportSolver requested, bool subspace) {
@@ -42,10 +40,7 @@ VectorSearch::VectorSearch(const OptimizerConfig& config, ParticleMap particles,
     seen[static_cast<std::size_t>(c)] = true;
     return true;
   });
-  runs_ = kernels::coordinate_runs(coords);
-  // Runs pay only where they are long (the optimizer's layouts: one a block).
-  if (static_cast<int64_t>(runs_.size()) * kShortestRuns > static_cast<int64_t>(coords.size()))
-    runs_.clear();
+  runs_ = kernels::long_coordinate_runs(coords);
 }
 
 int64_t VectorSearch::next_step_cost() const {

@@ -19,8 +19,6 @@ namespace polyprobe::cpu_tbb {
 
 namespace {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
-// Coordinates a run at least, on average, for move_incumbent to move by runs.
-constexpr std::size_t kShortestRuns = 64;
 }  // namespace
 
 Session::Session(std::unique_ptr<CandidateEvaluator> evaluator, int64_t n_params,
@@ -54,12 +52,8 @@ void Session::set_particles(const pp_particle_layout& layout) {
         seen[idx(c)] = true;
         return true;
       });
-  runs_.clear();
-  if (distinct_coords_) {
-    runs_ = kernels::coordinate_runs(coords_);
-    // Runs pay only where they are long (the optimizer's layouts: one a block).
-    if (runs_.size() * kShortestRuns > coords_.size()) runs_.clear();
-  }
+  runs_ = distinct_coords_ ? kernels::long_coordinate_runs(coords_)
+                           : std::vector<kernels::CoordinateRun>();
   vertices_ = layout.n_vertices;
   probes_ = layout.n_probes;
   ++layout_generation_;

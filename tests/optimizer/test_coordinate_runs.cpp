@@ -67,6 +67,13 @@ TEST_CASE("coordinate runs move an incumbent with the coordinate loop's bits") {
     // In order, one a block at most: the padding of a block's last particle breaks a run.
     if (form == 0) CHECK(static_cast<int64_t>(runs.size()) <= blocks);
   }
+  // Long runs only where they pay: a block layout keeps its one run, a shuffled one has none.
+  const ParticleMap block = ParticleMap::contiguous(1000, 2);
+  CHECK(polyprobe::kernels::long_coordinate_runs(block.coords).size() == 1);
+  std::vector<int64_t> shuffled = block.coords;
+  std::shuffle(shuffled.begin(), shuffled.end(), rng);
+  CHECK(!coordinate_runs(shuffled).empty());
+  CHECK(polyprobe::kernels::long_coordinate_runs(shuffled).empty());
   CHECK(coordinate_runs({}).empty());
   CHECK(coordinate_runs(std::vector<int64_t>{-1, -1}).empty());
 }

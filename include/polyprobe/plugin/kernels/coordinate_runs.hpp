@@ -38,6 +38,15 @@ inline std::vector<CoordinateRun> coordinate_runs(std::span<const int64_t> coord
   return runs;
 }
 
+// The runs of `coords` when they are long enough to pay (64 coordinates a run or more on
+// average: the optimizer's layouts), else none, and the caller keeps the coordinate loop.
+inline std::vector<CoordinateRun> long_coordinate_runs(std::span<const int64_t> coords) {
+  constexpr std::size_t kShortestMeanRun = 64;
+  std::vector<CoordinateRun> runs = coordinate_runs(coords);
+  if (runs.size() * kShortestMeanRun > coords.size()) runs.clear();
+  return runs;
+}
+
 // params[first_param + k] += moves[first_move + k] for k in [begin, end) of `run`.
 inline void add_run_moves(const CoordinateRun& run, int64_t begin, int64_t end, const double* moves,
                           double* params) {
