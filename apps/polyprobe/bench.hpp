@@ -58,6 +58,12 @@ struct BenchSuite {
   // (optional) prints the closing table of `run`'s records; null: one row per record with
   // its timing (print_records).
   std::function<void(std::ostream&, const std::vector<BenchRecord>&)> table = nullptr;
+  // The bench command's options that the suite reads beyond its own: --repeats and those the
+  // step suite declares for several suites (--bench-backend, --bench-device, --bench-threads,
+  // --workloads). The suite runs with only these, its own and the common options in
+  // Context::vm: reading another is an error at once, and a user's option it would not read
+  // is refused naming the suites that read it (cmd_bench.cpp).
+  std::vector<std::string> shared = {};
 };
 
 // A plain-text table: every column as wide as its widest cell (header included), two spaces

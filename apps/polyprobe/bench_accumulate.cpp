@@ -141,6 +141,7 @@ BenchSuite accumulate_suite() {
     o.add_options()("accumulate-keys", po::value<int64_t>()->default_value(100000),
                     "accumulate: number of keys");
   };
+  s.shared = {"repeats", "bench-threads", "bench-backend", "bench-device"};
   s.run = run_accumulate;
   return s;
 }

@@ -98,9 +98,10 @@ std::vector<BenchRecord> run_asktell(Context& ctx) {
 }  // namespace
 
 BenchSuite asktell_bench_suite() {
-  return {"asktell",
-          "ask/tell overhead per candidate (swarm, d = 2, N up to 1e5), objective excluded",
-          nullptr, run_asktell};
+  return {
+      "asktell", "ask/tell overhead per candidate (swarm, d = 2, N up to 1e5), objective excluded",
+      nullptr,   run_asktell,
+      nullptr,   {"repeats"}};
 }
 
 }  // namespace polyprobe::app

@@ -160,6 +160,7 @@ BenchSuite attention_suite() {
         "attention-device", po::value<std::string>()->default_value("cpu"),
         "attention: device (cpu; cuda is not measured by this suite yet)");
   };
+  s.shared = {"repeats"};
   s.run = run_attention;
   s.table = [](std::ostream& out, const std::vector<BenchRecord>& records) {
     auto fixed = [](double value) {

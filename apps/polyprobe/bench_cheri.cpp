@@ -146,6 +146,7 @@ BenchSuite cheri_suite() {
         "cheri-dtypes", po::value<std::string>()->default_value("float32,bf16,fp16"),
         "cheri: input types (float32, bf16, fp16)");
   };
+  s.shared = {"repeats", "bench-device"};
   s.run = run_cheri;
   s.table = print_cheri;
   return s;

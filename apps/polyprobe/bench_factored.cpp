@@ -187,6 +187,7 @@ BenchSuite factored_suite() {
   s.summary =
       "x B^T for 1 to 32 subspace directions: the factored_correction operation in one call vs "
       "one call per direction (the products an evaluator loops over)";
+  s.shared = {"repeats", "bench-device"};
   s.run = run_factored;
   s.table = [](std::ostream& out, const std::vector<BenchRecord>& records) {
     auto fixed = [](double value, int digits) {

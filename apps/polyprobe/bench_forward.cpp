@@ -59,6 +59,7 @@ BenchSuite forward_suite() {
   BenchSuite s;
   s.name = "forward";
   s.summary = "the incumbent's forward and loss on the reference workloads (options as for step)";
+  s.shared = {"repeats", "workloads", "bench-threads", "bench-backend"};
   s.run = run_forward;
   return s;
 }

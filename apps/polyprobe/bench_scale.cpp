@@ -264,6 +264,7 @@ BenchSuite scale_suite() {
         "scale: how the ranks wait for each other, comma-separated: auto (as train --rank-waits "
         "auto), poll and/or pause");
   };
+  s.shared = {"repeats", "workloads", "bench-backend"};
   s.run = run_scale;
   s.table = print_scale;
   return s;

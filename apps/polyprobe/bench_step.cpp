@@ -468,18 +468,19 @@ BenchSuite step_suite() {
       "one step's candidate evaluation on the PyTorch reference's workloads, with float64 parity";
   s.options = [](po::options_description& o) {
     o.add_options()("workloads", po::value<std::string>()->default_value("all"),
-                    "comma-separated workloads (mlp64-full, mlp256-full, mlp256-sub512, "
+                    "step/forward/scale: comma-separated workloads (mlp64-full, mlp256-full, "
+                    "mlp256-sub512, "
                     "mnist128-sub256, mnist64-full, conv-digits, cnn16-pool, attn-tokens, "
                     "mnist128-rank8, "
                     "mnist128-factored-r2, mnist128-sub414, mnist128-full, mlp256-deep) "
                     "or all of those; named only, for a GPU: attn-long (softmax attention over "
                     "1024 positions), cheri-seq (the seed's Cheri block, 1024 x 128, batch 64)")(
         "bench-threads", po::value<std::string>()->default_value("1,all"),
-        "thread counts, e.g. 1,2,all")(
+        "step/forward/accumulate: thread counts, e.g. 1,2,all")(
         "paths", po::value<std::string>()->default_value("auto"),
         "step: evaluation paths to time (auto, sparse, subspace-delta, site-local, dense, "
         "inplace, fallback)")("bench-backend", po::value<std::string>()->default_value("cpu_tbb"),
-                              "step/forward: the evaluator backend")(
+                              "step/forward/accumulate/scale: the evaluator backend")(
         "parity-sample", po::value<int64_t>()->default_value(512),
         "step: candidates checked against the float64 reference")(
         "no-peak", po::bool_switch(), "step: skip measuring the single-core GEMM peak")(
@@ -494,10 +495,11 @@ BenchSuite step_suite() {
         "step: the candidates' precision, side by side: same (float32), bf16, fp16 "
         "(candidate_autocast, e.g. same,bf16,fp16 with --bench-device cuda)")(
         "bench-device", po::value<std::string>()->default_value("cpu"),
-        "step/forward/accumulate: the device the backend runs on (cpu or cuda; accumulate "
-        "with cuda times the cuda plugin's accumulators on device-resident data; cheri: cuda "
-        "only)");
+        "step/accumulate/factored/cheri: the device the backend runs on (cpu or cuda; "
+        "accumulate with cuda times the cuda plugin's accumulators on device-resident data; "
+        "cheri: cuda only)");
   };
+  s.shared = {"repeats"};
   s.run = run_step;
   return s;
 }

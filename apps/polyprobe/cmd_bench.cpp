@@ -158,6 +158,50 @@ nlohmann::json bench_environment() {
 
 namespace {
 
+// The long names an options function declares.
+std::vector<std::string> declared(const std::function<void(po::options_description&)>& options) {
+  std::vector<std::string> names;
+  if (!options) return names;
+  po::options_description o;
+  options(o);
+  for (const auto& option : o.options()) names.push_back(option->long_name());
+  return names;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+// Leaves in ctx.vm only what `suite` reads of the bench command's options (its own, its
+// BenchSuite::shared, --json), and the common options. One the user gave that it does not
+// read is refused, naming the suites that read it: a suite quietly running on another's
+// default (bench forward --bench-device cuda timing the CPU) is a wrong number in a table.
+void keep_suite_options(Context& ctx, const BenchSuite& suite) {
+  std::vector<std::string> bench = {"suite", "json", "repeats"};
+  for (const BenchSuite& s : bench_suites())
+    for (const std::string& name : declared(s.options)) bench.push_back(name);
+  std::vector<std::string> reads = declared(suite.options);
+  reads.insert(reads.end(), suite.shared.begin(), suite.shared.end());
+  reads.insert(reads.end(), {"suite", "json"});
+  for (auto it = ctx.vm.begin(); it != ctx.vm.end();) {
+    const std::string& name = it->first;
+    if (!contains(bench, name) || contains(reads, name)) {
+      ++it;
+      continue;
+    }
+    if (!it->second.defaulted()) {
+      std::string readers;
+      for (const BenchSuite& s : bench_suites())
+        if (contains(declared(s.options), name) || contains(s.shared, name))
+          readers += (readers.empty() ? "" : ", ") + s.name;
+      throw UsageError("--" + name + " is not an option of `bench " + suite.name +
+                       "`, which would ignore it (it is read by: " + readers +
+                       "); drop it, or run one of those suites");
+    }
+    it = ctx.vm.erase(it);
+  }
+}
+
 int run(Context& ctx) {
   const std::string name = ctx.vm.count("suite") ? ctx.vm["suite"].as<std::string>() : "";
   const auto& suites = bench_suites();
@@ -170,6 +214,7 @@ int run(Context& ctx) {
         (name.empty() ? std::string("no suite given") : "unknown suite '" + name + "'") +
         " (suites: " + (known.empty() ? "none" : known) + ")");
   }
+  keep_suite_options(ctx, *it);
   const std::vector<BenchRecord> records = it->run(ctx);
   if (it->table)
     it->table(*ctx.out, records);

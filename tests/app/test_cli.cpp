@@ -463,6 +463,41 @@ TEST_CASE("bench scale takes its workloads from --workloads too, never ignoring 
   CHECK_THAT(unknown.err, Catch::Contains("unknown workload 'no-such-workload'"));
 }
 
+TEST_CASE("bench suites refuse another suite's options, naming the suites that read them") {
+  // Each would otherwise run on its own defaults: forward would time the CPU.
+  const auto device = polyprobe("bench forward --bench-device cuda");
+  CHECK(device.exit_code == 2);
+  CHECK_THAT(device.err, Catch::Contains("--bench-device is not an option of `bench forward`") &&
+                             Catch::Contains("read by: step, accumulate"));
+  const auto repeats = polyprobe("bench dfo --repeats 3");
+  CHECK(repeats.exit_code == 2);
+  CHECK_THAT(repeats.err, Catch::Contains("--repeats is not an option of `bench dfo`"));
+  const auto threads = polyprobe("bench asktell --scale-threads 2");
+  CHECK(threads.exit_code == 2);
+  CHECK_THAT(threads.err, Catch::Contains("(it is read by: scale)"));
+  const auto paths = polyprobe("bench scale --paths sparse");
+  CHECK(paths.exit_code == 2);
+  CHECK_THAT(paths.err, Catch::Contains("--paths is not an option of `bench scale`"));
+}
+
+TEST_CASE("bench suites run on the options they declare, shared ones given explicitly") {
+  // A suite sees only its own options and those it declares it shares (BenchSuite::shared):
+  // reading another would fail here rather than quietly take a default.
+  for (const char* command :
+       {"bench forward --quiet --workloads mlp64-full --bench-threads 1 --bench-backend cpu_tbb "
+        "--repeats 1",
+        "bench step --quiet --workloads mlp64-full --bench-threads 1 --bench-backend cpu_tbb "
+        "--bench-device cpu --repeats 1 --no-peak --regimes evaluation --parity-sample 8",
+        "bench accumulate --quiet --accumulate-keys 100 --bench-threads 1 --bench-backend cpu_tbb "
+        "--bench-device cpu --repeats 1"}) {
+    INFO(command);
+    const auto r = polyprobe(command);
+    CHECK(r.exit_code == 0);
+    CHECK(r.err.empty());
+    CHECK(split_lines(r.out).size() >= 2);  // the header and a record
+  }
+}
+
 TEST_CASE("bench dfo closes with one row per run, not the profiles again") {
   const auto r = polyprobe(
       "bench dfo --quiet --dfo-problems rosenbrock --dfo-max-n 10 "
