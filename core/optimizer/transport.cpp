@@ -91,73 +91,81 @@ namespace {
 
 using detail::RowChunks;
 
-// Per fixed chunk of rows (RowChunks), the column maxima max_i (f_i - C_iv) and the partial
-// column sums of update_column_duals: [V] doubles each per chunk, added in chunk order (the bits
-// depend on neither the thread nor the process count).
+// Per fixed chunk of rows (RowChunks), what a column update needs of its rows for the row
+// duals f: the column maxima m_v = max_i (f_i - C_iv) and the sums s_v = sum_i exp((f_i - C_iv -
+// m_v) / eps) in row order, [2 V] doubles a chunk (maxima, then sums). Each chunk's own maximum
+// keeps its sums in range, so maxima and sums cross between processes in one exchange; the
+// column update combines them in chunk order (the bits depend on neither the thread nor the
+// process count).
 struct ColumnPartials {
-  std::vector<double> maxima, sums;  // [chunks V]
+  std::vector<double> values;  // [chunks 2V]
   std::size_t cols = 0;
   void resize(int64_t chunks, std::size_t v) {
     cols = v;
-    maxima.resize(cols * static_cast<std::size_t>(chunks));
-    sums.resize(maxima.size());
+    values.resize(2 * cols * static_cast<std::size_t>(chunks));
   }
-  double* max_of(int64_t chunk) { return maxima.data() + cols * static_cast<std::size_t>(chunk); }
-  double* sum_of(int64_t chunk) { return sums.data() + cols * static_cast<std::size_t>(chunk); }
+  double* of(int64_t chunk) { return values.data() + 2 * cols * static_cast<std::size_t>(chunk); }
 };
 
-// Column maxima of f_i - C_iv over the rows [begin, end) into `column_max`.
-void column_maxima(const ConstMatrixRef<double>& cost, const std::vector<double>& f,
-                   Eigen::Index begin, Eigen::Index end, double* column_max) {
+// The column partials of the rows [begin, end) into `out` ([2 V]: maxima, then sums).
+void column_partials(const ConstMatrixRef<double>& cost, const std::vector<double>& f, double eps,
+                     Eigen::Index begin, Eigen::Index end, double* out) {
   const auto cols = static_cast<std::size_t>(cost.cols());
+  double* column_max = out;
+  double* sums = out + cols;
   std::fill(column_max, column_max + cols, -std::numeric_limits<double>::infinity());
   for (Eigen::Index i = begin; i < end; ++i)
     for (std::size_t v = 0; v < cols; ++v)
       column_max[v] = std::max(
           column_max[v], f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)));
+  // The chunk's exponents, then their exponentials in one vector pass, then the sums in row
+  // order. The buffer is the thread's (a chunk's rows, kept between calls).
+  thread_local std::vector<double> exponents;
+  exponents.resize(static_cast<std::size_t>(end - begin) * cols);
+  double* e = exponents.data();
+  for (Eigen::Index i = begin; i < end; ++i)
+    for (std::size_t v = 0; v < cols; ++v)
+      e[static_cast<std::size_t>(i - begin) * cols + v] =
+          (f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)) - column_max[v]) /
+          eps;
+  const auto count = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(end - begin) * cols);
+  detail::exp_in_place(e, count);
+  std::fill(sums, sums + cols, 0.0);
+  for (const double* row = e; row < e + count; row += cols)
+    for (std::size_t v = 0; v < cols; ++v) sums[v] += row[v];
 }
 
 // g_v <- -eps log sum_i a exp((f_i - C_iv) / eps), a = 1/P: makes the column sums 1/V.
-// The own chunks' column maxima are already in `partial` (maxima_ready) or computed first.
+// The own chunks' partials are already in `partial` (ready: the row update left them) or
+// computed first. Over all chunks, M_v = max_c m_cv and the sum is sum_c s_cv exp((m_cv - M_v)
+// / eps) in chunk order.
 void update_column_duals(const ConstMatrixRef<double>& cost, double eps,
                          const std::vector<double>& f, std::vector<double>& g,
-                         ColumnPartials& partial, bool maxima_ready, const RowChunks& chunks,
+                         ColumnPartials& partial, bool ready, const RowChunks& chunks,
                          const detail::StepThreads& threads) {
   const auto rows = cost.rows();
   const auto cols = static_cast<std::size_t>(cost.cols());
-  if (!maxima_ready)
+  if (!ready)
     chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
-      column_maxima(cost, f, begin, end, partial.max_of(chunk));
+      column_partials(cost, f, eps, begin, end, partial.of(chunk));
     });
-  chunks.share_chunks(partial.maxima, static_cast<int64_t>(cols), "Sinkhorn's column maxima");
+  chunks.share_chunks(partial.values, static_cast<int64_t>(2 * cols), "Sinkhorn's column partials");
   std::vector<double> column_max(cols, -std::numeric_limits<double>::infinity());
   for (int64_t c = 0; c < chunks.count(); ++c)
     for (std::size_t v = 0; v < cols; ++v)
-      column_max[v] = std::max(column_max[v], partial.max_of(c)[v]);
-  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
-    // The chunk's exponents, then their exponentials in one vector pass, then the sums in
-    // row order. The buffer is the thread's (a chunk's rows, kept between calls).
-    thread_local std::vector<double> exponents;
-    exponents.resize(static_cast<std::size_t>(end - begin) * cols);
-    double* e = exponents.data();
-    for (Eigen::Index i = begin; i < end; ++i)
-      for (std::size_t v = 0; v < cols; ++v)
-        e[static_cast<std::size_t>(i - begin) * cols + v] =
-            (f[static_cast<std::size_t>(i)] - cost(i, static_cast<Eigen::Index>(v)) -
-             column_max[v]) /
-            eps;
-    const auto count = static_cast<std::ptrdiff_t>(static_cast<std::size_t>(end - begin) * cols);
-    detail::exp_in_place(e, count);
-    double* sums = partial.sum_of(chunk);
-    std::fill(sums, sums + cols, 0.0);
-    for (const double* row = e; row < e + count; row += cols)
-      for (std::size_t v = 0; v < cols; ++v) sums[v] += row[v];
-  });
-  chunks.share_chunks(partial.sums, static_cast<int64_t>(cols), "Sinkhorn's column sums");
+      column_max[v] = std::max(column_max[v], partial.of(c)[v]);
+  // Each chunk's factor exp((m_cv - M_v) / eps), in one vector pass.
+  thread_local std::vector<double> factors;
+  factors.resize(static_cast<std::size_t>(chunks.count()) * cols);
+  for (int64_t c = 0; c < chunks.count(); ++c)
+    for (std::size_t v = 0; v < cols; ++v)
+      factors[static_cast<std::size_t>(c) * cols + v] = (partial.of(c)[v] - column_max[v]) / eps;
+  detail::exp_in_place(factors.data(), static_cast<std::ptrdiff_t>(factors.size()));
   const double log_rows = std::log(static_cast<double>(rows));
   for (std::size_t v = 0; v < cols; ++v) {
     double sum = 0;
-    for (int64_t c = 0; c < chunks.count(); ++c) sum += partial.sum_of(c)[v];
+    for (int64_t c = 0; c < chunks.count(); ++c)
+      sum += partial.of(c)[cols + v] * factors[static_cast<std::size_t>(c) * cols + v];
     g[v] = -(column_max[v] + eps * (std::log(sum) - log_rows));
   }
 }
@@ -195,9 +203,9 @@ void plan_rows(const ConstMatrixRef<double>& cost, const std::vector<double>& g,
 
 // f_i <- -eps log sum_v b exp((g_v - C_iv) / eps), b = 1/V: makes the row sums 1/P. The same
 // pass leaves what the next steps would otherwise read the whole cost again for: each own
-// chunk's column maxima of f_i - C_iv with the new f (the next column update's first half),
-// and the row-normalised plan for this g (solve_sinkhorn's result if g does not change
-// again), both the bits a separate pass would compute.
+// chunk's column partials with the new f (all the next column update computes before its
+// exchange), and the row-normalised plan for this g (solve_sinkhorn's result if g does not
+// change again), both the bits a separate pass would compute.
 void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std::vector<double>& g,
                       std::vector<double>& f, ColumnPartials& partial, MatrixRef<double> weights,
                       const RowChunks& chunks, const detail::StepThreads& threads) {
@@ -210,7 +218,7 @@ void update_row_duals(const ConstMatrixRef<double>& cost, double eps, const std:
       const RowPlan& r = rows[i - begin];
       f[static_cast<std::size_t>(i)] = -(r.max + eps * (std::log(r.sum) - log_cols));
     }
-    column_maxima(cost, f, begin, end, partial.max_of(chunk));
+    column_partials(cost, f, eps, begin, end, partial.of(chunk));
   });
 }
 
@@ -247,7 +255,7 @@ TransportResult solve_sinkhorn(const ConstMatrixRef<double>& cost, double epsilo
     throw Error("sinkhorn: the weights must not share the cost's memory (pass another matrix)");
   ColumnPartials partial;
   partial.resize(chunks.count(), cols);
-  // After a row update, the plan for the current g and the next column maxima are known.
+  // After a row update, the plan for the current g and the next column partials are known.
   bool fresh = false;
   if (duals.f.size() != rows || duals.g.size() != cols) {
     duals.f.assign(rows, 0.0);
