@@ -49,95 +49,78 @@ ScheduleSettings schedule_settings(const OptimizerConfig& c) {
 std::size_t idx(int64_t i) { return static_cast<std::size_t>(i); }
 
 // scaled <- cost with every non-finite entry replaced by a finite penalty above every finite
-// cost of the block, so a diverging candidate repels mass instead of poisoning the solve.
-// False when none is finite. This process's chunks of rows (RowChunks), in parallel; the worst
-// cost is a maximum, exact in any order.
-bool copy_penalised(const ConstMatrixRef<double>& cost, MatrixRef<double> scaled, double margin,
-                    const RowChunks& chunks, const StepThreads& threads) {
+// cost of the block, so a diverging candidate repels mass instead of poisoning the solve, then
+// scaled as scale_cost (transport.hpp) does: its statistic (the mean or maximum magnitude, or
+// the range) over the penalised block. False when no cost is finite. This process's chunks of
+// rows (RowChunks), in parallel; one exchange carries each chunk's partials: the worst finite
+// cost, the counts of finite and non-finite entries and the statistic's parts over the finite
+// entries, with the penalties' share added once the penalty is known (in chunk order: the bits
+// depend on neither the thread nor the process count).
+bool penalise_and_scale(const ConstMatrixRef<double>& cost, MatrixRef<double> scaled, double margin,
+                        CostScaling scaling, const RowChunks& chunks, const StepThreads& threads) {
   const auto cols = cost.cols();
-  // Per chunk: the worst finite cost, whether any entry is finite, whether any is not.
-  std::vector<double> partial(idx(chunks.count() * 3));
+  constexpr int64_t kWidth = 5;  // worst, finite, non-finite, then sum |c| / max |c| / min c
+  std::vector<double> partial(idx(chunks.count() * kWidth));
   chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
     double worst = -std::numeric_limits<double>::infinity();
-    bool any_finite = false, any_nonfinite = false;
+    double a = scaling == CostScaling::min_max ? std::numeric_limits<double>::infinity() : 0.0;
+    int64_t finite = 0, nonfinite = 0;
     for (Eigen::Index i = begin; i < end; ++i)
       for (Eigen::Index v = 0; v < cols; ++v) {
         const double c = cost(i, v);
         scaled(i, v) = c;
-        if (std::isfinite(c)) {
-          worst = std::max(worst, c);
-          any_finite = true;
-        } else {
-          any_nonfinite = true;
+        if (!std::isfinite(c)) {
+          ++nonfinite;
+          continue;
         }
+        ++finite;
+        worst = std::max(worst, c);
+        if (scaling == CostScaling::mean) a += std::abs(c);
+        if (scaling == CostScaling::max_cost) a = std::max(a, std::abs(c));
+        if (scaling == CostScaling::min_max) a = std::min(a, c);
       }
-    double* out = partial.data() + 3 * chunk;
+    double* out = partial.data() + kWidth * chunk;
     out[0] = worst;
-    out[1] = any_finite ? 1 : 0;
-    out[2] = any_nonfinite ? 1 : 0;
+    out[1] = static_cast<double>(finite);
+    out[2] = static_cast<double>(nonfinite);
+    out[3] = a;
   });
-  chunks.share_chunks(partial, 3, "the cost matrix's worst finite cost");
+  chunks.share_chunks(partial, kWidth, "the cost matrix's worst finite cost and scale");
   double worst = -std::numeric_limits<double>::infinity();
   bool any_finite = false, any_nonfinite = false;
   for (int64_t c = 0; c < chunks.count(); ++c) {
-    worst = std::max(worst, partial[idx(3 * c)]);
-    any_finite = any_finite || partial[idx(3 * c + 1)] != 0;
-    any_nonfinite = any_nonfinite || partial[idx(3 * c + 2)] != 0;
+    worst = std::max(worst, partial[idx(kWidth * c)]);
+    any_finite = any_finite || partial[idx(kWidth * c + 1)] != 0;
+    any_nonfinite = any_nonfinite || partial[idx(kWidth * c + 2)] != 0;
   }
   if (!any_finite) return false;
-  if (!any_nonfinite) return true;
   const double penalty = worst + margin * (1 + std::abs(worst));
-  chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
-    for (Eigen::Index i = begin; i < end; ++i)
-      for (Eigen::Index v = 0; v < cols; ++v)
-        if (!std::isfinite(scaled(i, v))) scaled(i, v) = penalty;
-  });
-  return true;
-}
-
-// scale_cost (transport.hpp) of a block, its statistic (the mean or maximum magnitude, or the
-// range) from chunk partials in chunk order, applied to this process's rows.
-void scale_rows(CostScaling scaling, MatrixRef<double> scaled, const RowChunks& chunks,
-                const StepThreads& threads) {
-  if (scaling == CostScaling::none || scaled.size() == 0) return;
-  const auto cols = scaled.cols();
-  // Per chunk: sum |c| (mean), max |c| (max_cost), or min and max (min_max).
-  std::vector<double> partial(idx(chunks.count() * 2));
-  chunks.for_own(threads, [&](int64_t chunk, int64_t begin, int64_t end) {
-    double a = scaling == CostScaling::min_max ? std::numeric_limits<double>::infinity() : 0.0;
-    double b = -std::numeric_limits<double>::infinity();
-    for (Eigen::Index i = begin; i < end; ++i)
-      for (Eigen::Index v = 0; v < cols; ++v) {
-        const double c = scaled(i, v);
-        if (scaling == CostScaling::mean) a += std::abs(c);
-        if (scaling == CostScaling::max_cost) a = std::max(a, std::abs(c));
-        if (scaling == CostScaling::min_max) a = std::min(a, c), b = std::max(b, c);
-      }
-    partial[idx(2 * chunk)] = a;
-    partial[idx(2 * chunk + 1)] = b;
-  });
-  chunks.share_chunks(partial, 2, "the cost scaling's statistic");
+  // The statistic over the penalised block: each chunk's non-finite entries count as penalties.
   double a = scaling == CostScaling::min_max ? std::numeric_limits<double>::infinity() : 0.0;
-  double b = -std::numeric_limits<double>::infinity();
   for (int64_t c = 0; c < chunks.count(); ++c) {
-    const double pa = partial[idx(2 * c)], pb = partial[idx(2 * c + 1)];
-    if (scaling == CostScaling::mean) a += pa;
-    if (scaling == CostScaling::max_cost) a = std::max(a, pa);
-    if (scaling == CostScaling::min_max) a = std::min(a, pa), b = std::max(b, pb);
+    const double part = partial[idx(kWidth * c + 3)], nonfinite = partial[idx(kWidth * c + 2)];
+    if (scaling == CostScaling::mean)
+      a += nonfinite > 0 ? part + nonfinite * std::abs(penalty) : part;
+    if (scaling == CostScaling::max_cost)
+      a = std::max(a, nonfinite > 0 ? std::max(part, std::abs(penalty)) : part);
+    if (scaling == CostScaling::min_max) a = std::min(a, part);  // the penalty is above it
   }
   double shift = 0, divisor = 1;
   if (scaling == CostScaling::mean) divisor = a / static_cast<double>(scaled.size());
   if (scaling == CostScaling::max_cost) divisor = a;
-  if (scaling == CostScaling::min_max) shift = a, divisor = b - a;
+  if (scaling == CostScaling::min_max) shift = a, divisor = (any_nonfinite ? penalty : worst) - a;
   if (!(divisor > 0)) divisor = 1;
+  if (!any_nonfinite && shift == 0 && divisor == 1) return true;
   chunks.for_own(threads, [&](int64_t, int64_t begin, int64_t end) {
     for (Eigen::Index i = begin; i < end; ++i)
       for (Eigen::Index v = 0; v < cols; ++v) {
         double& c = scaled(i, v);
+        if (!std::isfinite(c)) c = penalty;
         if (shift != 0) c -= shift;
         if (divisor != 1) c /= divisor;
       }
   });
+  return true;
 }
 
 // Flags travel through the checkpoint as doubles (state_io has no other vector type).
@@ -378,11 +361,11 @@ TransportResult StepEngine::solve_block(const BlockRange& block, double temperat
   const RowChunks chunks(block.first, block.count, shard);
   TransportResult result;
   // The buffer is kept: no allocation per step.
-  if (!copy_penalised(cost, scaled, config_.nonfinite_margin, chunks, threads_)) {
+  if (!penalise_and_scale(cost, scaled, config_.nonfinite_margin, config_.cost_scaling, chunks,
+                          threads_)) {
     weights.setConstant(1.0 / static_cast<double>(vertices_));  // no information: stay put
     return result;
   }
-  scale_rows(config_.cost_scaling, scaled, chunks, threads_);
   const bool lone = block.count == 1 && solver_ == TransportSolver::sinkhorn;
   switch (lone ? TransportSolver::softmax : solver_) {
     case TransportSolver::sinkhorn: {

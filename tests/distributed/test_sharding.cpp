@@ -13,6 +13,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -467,14 +469,37 @@ TEST_CASE("redistribute delivers each rank the values it wants from their owners
 // (StepShard) and shares chunk partials, Sinkhorn's row duals and the moves; the parameters
 // must be the unsharded optimizer's bit for bit, for every solver, cost scaling, block strategy
 // and radius model that can be finished sharded.
+namespace {
+// Scores as the wrapped evaluator, then makes about one loss in eleven +inf, chosen by the
+// loss's own bits: the same candidates whichever slice scores them (a loss does not depend on
+// the candidates that share its call), so the step's costs have non-finite entries to
+// penalise, and the penalty enters the cost scaling's statistic.
+class Poisoning final : public DecoratingEvaluator {
+ public:
+  explicit Poisoning(std::unique_ptr<Evaluator> inner)
+      : DecoratingEvaluator(std::move(inner), "Poisoning") {}
+
+ private:
+  void session_score(const PolytopeProbe& probe, std::span<double> losses,
+                     double* incumbent_loss) override {
+    inner().score(probe, losses, incumbent_loss);
+    for (double& loss : losses)
+      if (std::bit_cast<uint64_t>(loss) % 11 == 0) loss = std::numeric_limits<double>::infinity();
+  }
+};
+}  // namespace
+
 TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]") {
   distributed::Job& job = the_job();
   auto exchange = distributed::make_mpi_exchange(job);
   const std::vector<testing::TransportSetting> settings = testing::transport_settings();
   const int32_t particle_dim[] = {2, 3, 2, 4};  // per setting
-  for (std::size_t k = 0; k < settings.size(); ++k) {
+  for (std::size_t run = 0; run < 2 * settings.size(); ++run) {
+    const std::size_t k = run % settings.size();
+    const bool poisoned = run >= settings.size();  // non-finite losses among the candidates
     const testing::TransportSetting& set = settings[k];
-    INFO(job.size() << " ranks, rank " << job.rank() << ", setting " << k);
+    INFO(job.size() << " ranks, rank " << job.rank() << ", setting " << k
+                    << (poisoned ? ", poisoned" : ""));
     // 10-40-40-4: 2,244 parameters, some 560-1,100 particles: several reduction chunks a rank.
     const Model initial = make_model(10,
                                      {{"linear", {{"out_features", 40}}},
@@ -502,6 +527,7 @@ TEST_CASE("sharded steps follow the unsharded optimizer bit for bit", "[sharded]
     for (const bool sharded : {false, true}) {
       Model model = initial;
       auto evaluator = cpu_registry().make_evaluator(model, *loss, request("cpu_tbb", DType::f64));
+      if (poisoned) evaluator = std::make_unique<Poisoning>(std::move(evaluator));
       if (sharded) evaluator = distributed::shard_evaluator(std::move(evaluator), job, *exchange);
       PolytopeOptimizer optimizer(model, config);
       optimizer.register_evaluator(*evaluator, batch);
