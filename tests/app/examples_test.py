@@ -12,8 +12,8 @@ examples/, so an example may use files an earlier example of the same source wro
 command that appears in several sources runs once.
 
 `polyprobe` is, on PATH, a wrapper around POLYPROBE that makes each run short: train gets
-`--epochs 1 --time-limit 1` in place of its own --epochs and --time-limit, bench gets
-`--repeats 1`. A command is skipped, with the reason printed, only when it needs what is not
+`--epochs 1 --time-limit 1` in place of its own --epochs and --time-limit, bench (but bench
+dfo, which has no --repeats) gets `--repeats 1`. A command is skipped, with the reason printed, only when it needs what is not
 installed here: Fashion-MNIST (named on the line or in its --config file) or jq.
 """
 import os
@@ -41,8 +41,8 @@ def drop(args, name):
     return out
 if args[:1] == ["train"]:
     args = drop(drop(args, "--epochs"), "--time-limit") + ["--epochs", "1", "--time-limit", "1"]
-elif args[:1] == ["bench"] and "--repeats" not in args:
-    args += ["--repeats", "1"]
+elif args[:1] == ["bench"] and args[1:2] != ["dfo"] and "--repeats" not in args:
+    args += ["--repeats", "1"]  # bench dfo has no --repeats (and refuses it)
 os.execv(REAL, [REAL] + args)
 '''
 COMMAND = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*polyprobe\s")
