@@ -192,7 +192,7 @@ S IncumbentCache<S>::effective(const ModelPlan& plan, int64_t param, double raw)
 template <class S>
 void IncumbentCache<S>::set_base(const ModelPlan& plan, const double* values) {
   const auto n = static_cast<std::size_t>(plan.n_params);
-  base.assign(values, values + n);
+  base = std::span<const double>(values, n);
   eff.resize(n);
   // Vectorised: this runs once per call over every parameter, and on small candidate sets
   // (subspace steps) it is a visible share of the call.

@@ -2,12 +2,13 @@
 // incumbent's forward (prefix reuse), recomputed only when the incumbent's version changes
 // or a batch is registered.
 //
-// It holds the batch (inputs in S, labels or targets), the incumbent's raw and effective
-// parameters (transforms applied), each layer's input in both layouts (sample-major and
-// feature-major), the affine layers' effective W^T, the dense subspace directions' v^T x, the
-// incumbent's loss and, for the cross-entropy, its softmax and per-sample losses. Every path
-// reads it during a call; only the in-place path writes (its effective parameters, put back
-// after each candidate). One thread writes it at a time (between calls, or in-place).
+// It holds the batch (inputs in S, labels or targets), a view of the incumbent's raw
+// parameters and its effective ones (transforms applied), each layer's input in both layouts
+// (sample-major and feature-major), the affine layers' effective W^T, the dense subspace
+// directions' v^T x, the incumbent's loss and, for the cross-entropy, its softmax and per-sample
+// losses. Every path reads it during a call; only the in-place path writes (its effective
+// parameters, put back after each candidate). One thread writes it at a time (between calls, or
+// in-place).
 #pragma once
 
 #include "direction_projections.hpp"
@@ -18,6 +19,7 @@
 #include <polyprobe/plugin/kernels/losses.hpp>
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 namespace polyprobe::cpu_tbb {
@@ -44,9 +46,11 @@ struct IncumbentCache {
   void set_batch(const pp_batch_view& view, int64_t in_features);
   // True when the cached forward is not of incumbent `version` on the current batch.
   bool stale(uint64_t incumbent_version) const { return !ready || incumbent_version != version; }
-  // The incumbent `base` [n_params] of `version`: parameters, then the forward of every layer
-  // and the loss (with l2 * |base|^2). Runs its forward on the calling task arena's threads,
-  // with the same results for any thread count. `projections` computes v_src, the subspace's
+  // The incumbent `values` [n_params] of `version`: parameters, then the forward of every layer
+  // and the loss (with l2 * |base|^2). `values` is viewed, not copied (base): it must stay
+  // unchanged and alive while `version` stands (the session's incumbent, which changes only
+  // with its version). Runs its forward on the calling task arena's threads, with the same
+  // results for any thread count. `projections` computes v_src, the subspace's
   // dense directions on the layers' inputs (no rows in full space).
   void refresh(const ModelPlan& plan, const double* values, uint64_t incumbent_version,
                kernels::LossKind loss, double l2, DirectionProjections<S>& projections);
@@ -69,7 +73,7 @@ struct IncumbentCache {
   // the incumbent
   uint64_t version = 0;
   bool ready = false;
-  std::vector<double> base;
+  std::span<const double> base;  // refresh's values, viewed (a copy was 8 n bytes a step)
   std::vector<S> eff;
   double base_sq = 0.0;
   uint64_t generation = 0;          // counts refreshes: workers' parameter copies follow it
