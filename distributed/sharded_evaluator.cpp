@@ -35,6 +35,13 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   void gather_losses(bool all) override { gather_losses_ = all; }
   std::span<const int64_t> bounds() const override { return finish_bounds_; }
   std::vector<ParticleRange> planned_particles(int64_t particles) override {
+    // The step's plan begins: the rank's share of the step is timed from here, since planning
+    // a slice's rotations costs in proportion to it as scoring it does (a rank holding a third
+    // of mlp256-full's cheap last-layer particles planned for 0.6 ms while the others planned
+    // for 0.1, and the balancer, shown the scoring alone, could not see it).
+    plan_start_ = Clock::now();
+    plan_cpu_start_ = process_cpu_ms();
+    planning_ = true;
     // The cut session_score will make (the balancer's state does not change in between) and
     // the share this rank will finish, merged where they overlap or touch.
     const std::vector<int64_t> slices = balancer_.slices(particles, {}, job_.size());
@@ -72,6 +79,9 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
             {"last_score_ms", last_score_ms_},
             {"last_exchange_ms", last_exchange_ms_},
             {"last_score_cpu_ms", last_score_cpu_ms_},
+            // The step's plan on this rank before its scoring (sharded finish only), which the
+            // balancer counts with the scoring.
+            {"last_plan_ms", last_plan_ms_},
             // The last probe call's slowest and mean scoring wall time over the ranks: what that
             // step waited for, stragglers of the step and all.
             {"last_slowest_score_ms", last_slowest_ms_},
@@ -109,7 +119,13 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
     const double cpu_start = process_cpu_ms();
     inner().score(slice, losses, scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
-    last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
+    const double cpu_scored = process_cpu_ms();
+    last_score_cpu_ms_ = cpu_scored - cpu_start;
+    // What the balancer sees: the plan (when this step's began here) and the scoring.
+    last_plan_ms_ = planning_ ? ms(start - plan_start_) : 0.0;
+    last_share_ms_ = ms(scored - (planning_ ? plan_start_ : start));
+    last_share_cpu_ms_ = cpu_scored - (planning_ ? plan_cpu_start_ : cpu_start);
+    planning_ = false;
     last_gathered_ = gather_losses_;
     offsets_.resize(slices.size());
     for (std::size_t r = 0; r < slices.size(); ++r) offsets_[r] = slices[r] * per_particle;
@@ -149,6 +165,7 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
                   scores_incumbent ? incumbent_loss : nullptr);
     const auto scored = Clock::now();
     last_score_cpu_ms_ = process_cpu_ms() - cpu_start;
+    planning_ = false;
     exchange_.allgather(losses, offsets_);
     last_gathered_ = true;
     if (incumbent_loss != nullptr) exchange_.broadcast_from_leader(*incumbent_loss);
@@ -160,9 +177,11 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   // The last call's time in this rank's scoring and in the exchange (which includes waiting for
   // the slowest rank): what `bench scale` reports as compute, imbalance and all-gather.
   void record(Clock::time_point start, Clock::time_point scored) {
-    const auto now = Clock::now();
-    last_score_ms_ = std::chrono::duration<double, std::milli>(scored - start).count();
-    last_exchange_ms_ = std::chrono::duration<double, std::milli>(now - scored).count();
+    last_score_ms_ = ms(scored - start);
+    last_exchange_ms_ = ms(Clock::now() - scored);
+  }
+  static double ms(Clock::duration d) {
+    return std::chrono::duration<double, std::milli>(d).count();
   }
 
   // The CPU time of this process's threads: the work of a slice, without the time other
@@ -184,22 +203,25 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   }
 
   // Every rank feeds the same all-gathered times to its balancer, so all cut the same. Both
-  // clocks cross (2 doubles a rank), so the step's slowest wall time is known too.
+  // clocks of the share cross, and the scoring's own wall time (3 doubles a rank), so the
+  // step's slowest scoring is known too.
   void rebalance(const std::vector<int64_t>& slices, std::span<const char> active) {
     const auto ranks = static_cast<std::size_t>(job_.size());
-    clocks_.assign(2 * ranks, 0.0);
-    clocks_[2 * static_cast<std::size_t>(job_.rank())] = last_score_ms_;
-    clocks_[2 * static_cast<std::size_t>(job_.rank()) + 1] = last_score_cpu_ms_;
+    const auto mine = static_cast<std::size_t>(job_.rank());
+    clocks_.assign(3 * ranks, 0.0);
+    clocks_[3 * mine] = last_share_ms_;
+    clocks_[3 * mine + 1] = last_share_cpu_ms_;
+    clocks_[3 * mine + 2] = last_score_ms_;
     clock_offsets_.resize(ranks + 1);
-    for (std::size_t r = 0; r <= ranks; ++r) clock_offsets_[r] = 2 * static_cast<int64_t>(r);
-    job_.allgather(clocks_, clock_offsets_, "the ranks' scoring times");
+    for (std::size_t r = 0; r <= ranks; ++r) clock_offsets_[r] = 3 * static_cast<int64_t>(r);
+    job_.allgather(clocks_, clock_offsets_, "the ranks' plan and scoring times");
     times_.resize(ranks);
     double wall_sum = 0;
     last_slowest_ms_ = 0;
     for (std::size_t r = 0; r < ranks; ++r) {
-      times_[r] = clocks_[2 * r + (clock_ == BalanceClock::wall ? 0 : 1)];
-      wall_sum += clocks_[2 * r];
-      last_slowest_ms_ = std::max(last_slowest_ms_, clocks_[2 * r]);
+      times_[r] = clocks_[3 * r + (clock_ == BalanceClock::wall ? 0 : 1)];
+      wall_sum += clocks_[3 * r + 2];
+      last_slowest_ms_ = std::max(last_slowest_ms_, clocks_[3 * r + 2]);
     }
     last_mean_ms_ = wall_sum / static_cast<double>(ranks);
     balancer_.observe(slices, active, times_);
@@ -212,13 +234,21 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   std::vector<int64_t> offsets_;  // [ranks + 1] into the loss buffer
   std::vector<int64_t> last_slice_;
   double last_score_ms_ = 0, last_exchange_ms_ = 0, last_score_cpu_ms_ = 0;
+  // The step's plan, when planned_particles began it (planning_ until the probe call), and
+  // the plan with the scoring: the rank's share of the step on the balance clocks.
+  Clock::time_point plan_start_{};
+  double plan_cpu_start_ = 0;
+  bool planning_ = false;
+  double last_plan_ms_ = 0, last_share_ms_ = 0, last_share_cpu_ms_ = 0;
   SliceBalancer balancer_;
   std::vector<int64_t> finish_bounds_;  // [ranks + 1]: the particles each rank finishes
   std::vector<int64_t> wanted_;         // [ranks + 1]: their losses' offsets
   bool gather_losses_ = true, last_gathered_ = true;
   double finish_exchange_ms_ = 0;  // in share() since the last probe call
   int64_t finish_exchanges_ = 0;
-  std::vector<double> clocks_;  // [ranks 2]: the last call's scoring wall and CPU times
+  // [ranks 3]: the last call's share (plan and scoring) in wall and CPU time, and the scoring's
+  // wall time.
+  std::vector<double> clocks_;
   std::vector<int64_t> clock_offsets_;
   std::vector<double> times_;                      // [ranks]: those on the balance clock
   double last_slowest_ms_ = 0, last_mean_ms_ = 0;  // of the ranks' wall times, last call

@@ -45,7 +45,8 @@ class StepShard {
   virtual std::span<const int64_t> bounds() const = 0;
   // The particles whose rotations and directions this process needs for the coming step
   // scored with gather_losses(false) (those it will score and those it will finish), as
-  // ascending, disjoint ranges: the optimizer plans only these.
+  // ascending, disjoint ranges: the optimizer plans only these. Called as the step's plan
+  // begins, so an implementation may time this process's share of the step from the call.
   virtual std::vector<ParticleRange> planned_particles(int64_t particles) = 0;
 
   // How many processes share the steps, and this one's index among them (into bounds()).

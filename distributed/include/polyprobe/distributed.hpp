@@ -98,7 +98,7 @@ std::vector<int64_t> particle_slices(int64_t particles, std::span<const char> ac
 
 // The cost model behind the sharded evaluator's cut: one relative cost estimate a particle
 // (starting at 1, so the first cut balances the candidate count), cut by particle_slices' rule,
-// and corrected from each step's measured scoring times. Rank r's estimates are scaled by its
+// and corrected from each step's measured times of the slices. Rank r's estimates are scaled by its
 // share of the measured time over its share of the predicted cost: the first measurement whole
 // (the starting guess knows nothing), later ones halfway, which averages out a single step's
 // noise. Measured costs are not uniform (a particle of a model's first layer runs its candidates
@@ -211,9 +211,10 @@ void choose_waits(Job& job, const std::string& asked, int threads, std::string& 
 // step_shard(): StepShard::gather_losses(false)), send each rank only the losses of the even
 // share of particles it finishes (Job::redistribute, point to point), the finish's exchanges
 // going over `job`. The slices start balanced by candidate count and are then balanced by cost:
-// after each call the ranks all-gather their scoring's times (N doubles over `job`, in `clock`) and
-// every rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of
-// a model's first layers run through more of it) shrinks; the losses do not depend on the cut. The
+// after each call the ranks all-gather the times of their shares (the scoring, and with the
+// sharded finish the step's plan before it: 3 doubles a rank over `job`, in `clock`) and every
+// rank feeds them to the same SliceBalancer, so a slice whose candidates cost more (those of a
+// model's first layers run through more of it) shrinks; the losses do not depend on the cut. The
 // incumbent's loss, when asked for, is rank 0's, broadcast (one incumbent forward in the job, and
 // every rank gets the same number even if its backend or thread count differs). Explicit candidate
 // sets (multifidelity screens) are sliced by candidate count the same way. The stateless calls
