@@ -36,9 +36,10 @@ class ShardedEvaluator final : public DecoratingEvaluator, public StepShard {
   std::span<const int64_t> bounds() const override { return finish_bounds_; }
   std::vector<ParticleRange> planned_particles(int64_t particles) override {
     // The step's plan begins: the rank's share of the step is timed from here, since planning
-    // a slice's rotations costs in proportion to it as scoring it does (a rank holding a third
-    // of mlp256-full's cheap last-layer particles planned for 0.6 ms while the others planned
-    // for 0.1, and the balancer, shown the scoring alone, could not see it).
+    // a slice's rotations costs in proportion to its particles, not to its scoring (at 16 ranks
+    // of mlp256-full the last ranks hold 17-36 % of the particles each, the cheap last-layer
+    // ones, and plan for up to about 0.6 ms against rank 0's 0.1, which the balancer, shown the
+    // scoring alone, could not see).
     plan_start_ = Clock::now();
     plan_cpu_start_ = process_cpu_ms();
     planning_ = true;
