@@ -82,7 +82,7 @@ typedef struct pp_capability {
   const char* summary; /* one line for `polyprobe plugins` */
 } pp_capability;
 
-/* Layer contracts: what a layer lets evaluators exploit (DESIGN.md section 3). A false
+/* Layer contracts: what a layer lets evaluators exploit (docs/design.md section 1). A false
  * declaration is caught by probing and costs speed, never correctness. */
 enum {
   PP_CONTRACT_ELEMENTWISE = 1u << 0,    /* no parameters, y[i] = f(x[i]) for any f */
