@@ -288,7 +288,10 @@ KindRun check_layer_kinds(const std::string& name, DType dtype, double tolerance
           for (const double radius : {1.0, 1.0, 0.05}) {
             std::vector<double> u(static_cast<std::size_t>(d));
             double norm = 0;
-            for (double& x : u) norm += (x = normal(rng)) * x;
+            for (double& x : u) {
+              x = normal(rng);
+              norm += x * x;
+            }
             c.particle.push_back(p);
             for (double x : u) c.displacement.push_back(radius * x / std::sqrt(norm));
           }
