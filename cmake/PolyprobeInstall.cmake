@@ -13,7 +13,12 @@ install(TARGETS polyprobe_core EXPORT polyprobeCoreTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/polyprobe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The SDK's headers in their own folder, the only one on a plugin's include path
+# (polyprobe::plugin_api); the core's beside them.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/polyprobe/plugin
+        DESTINATION ${POLYPROBE_SDK_INCLUDEDIR}/polyprobe)
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/polyprobe DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+        PATTERN plugin EXCLUDE)
 install(EXPORT polyprobePluginApiTargets NAMESPACE polyprobe::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)
 install(EXPORT polyprobeCoreTargets NAMESPACE polyprobe:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/polyprobe)

@@ -120,7 +120,7 @@ class LIF(nn.Module):
 
 
 class CheriBlock(nn.Module):
-    """DESIGN.md section 6, on [N, L, C] (channels last)."""
+    """docs/design.md section 6, on [N, L, C] (channels last)."""
 
     def __init__(self, channels, dilation=1, expansion=2):
         super().__init__()

@@ -1,4 +1,4 @@
-// `polyprobe bench cheri`: the Cheri block forward (DESIGN.md section 6) on the GPU, run by
+// `polyprobe bench cheri`: the Cheri block forward (docs/design.md section 6) on the GPU, run by
 // the cuda plugin's own benchmark (pp_plugin.bench) and read here against the published
 // H200 times of the original (shared/seeds/cheri-block-benchmarks.rst, "megakernel +
 // .eval()") and against two floors computed from the plugin's measured ceilings:

@@ -1,4 +1,4 @@
-// The Cheri block (DESIGN.md section 6, after the cherimoya package), on [L, C] samples
+// The Cheri block (docs/design.md section 6, after the cherimoya package), on [L, C] samples
 // (channels last, as its (3, C) conv weights and its (L, C) normalisation plane are laid out):
 //   h = depthwise dilated 3-tap conv: h[i, c] = w[0, c] x[i-d, c] + w[1, c] x[i, c]
 //       + w[2, c] x[i+d, c], zero padding, no bias;

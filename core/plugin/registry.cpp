@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Loaded libraries are never unloaded (DESIGN.md section 5): their threads, static state
+// Loaded libraries are never unloaded (docs/design.md section 4): their threads, static state
 // and the function pointers we keep must outlive every caller. The handles are parked in
 // a container that is itself never destroyed.
 std::vector<boost::dll::shared_library*>& parked_libraries() {

@@ -1,4 +1,4 @@
-// The polytope optimizer (DESIGN.md section 1, polystep's semantics).
+// The polytope optimizer (docs/design.md section 2, polystep's semantics).
 //
 // PolytopeOptimizer trains a Model without gradients: each step cuts the search vector (the
 // flat parameters, or a subspace's coordinates) into particles, probes every particle at the

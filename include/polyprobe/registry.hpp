@@ -1,6 +1,6 @@
 // The plugin registry: finds, loads and chooses plugins at run time.
 //
-// Search order (DESIGN.md section 5): directories given explicitly (--plugin-dir), then
+// Search order (docs/design.md section 4): directories given explicitly (--plugin-dir), then
 // POLYPROBE_PLUGIN_PATH (colon-separated), then the install's plugin folder relative to the
 // running executable (<prefix>/lib/polyprobe/plugins; the build tree mirrors it). Never the
 // current directory. Each library is loaded once (RTLD_NOW | RTLD_LOCAL) and never

@@ -4,8 +4,6 @@
 #include "packets.hpp"
 #include "site_local.hpp"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,23 +13,22 @@
 namespace polyprobe::cpu_tbb {
 namespace {
 
-// Fills a pooling stage from the layer's attributes (stride defaults to the kernel, as in
-// PyTorch); empty or why not.
-std::string parse_pool(const pp_layer_view& v, int dims, int64_t channels, int64_t values,
-                       TailStage& st) {
+// Fills a pooling stage from the typed op (ops.h: a 1-D pool is a 2-D one of height 1);
+// empty or why not.
+std::string parse_pool(const pp_layer_view& v, int64_t channels, int64_t values, TailStage& st) {
+  if (v.op != PP_OP_POOL || v.op_attrs == nullptr) return "a pooling layer without its typed op";
+  const pp_pool_attrs& p = *static_cast<const pp_pool_attrs*>(v.op_attrs);
+  const int dims = p.dims;
+  if (dims != 1 && dims != 2) return "a pooling of " + std::to_string(dims) + " dimensions";
   if (v.in_ndim != dims + 1 || v.in_shape[0] != channels)
     return "an input other than the conv's channels";
-  const nlohmann::json attrs =
-      nlohmann::json::parse(v.attrs_json != nullptr && *v.attrs_json ? v.attrs_json : "{}");
   st.h = dims == 1 ? 1 : v.in_shape[1];
   st.w = v.in_shape[dims];
   if (st.h * st.w != values) return "an input other than the conv's channels";
-  const auto kernel = spatial_attribute(attrs, "kernel_size", dims, 0, 1);
-  const auto stride = spatial_attribute(attrs, "stride", dims, 0, 1);
-  const auto padding = spatial_attribute(attrs, "padding", dims, 0, 0);
-  st.kh = kernel[0], st.kw = kernel[1];
-  st.sh = stride[0] > 0 ? stride[0] : st.kh, st.sw = stride[1] > 0 ? stride[1] : st.kw;
-  st.ph = padding[0], st.pw = padding[1];
+  st.kh = p.kernel[0], st.kw = p.kernel[1];
+  st.sh = p.stride[0], st.sw = p.stride[1];
+  st.ph = p.padding[0], st.pw = p.padding[1];
+  if (st.sh <= 0 || st.sw <= 0) return "pooling attributes out of range";
   if (st.kh <= 0 || st.kw <= 0 || st.ph < 0 || st.pw < 0 || 2 * st.ph > st.kh ||
       2 * st.pw > st.kw || st.h + 2 * st.ph < st.kh || st.w + 2 * st.pw < st.kw)
     return "pooling attributes out of range";
@@ -222,8 +219,7 @@ ChannelTail plan_channel_tail(const ModelPlan& plan, std::size_t conv, int64_t c
       } else if (kind == "max_pool2d" || kind == "avg_pool2d" || kind == "max_pool1d" ||
                  kind == "avg_pool1d") {
         st.op = kind.rfind("max", 0) == 0 ? TailStage::Op::max_pool : TailStage::Op::avg_pool;
-        why = parse_pool(*layer.view, kind.find("2d") != std::string::npos ? 2 : 1, channels,
-                         values, st);
+        why = parse_pool(*layer.view, channels, values, st);
         values = st.oh * st.ow;
       } else {
         why = "it mixes channels or the tail does not know it";

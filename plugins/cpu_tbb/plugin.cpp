@@ -1,6 +1,7 @@
 // The cpu_tbb plugin: CPU candidate evaluation on Eigen, parallel with oneTBB, and
-// reduce-by-key accumulators. This file is only the ABI glue: every function handed to
-// the host goes through pp::guard, so no exception crosses the boundary.
+// reduce-by-key accumulators. This file is only the ABI glue: the session table comes from
+// pp::make_session_api and every other function handed to the host goes through pp::guard,
+// so no exception crosses the boundary.
 #include "accumulator.hpp"
 #include "evaluator.hpp"
 #include "session.hpp"
@@ -13,47 +14,6 @@ namespace {
 
 using polyprobe::cpu_tbb::Session;
 
-Session& session(void* self) { return *static_cast<Session*>(self); }
-
-int set_batch(void* self, const pp_batch_view* batch, pp_error* err) {
-  return pp::guard(err, [&] { session(self).set_batch(*batch); });
-}
-int set_particles(void* self, const pp_particle_layout* layout, pp_error* err) {
-  return pp::guard(err, [&] { session(self).set_particles(*layout); });
-}
-int set_incumbent(void* self, const pp_tensor* theta, pp_error* err) {
-  return pp::guard(err, [&] { session(self).set_incumbent(*theta); });
-}
-int move_incumbent(void* self, const double* moves, pp_error* err) {
-  return pp::guard(err, [&] { session(self).move_incumbent(moves); });
-}
-int score(void* self, const pp_score_request* request, double* losses, double* incumbent_loss,
-          pp_error* err) {
-  return pp::guard(err, [&] { session(self).score(*request, losses, incumbent_loss); });
-}
-int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
-  return pp::guard(err, [&] { session(self).read_incumbent(*theta); });
-}
-const char* explain(void* self) {
-  try {
-    return session(self).explain();
-  } catch (...) {
-    return nullptr;
-  }
-}
-void destroy(void* self) { delete static_cast<Session*>(self); }
-
-const pp_session_api kSessionApi = {sizeof(pp_session_api),
-                                    &set_batch,
-                                    &set_particles,
-                                    &set_incumbent,
-                                    &move_incumbent,
-                                    &score,
-                                    &read_incumbent,
-                                    &explain,
-                                    &destroy,
-                                    /*transport: the host solves it*/ nullptr};
-
 // The evaluator chooses its path per particle group; a path name here only forces it.
 bool known_path(const char* path) {
   if (path == nullptr) return true;
@@ -64,15 +24,12 @@ bool known_path(const char* path) {
 
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
              const pp_session_options* options, pp_error* why) {
-  if (!known_path(path)) {
-    pp::set_error(why, std::string("unknown path '") + path +
-                           "' (paths: " + polyprobe::cpu_tbb::kPathNames + ")");
-    return 0;
-  }
-  const std::string reason = polyprobe::cpu_tbb::unsupported_reason(*model, *loss, *options);
-  if (reason.empty()) return 1;
-  pp::set_error(why, reason);
-  return 0;
+  return pp::answer_supports(why, [&] {
+    if (!known_path(path))
+      return std::string("unknown path '") + path + "' (paths: " + polyprobe::cpu_tbb::kPathNames +
+             ")";
+    return polyprobe::cpu_tbb::unsupported_reason(*model, *loss, *options);
+  });
 }
 
 int create(const pp_model_view* model, const pp_loss_view* loss, const pp_session_options* options,
@@ -81,8 +38,9 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
     if (!known_path(options->path))
       throw std::invalid_argument(std::string("unknown path '") + options->path + "'");
     auto evaluator = polyprobe::cpu_tbb::make_candidate_evaluator(*model, *loss, *options);
-    *self = new Session(std::move(evaluator), model->n_params, options->subspace, options->threads);
-    *api = &kSessionApi;
+    pp::hand_over_session(std::make_unique<Session>(std::move(evaluator), model->n_params,
+                                                    options->subspace, options->threads),
+                          self, api);
   });
 }
 

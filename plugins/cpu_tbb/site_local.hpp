@@ -7,7 +7,6 @@
 #include "model_plan.hpp"
 
 #include <Eigen/Core>
-#include <nlohmann/json_fwd.hpp>
 
 #include <array>
 #include <cstdint>
@@ -80,11 +79,6 @@ struct SiteWork {
 
 // The number of values of a tensor shape.
 int64_t numel(int32_t ndim, const int64_t* shape);
-// An attribute that is an integer or a list of `dims` integers, as [height, width] (a 1-D
-// layer has height 1 and `fallback_h` for its height); `fallback` when absent. Throws
-// std::invalid_argument for anything else.
-std::array<int64_t, 2> spatial_attribute(const nlohmann::json& attrs, const char* name, int dims,
-                                         int64_t fallback, int64_t fallback_h);
 
 // Parses the layer (kind, attributes, shapes, parameter count) and probes the per-site
 // computation against its host forward; never throws (a failure is a note). For attention,

@@ -31,8 +31,6 @@
 
 #include <polyprobe/plugin/plugin.hpp>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -356,43 +354,24 @@ int64_t numel(int32_t ndim, const int64_t* shape) {
   return n;
 }
 
-std::array<int64_t, 2> spatial_attribute(const nlohmann::json& attrs, const char* name, int dims,
-                                         int64_t fallback, int64_t fallback_h) {
-  std::array<int64_t, 2> v{dims == 1 ? fallback_h : fallback, fallback};
-  if (!attrs.contains(name)) return v;
-  const nlohmann::json& a = attrs.at(name);
-  if (a.is_number_integer()) {
-    v[1] = a.get<int64_t>();
-    if (dims == 2) v[0] = v[1];
-  } else if (a.is_array() && a.size() == static_cast<std::size_t>(dims)) {
-    v[1] = a.back().get<int64_t>();
-    if (dims == 2) v[0] = a.front().get<int64_t>();
-  } else {
-    throw std::invalid_argument(std::string("attribute '") + name + "' is not understood");
-  }
-  return v;
-}
-
 namespace {
 
 // --- planning and the probe
 
-// Fills the conv geometry from the attributes; empty or why not.
-std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int dims,
-                       SiteLayer& L) {
+// Fills the conv geometry from the typed op (ops.h: a 1-D conv is a 2-D one of height 1);
+// empty or why not.
+std::string parse_conv(const pp_layer_view& v, const pp_conv_attrs& c, SiteLayer& L) {
+  const int dims = c.dims;
+  if (dims != 1 && dims != 2) return "a convolution of " + std::to_string(dims) + " dimensions";
   if (v.in_ndim != dims + 1) return "an input of " + std::to_string(v.in_ndim) + " dimensions";
   L.c_in = v.in_shape[0];
   L.h = dims == 1 ? 1 : v.in_shape[1];
   L.w = v.in_shape[dims];
-  L.c_out = attrs.at("out_channels").get<int64_t>();
-  L.groups = attrs.value("groups", int64_t{1});
-  L.bias = attrs.value("bias", true);
-  const auto kernel = spatial_attribute(attrs, "kernel_size", dims, 0, 1);
-  const auto stride = spatial_attribute(attrs, "stride", dims, 1, 1);
-  const auto padding = spatial_attribute(attrs, "padding", dims, 0, 0);
-  const auto dilation = spatial_attribute(attrs, "dilation", dims, 1, 1);
-  L.kh = kernel[0], L.kw = kernel[1], L.sh = stride[0], L.sw = stride[1];
-  L.ph = padding[0], L.pw = padding[1], L.dh = dilation[0], L.dw = dilation[1];
+  L.c_out = c.out_channels;
+  L.groups = c.groups;
+  L.bias = c.bias != 0;
+  L.kh = c.kernel[0], L.kw = c.kernel[1], L.sh = c.stride[0], L.sw = c.stride[1];
+  L.ph = c.padding[0], L.pw = c.padding[1], L.dh = c.dilation[0], L.dw = c.dilation[1];
   if (L.groups <= 0 || L.c_out <= 0 || L.c_in % L.groups != 0 || L.c_out % L.groups != 0 ||
       L.kh <= 0 || L.kw <= 0 || L.sh <= 0 || L.sw <= 0 || L.ph < 0 || L.pw < 0 || L.dh <= 0 ||
       L.dw <= 0)
@@ -437,17 +416,14 @@ std::string parse_conv(const pp_layer_view& v, const nlohmann::json& attrs, int 
   return {};
 }
 
-std::string parse_attention(const pp_layer_view& v, const nlohmann::json& attrs, SiteLayer& L) {
+std::string parse_attention(const pp_layer_view& v, const pp_attention_attrs& a, SiteLayer& L) {
   if (v.in_ndim != 2) return "an input of " + std::to_string(v.in_ndim) + " dimensions";
   L.length = v.in_shape[0];
   L.embed = v.in_shape[1];
-  L.heads = attrs.at("num_heads").get<int64_t>();
-  L.bias = attrs.value("bias", true);
-  const std::string weighting = attrs.value("attention", std::string("softmax"));
-  if (weighting != "softmax" && weighting != "argmax")
-    return "attention weighting '" + weighting + "'";
-  L.argmax = weighting == "argmax";
-  L.causal = attrs.value("causal", false);
+  L.heads = a.heads;
+  L.bias = a.bias != 0;
+  L.argmax = a.argmax != 0;
+  L.causal = a.causal != 0;
   if (L.heads <= 0 || L.embed % L.heads != 0) return "attributes out of range";
   if (numel(v.out_ndim, v.out_shape) != L.length * L.embed)
     return "an output shape that differs from the input's";
@@ -539,21 +515,17 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
   const pp_layer_view& v = *layer.view;
   L.declared = (v.contract & PP_CONTRACT_SITE_LOCAL) != 0;
   const std::string kind = v.kind != nullptr ? v.kind : "";
-  const int dims = kind == "conv1d" ? 1 : kind == "conv2d" ? 2 : 0;
-  if (dims == 0 && kind != "self_attention") {
+  // The built-in conv and attention arrive typed (ops.h); nothing else has a per-site form.
+  const bool conv = v.op == PP_OP_CONV && v.op_attrs != nullptr;
+  const bool attention = v.op == PP_OP_SELF_ATTENTION && v.op_attrs != nullptr;
+  if (!conv && !attention) {
     L.note = "site-local declined: the plugin has no per-site computation for kind '" + kind + "'";
     return L;
   }
-  L.kind = dims > 0 ? SiteLayer::Kind::conv : SiteLayer::Kind::attention;
-  std::string why;
-  try {
-    const nlohmann::json attrs =
-        nlohmann::json::parse(v.attrs_json != nullptr && *v.attrs_json ? v.attrs_json : "{}");
-    if (!attrs.is_object()) throw std::invalid_argument("attributes are not an object");
-    why = dims > 0 ? parse_conv(v, attrs, dims, L) : parse_attention(v, attrs, L);
-  } catch (const std::exception& e) {
-    why = std::string("attributes not understood (") + e.what() + ")";
-  }
+  L.kind = conv ? SiteLayer::Kind::conv : SiteLayer::Kind::attention;
+  std::string why =
+      conv ? parse_conv(v, *static_cast<const pp_conv_attrs*>(v.op_attrs), L)
+           : parse_attention(v, *static_cast<const pp_attention_attrs*>(v.op_attrs), L);
   if (why.empty() && v.host_forward == nullptr) why = "it has no host forward to probe";
   // The sdpa operation of the host, for the evaluator's dtype and (for the probe) float64.
   const pp_sdpa_table *sdpa = nullptr, *sdpa_probe = nullptr;

@@ -1,4 +1,4 @@
-// The Cheri block's forward on the GPU (DESIGN.md section 6; core/layers/cheri.cpp is the
+// The Cheri block's forward on the GPU (docs/design.md section 6; core/layers/cheri.cpp is the
 // reference): per example x [L, C] (channels last) -> 3-tap depthwise dilated conv -> LayerNorm
 // over the whole (L, C) plane (statistics in float32, eps 1e-3, no affine) -> Linear C -> H
 // -> GELU (tanh form) -> Linear H -> C -> y = x + 0.15 MLP, with H = e C.

@@ -1,6 +1,7 @@
 // The cuda plugin: candidate evaluation on an NVIDIA GPU through API 2 evaluator sessions.
-// This file is only the ABI glue: every function handed to the host goes through
-// pp::guard, so no exception crosses the boundary. Loading it does no CUDA work; probe()
+// This file is only the ABI glue: the session table comes from pp::make_session_api and
+// every other function handed to the host goes through pp::guard, so no exception crosses
+// the boundary. Loading it does no CUDA work; probe()
 // asks the runtime for a device, and on a machine without a driver or a GPU it returns 0
 // with the runtime's reason, so the registry records the plugin as unavailable.
 #include "accumulator.hpp"
@@ -16,46 +17,6 @@
 #include <string_view>
 
 namespace {
-
-using polyprobe::cuda::Session;
-
-Session* as_session(void* self) { return static_cast<Session*>(self); }
-
-int set_batch(void* self, const pp_batch_view* batch, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->set_batch(*batch); });
-}
-int set_particles(void* self, const pp_particle_layout* layout, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->set_particles(*layout); });
-}
-int set_incumbent(void* self, const pp_tensor* theta, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->set_incumbent(*theta); });
-}
-int move_incumbent(void* self, const double* moves, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->move_incumbent(moves); });
-}
-int score(void* self, const pp_score_request* request, double* losses, double* incumbent_loss,
-          pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->score(*request, losses, incumbent_loss); });
-}
-int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->read_incumbent(*theta); });
-}
-int transport(void* self, const pp_transport_request* request, pp_error* err) {
-  return pp::guard(err, [&] { as_session(self)->transport(*request); });
-}
-
-const char* explain(void* self) {
-  try {
-    return as_session(self)->explain();
-  } catch (...) {
-    return nullptr;
-  }
-}
-void destroy(void* self) { delete as_session(self); }
-
-const pp_session_api kSessionApi = {
-    sizeof(pp_session_api), &set_batch, &set_particles, &set_incumbent, &move_incumbent, &score,
-    &read_incumbent,        &explain,   &destroy,       &transport};
 
 // Why a forced path cannot serve; empty when it can.
 std::string path_reason(const char* path, const pp_session_options& options) {
@@ -87,16 +48,7 @@ std::string session_reason(const char* path, const pp_model_view& model, const p
 
 int supports(const char* path, const pp_model_view* model, const pp_loss_view* loss,
              const pp_session_options* options, pp_error* why) {
-  try {
-    const std::string reason = session_reason(path, *model, *loss, *options);
-    if (reason.empty()) return 1;
-    pp::set_error(why, reason);
-  } catch (const std::exception& e) {
-    pp::set_error(why, e.what());
-  } catch (...) {
-    pp::set_error(why, "unknown exception");
-  }
-  return 0;
+  return pp::answer_supports(why, [&] { return session_reason(path, *model, *loss, *options); });
 }
 
 int create(const pp_model_view* model, const pp_loss_view* loss, const pp_session_options* options,
@@ -105,8 +57,7 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
     const char* path = PP_HAS_FIELD(options, pp_session_options, path) ? options->path : nullptr;
     const std::string reason = session_reason(path, *model, *loss, *options);
     if (!reason.empty()) throw std::invalid_argument(reason);
-    *self = polyprobe::cuda::make_session(*model, *loss, *options).release();
-    *api = &kSessionApi;
+    pp::hand_over_session(polyprobe::cuda::make_session(*model, *loss, *options), self, api);
   });
 }
 
@@ -183,13 +134,26 @@ int32_t probe(pp_error* why) {
 
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
 constexpr uint32_t kAutocast = PP_EVALUATOR_AUTOCAST_BF16 | PP_EVALUATOR_AUTOCAST_F16;
+// One evaluator capability per path a session runs, so `polyprobe plugins` shows them all;
+// "auto" chooses among them per particle group (docs/evaluation.md, the GPU section).
 const pp_capability kCaps[] = {
     {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CUDA, kFloats, kAutocast,
-     "full space, linear + activation MLPs: a particle's change corrects its layer's output "
-     "sparsely, the rest one cuBLAS GEMM over the chunk; device-resident"},
+     "full space: a particle's change corrects its layer's output sparsely; a fused tail (one "
+     "thread per candidate and sample to the loss) where it applies, else layered"},
     {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, kAutocast,
-     "rank-one subspace coordinates (hybrid): the rows and columns they move correct the "
-     "layer's output, the rest one cuBLAS GEMM over the chunk"},
+     "rank-one subspace coordinates (hybrid, factored): the rows and columns they move "
+     "correct the layer's output, the rest one cuBLAS GEMM over the chunk"},
+    {PP_COMPONENT_EVALUATOR, "layered", PP_DEVICE_CUDA, kFloats, kAutocast,
+     "the delta paths without the fused tail: the changed layer's output corrected, then one "
+     "cuBLAS GEMM per later layer over a chunk of candidates"},
+    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_CUDA, kFloats, 0,
+     "a particle in one conv, self_attention, cheri_block or linear op recomputes only what "
+     "it owns there (channels, a head, hidden units), batched over candidate and sample"},
+    {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_CUDA, kFloats, 0,
+     "each candidate's changed ops with its materialised parameters (layer norm, MoE, LIF, "
+     "the Cheri block's products, particles across ops), later ops one launch over the chunk"},
+    {PP_COMPONENT_EVALUATOR, "materialised", PP_DEVICE_CUDA, kFloats, 0,
+     "every op of every candidate from the inputs, nothing reused: the check path"},
     {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CUDA, kFloats, 0,
      "atomic adds pre-aggregated within a warp (4-wide float atomics for wide rows); the bits "
      "may change run to run"},
@@ -208,8 +172,10 @@ const pp_plugin kPlugin = [] {
   p.version = "0.1.0";
   p.vendor = "polyprobe";
   p.summary =
-      "GPU candidate evaluation (CUDA, cuBLAS): device-resident sessions for linear + "
-      "activation MLPs, full space and rank-one subspaces, float32 and float64";
+      "GPU candidate evaluation (CUDA, cuBLAS): device-resident sessions for linear, "
+      "activation, layer norm, conv, pooling, attention, MoE, LIF and Cheri-block models; "
+      "sparse (fused tail), subspace-delta, layered, site-local, dense and materialised "
+      "paths; the step's transport on the device; accumulators; the Cheri block's kernels";
   p.probe = &probe;
   p.caps = kCaps;
   p.n_caps = static_cast<int32_t>(std::size(kCaps));

@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr double kCheriResidualScale = 0.15;
-constexpr double kCheriEps = 1e-3;  // the block's layer-norm epsilon (DESIGN.md section 6)
+constexpr double kCheriEps = 1e-3;  // the block's layer-norm epsilon (docs/design.md section 6)
 
 unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;

@@ -1,4 +1,4 @@
-// The site-local path on the device (DESIGN.md section 2): a particle whose parameters all lie
+// The site-local path on the device (docs/design.md section 3): a particle whose parameters all lie
 // in one conv, self-attention or Cheri-block op changes only the sites it owns there (conv
 // output channels, one attention head or the output projection, Cheri hidden units or output
 // rows), so its candidates recompute those sites from the incumbent's reused values, batched

@@ -34,7 +34,7 @@ test -s "$work/weights.safetensors"
 
 echo "== the minimal layer plugin of docs/plugins.md, extracted from the page and built"
 doc="$work/doc_plugin"
-mkdir -p "$doc"
+mkdir -p "$doc/backend"
 # Each block after a '<!-- file: NAME -->' line of the page becomes the file NAME.
 awk -v dir="$doc" '
   /^<!-- file: [^ ]+ -->$/ { file = $3; next }
@@ -54,6 +54,27 @@ grep -E '^softsign +1\.0\.0 +2 +available' "$work/doc_plugins.txt"
 grep -E 'layer softsign' "$work/doc_plugins.txt"
 POLYPROBE_PLUGIN_PATH= "$host" train --model "$doc/model.json" --quiet --seed 1 | tee "$work/doc_train.txt"
 tail -n 1 "$work/doc_train.txt" | grep -E 'test accuracy: [0-9.]+%'
+
+echo "== the backend of docs/plugins.md (\"Writing a backend\"), extracted from the page and built"
+backend="$doc/backend"
+for f in example_evaluator.cpp CMakeLists.txt; do test -s "$backend/$f" || { echo "docs/plugins.md lacks backend/$f"; exit 1; }; done
+# The page shows examples/evaluator_plugin's source, which the conformance suite runs.
+diff -u "$src/examples/evaluator_plugin/example_evaluator.cpp" "$backend/example_evaluator.cpp"
+cmake -S "$backend" -B "$backend/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=ON \
+  -DCMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON >/dev/null
+cmake --build "$backend/build" >/dev/null
+backend_dir="$backend/build/lib/polyprobe/plugins"
+POLYPROBE_PLUGIN_PATH="$backend_dir" "$host" plugins | tee "$work/backend_plugins.txt"
+grep -E '^example_evaluator +1\.0\.0 +2 +available' "$work/backend_plugins.txt"
+grep -E '^    evaluator materialised \[cpu; float32,float64\]: ' "$work/backend_plugins.txt"
+POLYPROBE_PLUGIN_PATH="$backend_dir" "$host" train --backend example_evaluator --hidden 8 \
+  --epochs 1 --time-limit 3 --seed 1 --explain 2>&1 | tee "$work/backend_train.txt"
+grep -F 'example_evaluator: chosen: requested with --backend' "$work/backend_train.txt"
+tail -n 1 "$work/backend_train.txt" | grep -E 'test accuracy: [0-9.]+%'
+# Not chosen unless asked: the shipped backend out-scores it.
+POLYPROBE_PLUGIN_PATH="$backend_dir" "$host" train --hidden 8 --epochs 1 --time-limit 1 --seed 1 \
+  --explain 2>&1 | grep -F 'cpu_tbb: chosen: highest score among those that can serve'
 
 echo "== the package: polyprobe::core with its dependencies, a clear error without them"
 mkdir -p "$work/consumer"

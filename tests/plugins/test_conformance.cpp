@@ -6,10 +6,12 @@
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
+#include <polyprobe/subspaces.hpp>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -161,6 +163,162 @@ void check_backend(const std::string& name, DType dtype, bool discontinuous, dou
   CHECK(supported > 0);
 }
 
+// ---- Every built-in layer kind -----------------------------------------------------------
+//
+// One small model per layer kind (and weight transform), each loss, in full space and in a
+// hybrid subspace, the candidates at train's radii (the default probe radius 2 at the first
+// probe of K = 1: displacements of length 1) and at a small one. `rounding_decides` marks
+// models whose float32 and float64 results may legitimately differ (a rounding decides a
+// sign, a step, a spike, an argmax or a route): they are checked in float64 only.
+struct KindCase {
+  std::string name;
+  std::vector<int64_t> input_shape;
+  nlohmann::json layers;
+  bool rounding_decides = false;
+};
+
+std::vector<KindCase> kind_cases() {
+  using J = nlohmann::json;
+  return {
+      {"linear relu", {5}, J::parse(R"([{"kind":"linear","out_features":6},{"kind":"relu"},
+          {"kind":"linear","out_features":3}])")},
+      {"gelu tanh identity", {5}, J::parse(R"([{"kind":"linear","out_features":6},
+          {"kind":"gelu"},{"kind":"linear","out_features":5},{"kind":"gelu","approximate":"tanh"},
+          {"kind":"tanh"},{"kind":"identity"},{"kind":"linear","out_features":3}])")},
+      {"sign staircase",
+       {5},
+       J::parse(R"([{"kind":"linear","out_features":6},{"kind":"sign"},
+          {"kind":"linear","out_features":6},{"kind":"staircase","step":0.25},
+          {"kind":"linear","out_features":3}])"),
+       true},
+      {"transformed weights (sign, int8)",
+       {5},
+       J::parse(R"([{"kind":"linear","out_features":6,
+          "weight_transform":"sign"},{"kind":"relu"},{"kind":"linear","out_features":3,
+          "weight_transform":"int8","bias_transform":"int8"}])"),
+       true},
+      {"layer_norm", {4, 3}, J::parse(R"([{"kind":"linear","out_features":4},
+          {"kind":"layer_norm"},{"kind":"relu"},{"kind":"flatten"},
+          {"kind":"linear","out_features":3}])")},
+      {"conv1d, max_pool1d",
+       {2, 8},
+       J::parse(R"([{"kind":"conv1d","out_channels":3,
+          "kernel_size":3,"padding":1,"dilation":1},{"kind":"relu"},
+          {"kind":"max_pool1d","kernel_size":2},{"kind":"flatten"},
+          {"kind":"linear","out_features":3}])"),
+       true},
+      {"conv2d depthwise dilated, avg_pool2d", {2, 5, 5}, J::parse(R"([{"kind":"conv2d",
+          "out_channels":2,"kernel_size":3,"padding":2,"dilation":2,"groups":2},{"kind":"tanh"},
+          {"kind":"avg_pool2d","kernel_size":2},{"kind":"flatten"},
+          {"kind":"linear","out_features":3}])")},
+      {"self_attention softmax causal", {4, 4}, J::parse(R"([{"kind":"self_attention",
+          "num_heads":2,"causal":true},{"kind":"relu"},{"kind":"flatten"},
+          {"kind":"linear","out_features":3}])")},
+      {"self_attention argmax",
+       {4, 4},
+       J::parse(R"([{"kind":"self_attention","num_heads":2,
+          "attention":"argmax"},{"kind":"flatten"},{"kind":"linear","out_features":3}])"),
+       true},
+      {"moe",
+       {5},
+       J::parse(R"([{"kind":"moe","num_experts":3,"out_features":4},{"kind":"relu"},
+          {"kind":"linear","out_features":3}])"),
+       true},
+      {"lif",
+       {5},
+       J::parse(R"([{"kind":"linear","out_features":6},{"kind":"lif","steps":4},
+          {"kind":"linear","out_features":3}])"),
+       true},
+      {"cheri_block", {6, 4}, J::parse(R"([{"kind":"cheri_block","dilation":2},
+          {"kind":"flatten"},{"kind":"linear","out_features":3}])")},
+  };
+}
+
+struct KindRun {
+  int supported = 0, declined = 0;
+};
+
+// Every case of kind_cases() on backend `name`: losses of the reference (float64) against
+// the backend's, every loss, full space and a hybrid subspace, two radii.
+KindRun check_layer_kinds(const std::string& name, DType dtype, double tolerance,
+                          const std::string& device) {
+  KindRun result;
+  const std::vector<std::string> losses = {"cross_entropy", "mse", "hinge", "zero_one"};
+  std::mt19937_64 rng(31);
+  std::normal_distribution<double> normal;
+  for (const KindCase& kc : kind_cases()) {
+    if (dtype == DType::f32 && kc.rounding_decides) continue;
+    Model model{Shape{kc.input_shape}};
+    for (const nlohmann::json& layer : kc.layers) {
+      nlohmann::json attrs = layer;
+      const std::string kind = attrs["kind"];
+      attrs.erase("kind");
+      model.add(backends().factory.create(kind, attrs, model.output_shape()));
+    }
+    model.initialize(rng());
+    const int64_t outputs = model.output_shape().numel();
+    for (std::size_t l = 0; l < losses.size(); ++l) {
+      // zero_one compares rounded outputs: float64 only, like the exact kinds.
+      if (dtype == DType::f32 && losses[l] == "zero_one") continue;
+      const auto loss = make_loss(losses[l], l % 2 == 0 ? 1e-3 : 0.0);
+      Batch batch;
+      const int rows = 4;
+      batch.inputs = Matrix<double>::NullaryExpr(rows, model.input_shape().numel(),
+                                                 [&] { return normal(rng); });
+      if (losses[l] == "mse")
+        batch.targets.values =
+            Matrix<double>::NullaryExpr(rows, outputs, [&] { return normal(rng); });
+      else
+        for (int r = 0; r < rows; ++r)
+          batch.targets.labels.push_back(
+              static_cast<int64_t>(rng() % static_cast<uint64_t>(outputs)));
+      HybridSubspace::Options hybrid_options;
+      hybrid_options.rank = 2;
+      const auto hybrid = HybridSubspace::from_layout(model.parameter_entries(),
+                                                      model.num_parameters(), hybrid_options);
+      for (const Subspace* subspace :
+           {static_cast<const Subspace*>(nullptr), static_cast<const Subspace*>(hybrid.get())}) {
+        const int32_t d = subspace == nullptr ? 2 : 8;
+        const int64_t n = subspace == nullptr ? model.num_parameters() : subspace->dimension();
+        Case c{model, nullptr, batch, ParticleMap::contiguous(n, d), {}, {}, {}};
+        c.description = kc.name + ", loss " + losses[l] +
+                        (subspace == nullptr ? ", full space" : ", hybrid subspace");
+        // Three candidates per particle: two at train's first probe radius, one small.
+        for (int64_t p = 0; p < c.particles.count(); ++p)
+          for (const double radius : {1.0, 1.0, 0.05}) {
+            std::vector<double> u(static_cast<std::size_t>(d));
+            double norm = 0;
+            for (double& x : u) {
+              x = normal(rng);
+              norm += x * x;
+            }
+            c.particle.push_back(p);
+            for (double x : u) c.displacement.push_back(radius * x / std::sqrt(norm));
+          }
+        INFO(name << " " << to_string(dtype) << ": " << c.description);
+        EvaluatorRequest request;
+        request.backend = name;
+        request.device = device;
+        request.options.dtype = dtype;
+        request.subspace = subspace;
+        std::unique_ptr<Evaluator> evaluator;
+        try {
+          evaluator = backends().registry.make_evaluator(c.model, *loss, request);
+        } catch (const Error& e) {
+          WARN(name << ": not supported: " << c.description << ": " << e.what());
+          ++result.declined;
+          continue;
+        }
+        ++result.supported;
+        auto reference = make_reference_evaluator(c.model, *loss, subspace, {DType::f64});
+        const auto want = run(*reference, c);
+        const auto got = run(*evaluator, c);
+        CHECK(max_relative_error(got, want) <= tolerance);
+      }
+    }
+  }
+  return result;
+}
 }  // namespace
 
 TEST_CASE("the core's reference evaluator materialises exactly what it is asked") {
@@ -189,6 +347,20 @@ TEST_CASE("every cpu evaluator backend agrees with the reference") {
     }
     SECTION(name + " float32, continuous models, to 1e-5") {
       check_backend(name, DType::f32, false, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("every cpu evaluator backend agrees with the reference on every built-in layer kind") {
+  for (const std::string& name : backends().evaluator_plugins()) {
+    SECTION(name + " float64, to 1e-9") {
+      const KindRun r = check_layer_kinds(name, DType::f64, 1e-9, "cpu");
+      INFO(name << ": " << r.supported << " cases served, " << r.declined << " not supported");
+      CHECK(r.supported > 0);
+    }
+    SECTION(name + " float32, the continuous kinds, to 1e-5") {
+      const KindRun r = check_layer_kinds(name, DType::f32, 1e-5, "cpu");
+      CHECK(r.supported > 0);
     }
   }
 }
@@ -232,6 +404,10 @@ TEST_CASE("every device evaluator backend agrees with the reference (skipped wit
     }
     SECTION(name + " float32, continuous models, to 1e-5") {
       check_backend(name, DType::f32, false, 1e-5, device);
+    }
+    SECTION(name + " every built-in layer kind, float64, to 1e-9") {
+      const KindRun r = check_layer_kinds(name, DType::f64, 1e-9, device);
+      CHECK(r.supported > 0);
     }
     SECTION(name + ": same seed, same trajectory; the reference's to rounding") {
       std::mt19937_64 rng(9);

@@ -1,4 +1,4 @@
-// Scale-out over MPI ranks (optional library polyprobe_distributed; DESIGN.md section 8,
+// Scale-out over MPI ranks (optional library polyprobe_distributed; docs/design.md section 7,
 // docs/scale.md).
 //
 // Every rank holds the whole, replicated optimizer (its state is deterministic: the same

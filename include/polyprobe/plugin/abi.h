@@ -82,7 +82,7 @@ typedef struct pp_capability {
   const char* summary; /* one line for `polyprobe plugins` */
 } pp_capability;
 
-/* Layer contracts: what a layer lets evaluators exploit (DESIGN.md section 3). A false
+/* Layer contracts: what a layer lets evaluators exploit (docs/design.md section 1). A false
  * declaration is caught by probing and costs speed, never correctness. */
 enum {
   PP_CONTRACT_ELEMENTWISE = 1u << 0,    /* no parameters, y[i] = f(x[i]) for any f */
@@ -222,9 +222,11 @@ typedef struct pp_session_options {
   int64_t chunk_size;               /* candidates held at once; 0 = automatic */
   const pp_subspace_view* subspace; /* (optional) NULL = particles move raw parameters */
   const char* path; /* (optional) force one evaluation path; NULL or "auto" = choose */
-  void* stream;     /* (optional) a device stream (cudaStream_t) the session runs on; NULL =
-                       the session makes its own. The host never synchronises it: every call
-                       that returns results to host memory has completed its work. */
+  void* stream;     /* (optional) the backend's native queue the session runs on (a
+                       cudaStream_t for CUDA; a hipStream_t, an MTLCommandQueue or a
+                       sycl::queue* for other backends), passed through unread; NULL = the
+                       session makes its own. The host never synchronises it: every call that
+                       returns results to host memory has completed its work. */
   /* --- appended: named operations (operations.h) --- */
   const pp_host_api* host; /* (optional) the host's operations; valid for the session's life */
   /* --- appended: candidate_autocast --- */
@@ -295,10 +297,17 @@ typedef struct pp_score_request {
  * backend takes over"): the cost matrix C[i, v] = mean over k of the [P V K] losses of the
  * last polytope score call made with losses == NULL (they stayed on the device), its
  * per-block statistics, the non-finite penalty, the cost scaling, the solve, the
- * barycentric move and the quadratic model's per-block sums, with the core's formulas
- * (core/optimizer/step_engine.cpp, transport.cpp, radius_model.cpp). The optimizer's logic
- * (radii, schedules, radius models, momentum, checkpoints) stays in the core, which sends
- * what it decided and receives per-particle and per-block results only. */
+ * barycentric move and the quadratic model's per-block sums. In brief: C[i, v] = mean over
+ * k of L[i, v, k]; per block, a non-finite C becomes worst + margin (1 + |worst|) and the
+ * block is rescaled (PP_COST_*); softmax W[i, v] = exp(-(C[i, v] - min_v C[i, v]) / eps)
+ * normalised per row, Sinkhorn the log-domain iteration with uniform marginals from the
+ * given duals, top-k equal weights on the k cheapest vertices (ties to the lower index);
+ * moves[i] = step_radius R_i sum_v W[i, v] t_v; the quadratic sums from the outer probe.
+ * Every sum over particles adds partials of fixed 64-particle chunks in chunk order, which
+ * is what keeps the trajectory independent of threads and ranks. docs/plugins.md ("The
+ * transport kernels by formula") states each formula and its reduction order. The
+ * optimizer's logic (radii, schedules, radius models, momentum, checkpoints) stays in the
+ * core, which sends what it decided and receives per-particle and per-block results only. */
 enum { PP_SOLVER_SINKHORN = 1, PP_SOLVER_SOFTMAX = 2, PP_SOLVER_TOP_K = 3 };
 enum { PP_COST_SCALING_NONE = 0, PP_COST_MEAN = 1, PP_COST_MAX = 2, PP_COST_MIN_MAX = 3 };
 

@@ -112,7 +112,7 @@ typedef struct pp_lif_attrs {
   int32_t reset_to_zero; /* 0 = subtract the threshold */
 } pp_lif_attrs;
 
-/* The Cheri block on [L, C] (DESIGN.md section 6): depthwise 3-tap dilated conv weights
+/* The Cheri block on [L, C] (docs/design.md section 6): depthwise 3-tap dilated conv weights
  * [3, C], LayerNorm over the (L, C) plane (eps 1e-3, no affine), Linear C -> e C, GELU
  * (tanh), Linear e C -> C, both without bias, residual x + 0.15 MLP. */
 typedef struct pp_cheri_attrs {

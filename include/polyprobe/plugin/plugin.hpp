@@ -10,6 +10,7 @@
 #include <polyprobe/plugin/abi.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -194,6 +195,104 @@ constexpr pp_layer_kind make_layer_kind(const char* kind, const char* summary) {
   if constexpr (requires(const L& l, uint64_t s, std::span<double> p) { l.init_params(s, p); })
     k.init_params = &LayerAdapter<L>::init_params;
   return k;
+}
+
+// ---- Evaluator sessions ---------------------------------------------------------------
+//
+// A session class S provides (each may throw; the message becomes the call's pp_error):
+//   void set_batch(const pp_batch_view& batch);
+//   void set_particles(const pp_particle_layout& layout);
+//   void set_incumbent(const pp_tensor& theta);
+//   void move_incumbent(const double* moves);
+//   void score(const pp_score_request& request, double* losses, double* incumbent_loss);
+//   void read_incumbent(pp_tensor& theta);           // may be const
+// and optionally
+//   const char* explain();                           // JSON, valid until the next call
+//   void transport(const pp_transport_request& request);
+// make_session_api<S>() turns it into the ABI's pp_session_api (the optional members are
+// NULL when S lacks them), and hand_over_session() gives a created session to the host.
+template <class S>
+struct SessionAdapter {
+  static S& session(void* self) { return *static_cast<S*>(self); }
+  static int set_batch(void* self, const pp_batch_view* batch, pp_error* err) {
+    return guard(err, [&] { session(self).set_batch(*batch); });
+  }
+  static int set_particles(void* self, const pp_particle_layout* layout, pp_error* err) {
+    return guard(err, [&] { session(self).set_particles(*layout); });
+  }
+  static int set_incumbent(void* self, const pp_tensor* theta, pp_error* err) {
+    return guard(err, [&] { session(self).set_incumbent(*theta); });
+  }
+  static int move_incumbent(void* self, const double* moves, pp_error* err) {
+    return guard(err, [&] { session(self).move_incumbent(moves); });
+  }
+  static int score(void* self, const pp_score_request* request, double* losses,
+                   double* incumbent_loss, pp_error* err) {
+    return guard(err, [&] { session(self).score(*request, losses, incumbent_loss); });
+  }
+  static int read_incumbent(void* self, pp_tensor* theta, pp_error* err) {
+    return guard(err, [&] { session(self).read_incumbent(*theta); });
+  }
+  // explain has no error channel: a failure reads as "nothing to explain".
+  static const char* explain(void* self) noexcept {
+    try {
+      return session(self).explain();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  static int transport(void* self, const pp_transport_request* request, pp_error* err) {
+    return guard(err, [&] { session(self).transport(*request); });
+  }
+  static void destroy(void* self) noexcept { delete static_cast<S*>(self); }
+};
+
+template <class S>
+constexpr pp_session_api make_session_api() {
+  pp_session_api api{};
+  api.struct_size = sizeof(pp_session_api);
+  api.set_batch = &SessionAdapter<S>::set_batch;
+  api.set_particles = &SessionAdapter<S>::set_particles;
+  api.set_incumbent = &SessionAdapter<S>::set_incumbent;
+  api.move_incumbent = &SessionAdapter<S>::move_incumbent;
+  api.score = &SessionAdapter<S>::score;
+  api.read_incumbent = &SessionAdapter<S>::read_incumbent;
+  api.destroy = &SessionAdapter<S>::destroy;
+  if constexpr (requires(S & s) {
+                  { s.explain() } -> std::convertible_to<const char*>;
+                })
+    api.explain = &SessionAdapter<S>::explain;
+  if constexpr (requires(S & s, const pp_transport_request& r) { s.transport(r); })
+    api.transport = &SessionAdapter<S>::transport;
+  return api;
+}
+
+// The one table per session class that make_session_api<S>() builds.
+template <class S>
+inline constexpr pp_session_api session_api_of = make_session_api<S>();
+
+// Gives a created session to the host: the outputs of pp_plugin::session_create. The host
+// frees it through the table's destroy.
+template <class S>
+void hand_over_session(std::unique_ptr<S> session, void** self, const pp_session_api** api) {
+  *api = &session_api_of<S>;
+  *self = session.release();
+}
+
+// The body of a pp_plugin::session_supports: `reason()` returns why the session cannot serve
+// (empty when it can); 1 when it can, else 0 with the reason (or the exception's message).
+template <class Reason>
+int answer_supports(pp_error* why, Reason&& reason) noexcept {
+  try {
+    const std::string text = reason();
+    if (text.empty()) return 1;
+    set_error(why, text);
+  } catch (const std::exception& e) {
+    set_error(why, e.what());
+  } catch (...) {
+    set_error(why, "unknown exception");
+  }
+  return 0;
 }
 
 // Fills a pp_param_spec.
