@@ -44,7 +44,7 @@ statistics, as polyprobe does; batches of 128, as the configs.
     python3 bench/plot_nondiff.py bench/nondiff-cpu.json docs/fashion-nondiff-cpu.svg
 
 Needs PyTorch (1.13 or 2.x) and numpy; the built `polyprobe` (--polyprobe, default
-build/apps/polyprobe/polyprobe or the one on PATH). It loads python/polyprobe/torch.py by path,
+build/bin/polyprobe or the one on PATH). It loads python/polyprobe/torch.py by path,
 so the built Python package is not needed.
 """
 import argparse
@@ -348,7 +348,7 @@ def train_torch(spec, method, hp, data, budget, eval_every, device, seed):
 
 
 def polyprobe_exe(given):
-    for candidate in ([given] if given else []) + [str(ROOT / "build/apps/polyprobe/polyprobe"),
+    for candidate in ([given] if given else []) + [str(ROOT / "build/bin/polyprobe"),
                                                     shutil.which("polyprobe") or ""]:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
