@@ -1,7 +1,8 @@
 // Linear: y = x Q(W)^T + Qb(b), applied over the last dimension of each sample.
 //
 // Q and Qb are elementwise weight transforms: identity (plain nn.Linear), sign (binarised
-// weights) or int8 (fake quantisation with a fixed step). The delta paths use the exact
+// weights), int8 or int4 (fake quantisation with a fixed step, symmetric: +-127 or +-7
+// steps). The delta paths use the exact
 // effective change Q(w + d) - Q(w), which is why the transforms are declared, not hidden.
 #include "layers/builtin.hpp"
 
@@ -10,13 +11,15 @@
 namespace polyprobe {
 namespace {
 
-enum class Transform { identity, sign, int8 };
+enum class Transform { identity, sign, int8, int4 };
 
 Transform parse_transform(const std::string& name) {
   if (name == "identity") return Transform::identity;
   if (name == "sign") return Transform::sign;
   if (name == "int8") return Transform::int8;
-  throw Error("layer 'linear': unknown transform '" + name + "' (use identity, sign or int8)");
+  if (name == "int4") return Transform::int4;
+  throw Error("layer 'linear': unknown transform '" + name +
+              "' (use identity, sign, int8 or int4)");
 }
 
 const char* transform_name(Transform t) {
@@ -27,6 +30,8 @@ const char* transform_name(Transform t) {
       return "sign";
     case Transform::int8:
       return "int8";
+    case Transform::int4:
+      return "int4";
   }
   return "identity";
 }
@@ -59,7 +64,7 @@ class Linear final : public LayerBase<Linear> {
     nlohmann::json a = {{"out_features", out_}, {"bias", bias_}};
     if (weight_q_ != Transform::identity) a["weight_transform"] = transform_name(weight_q_);
     if (bias_q_ != Transform::identity) a["bias_transform"] = transform_name(bias_q_);
-    if (weight_q_ == Transform::int8 || bias_q_ == Transform::int8) a["quant_step"] = step_;
+    if (quantised(weight_q_) || quantised(bias_q_)) a["quant_step"] = step_;
     return a;
   }
   const Shape& input_shape() const override { return input_; }
@@ -130,9 +135,12 @@ class Linear final : public LayerBase<Linear> {
         return v > 0 ? 1.0 : (v < 0 ? -1.0 : 0.0);
       case Transform::int8:
         return std::clamp(std::nearbyint(v / step), -127.0, 127.0) * step;
+      case Transform::int4:
+        return std::clamp(std::nearbyint(v / step), -7.0, 7.0) * step;
     }
     return v;
   }
+  static bool quantised(Transform t) { return t == Transform::int8 || t == Transform::int4; }
   static double apply_weight_q(const void* self, double v) {
     const auto* l = static_cast<const Linear*>(self);
     return apply(l->weight_q_, v, l->step_);

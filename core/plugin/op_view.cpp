@@ -32,6 +32,7 @@ std::array<int64_t, 2> plane(const Shape& s) {
 int32_t transform_id(const std::string& name) {
   if (name == "sign") return PP_TRANSFORM_SIGN;
   if (name == "int8") return PP_TRANSFORM_INT8;
+  if (name == "int4") return PP_TRANSFORM_INT4;
   return PP_TRANSFORM_IDENTITY;
 }
 

@@ -163,15 +163,18 @@ class Model:
                    loss: str = "cross_entropy", l2: float = 0.0) -> "Model":
         """Converts an ``nn.Sequential`` of supported layers (Linear, ReLU, Tanh, GELU,
         Identity, Flatten, Conv1d/2d, Max/AvgPool1d/2d, LayerNorm, and polyprobe.torch's
-        Sign and Staircase) with its weights. ``input_shape`` (one sample's) is needed
-        unless the first layer is Linear. An unsupported module is a ValueError naming it."""
+        TransformedLinear, Sign, Staircase, LayerNorm, SelfAttention, HardMoE, LIF and
+        CheriBlock) with its weights. ``input_shape`` (one sample's) is needed unless the
+        first layer is Linear. An unsupported module is a ValueError naming it."""
         from . import torch as _torch
         return _torch.from_torch(module, input_shape, loss, l2)
 
     def to_torch(self) -> Any:
         """The equivalent ``nn.Sequential`` with these weights (float32 or float64 as the
-        model's dtype). A layer kind PyTorch lacks (``int8`` or ``sign`` weight transforms,
-        argmax attention, ...) is a ValueError naming it."""
+        model's dtype), for every built-in kind: ``torch.nn`` modules where PyTorch has the
+        kind, else polyprobe.torch's (sign/int8/int4 weights, sign and staircase units,
+        argmax attention, hard MoE, LIF, Cheri block), whose forward is polyprobe's
+        arithmetic. A plugin's kind is a ValueError naming the layer."""
         from . import torch as _torch
         return _torch.to_torch(self)
 

@@ -1,6 +1,8 @@
-from typing import Any, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torch import Tensor, nn
+
+def quantise(w: Tensor, transform: str, step: float = ...) -> Tensor: ...
 
 class Sign(nn.Module):
     def forward(self, x: Tensor) -> Tensor: ...
@@ -8,6 +10,57 @@ class Sign(nn.Module):
 class Staircase(nn.Module):
     step: float
     def __init__(self, step: float = ...) -> None: ...
+    def forward(self, x: Tensor) -> Tensor: ...
+
+class TransformedLinear(nn.Linear):
+    weight_transform: str
+    bias_transform: str
+    quant_step: float
+    def __init__(self, in_features: int, out_features: int, bias: bool = ...,
+                 weight_transform: str = ..., bias_transform: str = ...,
+                 quant_step: float = ...) -> None: ...
+    def forward(self, x: Tensor) -> Tensor: ...
+
+class LayerNorm(nn.Module):
+    normalized_shape: Tuple[int, ...]
+    eps: float
+    def __init__(self, normalized_shape: Sequence[int], eps: float = ...) -> None: ...
+    def forward(self, x: Tensor) -> Tensor: ...
+
+class SelfAttention(nn.MultiheadAttention):
+    attention: str
+    causal: bool
+    def __init__(self, embed_dim: int, num_heads: int, attention: str = ..., bias: bool = ...,
+                 causal: bool = ...) -> None: ...
+    def scores(self, x: Tensor) -> Tuple[Tensor, Tensor]: ...
+    def mix(self, weights: Tensor, v: Tensor) -> Tensor: ...
+    def forward(self, x: Tensor) -> Tensor: ...  # type: ignore[override]
+
+class HardMoE(nn.Module):
+    router: nn.Linear
+    experts: nn.ModuleList
+    def __init__(self, in_features: int, num_experts: int, out_features: int) -> None: ...
+    def gates(self, x: Tensor) -> Tensor: ...
+    def combine(self, x: Tensor, gates: Tensor) -> Tensor: ...
+    def forward(self, x: Tensor) -> Tensor: ...
+
+class LIF(nn.Module):
+    steps: int
+    beta: float
+    threshold: float
+    reset: str
+    def __init__(self, steps: int = ..., beta: float = ..., threshold: float = ...,
+                 reset: str = ...) -> None: ...
+    def spike(self, v: Tensor) -> Tensor: ...
+    def forward(self, current: Tensor) -> Tensor: ...
+
+class CheriBlock(nn.Module):
+    dilation: int
+    expansion: int
+    conv_weight: nn.Parameter
+    fc1: nn.Linear
+    fc2: nn.Linear
+    def __init__(self, channels: int, dilation: int = ..., expansion: int = ...) -> None: ...
     def forward(self, x: Tensor) -> Tensor: ...
 
 def from_torch(module: nn.Module, input_shape: Optional[Sequence[int]] = ...,

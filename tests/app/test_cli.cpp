@@ -676,6 +676,8 @@ TEST_CASE("the example configs train as the docs describe them") {
               << " (Debian: apt-get install dataset-fashion-mnist)\n";
     std::exit(77);
   }
+  // From the repository root, as the configs say to run them (their model paths are relative).
+  std::filesystem::current_path(std::filesystem::path(POLYPROBE_EXAMPLE_CONFIG_DIR) / ".." / "..");
   int configs = 0;
   for (const auto& entry : std::filesystem::directory_iterator(POLYPROBE_EXAMPLE_CONFIG_DIR)) {
     if (entry.path().extension() != ".ini") continue;

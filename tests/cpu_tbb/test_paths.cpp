@@ -61,6 +61,22 @@ TEST_CASE("cpu_tbb: effective deltas of transformed weights and step activations
                   "sparse");
 }
 
+TEST_CASE("cpu_tbb: effective deltas of int4 weights", "[cpu_tbb]") {
+  // A step of 0.1 against weights of about +-0.5: candidates cross levels and the +-7 clamp.
+  const Model model = make_model(
+      4, {{"linear",
+           {{"out_features", 6},
+            {"weight_transform", "int4"},
+            {"bias_transform", "int4"},
+            {"quant_step", 0.1}}},
+          {"relu", {}},
+          {"linear", {{"out_features", 3}, {"weight_transform", "int4"}, {"quant_step", 0.05}}}});
+  const auto loss = make_loss("cross_entropy");
+  const Batch batch = make_batch(model, 7);
+  check_all_paths(model, *loss, batch, make_candidates(model.num_parameters(), 2, 3, 0.2), nullptr,
+                  "sparse");
+}
+
 TEST_CASE("cpu_tbb: other losses", "[cpu_tbb]") {
   const Model model = make_model(5, kMlp);
   const Candidates cands = make_candidates(model.num_parameters(), 2, 3, 0.3);

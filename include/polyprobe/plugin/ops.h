@@ -35,7 +35,8 @@ typedef enum pp_op_kind {
 typedef enum pp_transform {
   PP_TRANSFORM_IDENTITY = 0,
   PP_TRANSFORM_SIGN = 1, /* sign(w) in {-1, 0, 1} */
-  PP_TRANSFORM_INT8 = 2  /* clamp(nearbyint(w / step), -127, 127) * step */
+  PP_TRANSFORM_INT8 = 2, /* clamp(nearbyint(w / step), -127, 127) * step */
+  PP_TRANSFORM_INT4 = 3  /* clamp(nearbyint(w / step), -7, 7) * step */
 } pp_transform;
 
 /* y = x Q(W)^T + Qb(b) over the last dimension; params W [out, in] then b [out]. */
@@ -44,7 +45,7 @@ typedef struct pp_linear_attrs {
   int32_t bias;             /* 0 or 1 */
   int32_t weight_transform; /* pp_transform */
   int32_t bias_transform;   /* pp_transform */
-  double quant_step;        /* PP_TRANSFORM_INT8 */
+  double quant_step;        /* PP_TRANSFORM_INT8 and PP_TRANSFORM_INT4 */
 } pp_linear_attrs;
 
 typedef enum pp_activation {
