@@ -3,6 +3,8 @@
 
     python3 scripts/docs_figures.py
         writes docs/NAME.svg for every docs/figures/NAME.json and prints what it wrote
+    python3 scripts/docs_figures.py --check
+        writes nothing; fails naming every docs/NAME.svg that differs from what its JSON draws
     python3 scripts/docs_figures.py --record docs/figures/NAME.json "LABEL=metrics.jsonl" ...
         first records the test-accuracy curve of each `polyprobe train --metrics FILE
         --metrics-test` run under LABEL in that curves file (replacing a curve of that label),
@@ -103,19 +105,31 @@ def record(target, specs):
 
 def main():
     args = sys.argv[1:]
+    check = args == ["--check"]
     if args and args[0] == "--record":
         if len(args) < 3:
             sys.exit(__doc__)
         record(pathlib.Path(args[1]), args[2:])
-    elif args:
+    elif args and not check:
         sys.exit(__doc__)
     sources = sorted((ROOT / "docs" / "figures").glob("*.json"))
     if not sources:
         sys.exit(f"FAIL: no docs/figures/*.json under {ROOT}")
+    stale = []
     for source in sources:
         out = ROOT / "docs" / f"{source.stem}.svg"
-        out.write_text(draw(source))
+        drawn = draw(source)
+        if check:
+            if not out.exists() or out.read_text() != drawn:
+                stale.append(str(out.relative_to(ROOT)))
+            continue
+        out.write_text(drawn)
         print(f"wrote {out.relative_to(ROOT)} from {source.relative_to(ROOT)}")
+    if stale:
+        sys.exit(f"FAIL: {', '.join(stale)} differ from what docs/figures/ draws: run "
+                 "python3 scripts/docs_figures.py and commit the figures")
+    if check:
+        print(f"ok: {len(sources)} figures match docs/figures/*.json")
 
 
 if __name__ == "__main__":
