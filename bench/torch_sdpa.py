@@ -13,11 +13,16 @@ _scaled_dot_product_attention, and says which ran.
 """
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from blas_check import require_optimised_blas  # noqa: E402
 
 
 def sdpa_function():
@@ -36,6 +41,8 @@ def main():
     parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    # On the CPU its times stand beside polyprobe's: not against the reference BLAS.
+    blas = require_optimised_blas("bench/torch_sdpa.py")[0] if args.device == "cpu" else "-"
     name, sdpa = sdpa_function()
     lengths = [6, 64, 128] + ([1024] if args.device == "cuda" else [])
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -68,7 +75,7 @@ def main():
         print(f"{length:>5} {cold:>9.3f} {median:>10.3f} {q3 - q1:>8.3f} {cpu_median:>14.3f}")
         records.append({"length": length, "cold_ms": cold, "median_ms": median,
                         "cpu_median_ms": cpu_median,
-                        "iqr_ms": q3 - q1, "function": name, "torch": torch.__version__})
+                        "iqr_ms": q3 - q1, "function": name, "torch": torch.__version__, "blas": blas})
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"records": records}, f, indent=1)

@@ -35,7 +35,11 @@ def test_points(path):
 
 def svg(curves, width=640, height=360):
     """One polyline per label; x = seconds, y = test accuracy in percent."""
-    pad_l, pad_r, pad_t, pad_b = 56, 150, 16, 40
+    # The legend sits right of the plot: wide enough for the longest label (about 7 px a
+    # character at font size 12).
+    pad_l, pad_t, pad_b = 56, 16, 40
+    pad_r = max(150, 16 + 7 * max(len(label) for label in curves))
+    width += pad_r - 150
     xs = [s for points in curves.values() for s, _, _ in points]
     ys = [100 * a for points in curves.values() for _, a, _ in points]
     x_max = max(xs) * 1.05

@@ -7,11 +7,12 @@
 #     WORKLOADS  comma list of bench step workloads (default: the five of the reference)
 #     OUT_DIR    where step.json, torch.json (and before.json) go (default bench-step-out)
 #   Environment: POLYPROBE (default build/bin/polyprobe), BEFORE (another polyprobe binary,
-#   timed the same way as a "before" column), TORCH_REF (default
-#   ../shared/bench/torch_step_ref.py), PYTHON (default /usr/bin/python3, which has PyTorch),
+#   timed the same way as a "before" column), TORCH_REF (default bench/torch_step.py, the
+#   PyTorch step reference), PYTHON (default /usr/bin/python3, which has PyTorch),
 #   REPEATS (timed steps per record, default 7).
-#   Debian 12: apt-get install python3-torch libopenblas0-openmp (without OpenBLAS torch calls
-#   the netlib reference BLAS; the reference's warning is passed on).
+#   Debian 12: apt-get install python3-torch libopenblas0-openmp (scripts/install-deps.sh
+#   --test). Without OpenBLAS torch calls the netlib reference BLAS, about 30x slower, and the
+#   script stops before timing anything (bench/blas_check.py).
 #
 # Columns: median wall ms per complete step (and, at 1 thread, the calling thread's CPU ms)
 # for evaluation, step@reference and step@train, and PyTorch's best structured method at the
@@ -21,10 +22,13 @@ threads=${1:-1,2}
 workloads=${2:-mlp64-full,mlp256-full,mlp256-sub512,mnist128-sub256,mnist64-full}
 out=${3:-bench-step-out}
 polyprobe=${POLYPROBE:-build/bin/polyprobe}
-torch_ref=${TORCH_REF:-../shared/bench/torch_step_ref.py}
+torch_ref=${TORCH_REF:-$(dirname "$0")/../bench/torch_step.py}
 python=${PYTHON:-/usr/bin/python3}
 repeats=${REPEATS:-7}
 mkdir -p "$out"
+# No ratio against the reference BLAS: it would be inflated about 30x.
+"$python" "$(dirname "$0")/../bench/blas_check.py" ||
+  { echo "bench-step-cpu.sh: PyTorch's BLAS is the reference one (above); no table" >&2; exit 1; }
 "$polyprobe" bench step --quiet --workloads "$workloads" --bench-threads "$threads" --no-peak \
   --repeats "$repeats" --json "$out/step.json" > /dev/null
 if [[ -n "${BEFORE:-}" ]]; then
@@ -33,8 +37,7 @@ if [[ -n "${BEFORE:-}" ]]; then
 fi
 "$python" "$torch_ref" --workloads "$workloads" --methods structured --threads "$threads" \
   --repeats "$repeats" --json "$out/torch.json" > "$out/torch.log"
-# Its warnings (above all: torch on the netlib reference BLAS, about 10x slower than with
-# libopenblas0-openmp, which made Debian's torch look like no fair baseline for a while).
+# The reference's own warnings, passed on.
 grep -h "WARNING" "$out/torch.log" >&2 || true
 "$python" - "$out" <<'PY'
 import json, os, sys

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what polyprobe needs to build on Debian 12, as root, and with --test also what
-# its tests need (PyTorch for the model round trips, Optuna for the Python comparison,
-# Chromium for the report's rendering). Asks apt only when something is missing, so a
+# its tests need (PyTorch for the model round trips and the baselines, with OpenBLAS: without
+# libopenblas0-openmp torch calls the netlib reference BLAS, about 30x slower, which no
+# baseline may be measured against; Optuna for the Python comparison; Chromium for the
+# report's rendering; llvm-symbolizer, from llvm-14, so that sanitizer and fuzzer reports
+# name source lines). Asks apt only when something is missing, so a
 # machine that already has everything is not touched.
 set -euo pipefail
 packages=(
@@ -14,7 +17,7 @@ packages=(
   python3-dev pybind11-dev python3-numpy python3-tqdm python3-setuptools python3-pip python3-venv
 )
 if [[ ${1:-} == --test ]]; then
-  packages+=(python3-pytest python3-torch python3-optuna chromium)
+  packages+=(python3-pytest python3-torch libopenblas0-openmp python3-optuna chromium llvm-14)
 fi
 missing=()
 for p in "${packages[@]}"; do

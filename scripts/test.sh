@@ -2,10 +2,11 @@
 # Every check CI runs, on a fresh Debian 12 machine (as root): install what is missing,
 # then a Release build with warnings as errors and all tests, the same under AddressSanitizer
 # and UndefinedBehaviorSanitizer, the formatting and clang-tidy checks, and each fuzzer for
-# a bounded time. Stops at the first failure.
+# a bounded time. Stops at the first failure. About 45 to 57 minutes on 2 cores from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh --test
+source scripts/sanitizer-env.sh
 step() { printf '\n==== %s (%s)\n' "$1" "$(date -u +%H:%M:%S)"; }
 
 step "format check"

@@ -15,7 +15,16 @@ command that appears in several sources runs once.
 `--epochs 1 --time-limit 1` in place of its own --epochs and --time-limit, bench (but bench
 dfo, which has no --repeats) gets `--repeats 1`. A command is skipped, with the reason printed, only when it needs what is not
 installed here: Fashion-MNIST (named on the line or in its --config file) or jq.
+
+The README is what a newcomer runs after `bash scripts/main.sh`, whose build puts the app at
+./build/bin/polyprobe and not on the PATH, so its shell blocks (```sh) are checked as written:
+a `polyprobe` command must be spelled `./build/bin/polyprobe ...` (it then runs as above, the
+prefix standing for POLYPROBE, which must be where the release preset builds it); a
+`bash scripts/X.sh` line, which takes minutes to an hour, gets `bash -n` (the script exists
+and parses); the install and out-of-tree build lines are not run (they write outside the
+build tree), but every repository path they name must exist.
 """
+import json
 import os
 import pathlib
 import re
@@ -45,7 +54,9 @@ elif args[:1] == ["bench"] and args[1:2] != ["dfo"] and "--repeats" not in args:
     args += ["--repeats", "1"]  # bench dfo has no --repeats (and refuses it)
 os.execv(REAL, [REAL] + args)
 '''
-COMMAND = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*polyprobe\s")
+COMMAND = re.compile(r"^\s*(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*(?:\./build/bin/)?polyprobe\s")
+# The README's spelling of the app after scripts/main.sh; the wrapper stands for it.
+BUILT = "./build/bin/polyprobe"
 NOT_COMMANDS = {"text", "json", "python", "cpp", "c", "ini", "cmake"}
 
 
@@ -82,6 +93,54 @@ def document_examples(root):
     return sources
 
 
+def readme_shell_checks(root, polyprobe):
+    """The README's ```sh lines as a newcomer runs them after scripts/main.sh: (ran, failures).
+    Its polyprobe commands run with the other examples; this checks how they are spelled
+    and every other line."""
+    failures, checked = [], 0
+    presets = json.loads((root / "CMakePresets.json").read_text())
+    release = next(p for p in presets["configurePresets"] if p["name"] == "release")
+    if release.get("binaryDir") != "${sourceDir}/build":
+        failures.append(f"the release preset builds in {release.get('binaryDir')}, not build/: "
+                        f"the README's {BUILT} is not where scripts/main.sh puts the app")
+    if not polyprobe.endswith("/bin/polyprobe"):
+        failures.append(f"{polyprobe} is not a build tree's bin/polyprobe")
+    fence = None
+    for number, line in enumerate((root / "README.md").read_text().splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fence = None if fence is not None else stripped[3:].strip().lower()
+            continue
+        if fence != "sh" or not stripped or stripped.startswith("#"):
+            continue
+        where = f"README.md:{number}"
+        if re.match(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)*polyprobe\s", stripped):
+            failures.append(f"{where}: `{stripped}`: polyprobe is not on the PATH after "
+                            f"scripts/main.sh; write {BUILT} (or install it first)")
+        elif COMMAND.match(stripped):
+            continue  # runs with the other examples
+        elif (script := re.match(r"^bash (scripts/[\w.-]+\.sh)\b", stripped)):
+            checked += 1
+            done = subprocess.run(["bash", "-n", str(root / script[1])], capture_output=True,
+                                  text=True)
+            print(f"{'ok  ' if done.returncode == 0 else 'FAIL'} bash -n {script[1]}  "
+                  f"({where}: `{stripped}` takes minutes to an hour: parsed, not run)")
+            if done.returncode != 0:
+                failures.append(f"{where}: {script[1]}: {done.stderr.strip()[-300:]}")
+        else:
+            checked += 1
+            paths = re.findall(r"(?<![\w/$.-])((?:examples|scripts|python|build)/[\w./-]*\w)",
+                               stripped)
+            missing = [p for p in paths if not p.startswith("build")
+                       and not (root / p).exists()]
+            print(f"{'ok  ' if not missing else 'FAIL'} not run, paths checked  ({where}: "
+                  f"`{stripped}` writes outside the build tree)")
+            if missing:
+                failures.append(f"{where}: `{stripped}` names {', '.join(missing)}, "
+                                "which does not exist")
+    return checked, failures
+
+
 def fashion_mnist_installed():
     folder = os.environ.get("POLYPROBE_FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
     return os.path.exists(os.path.join(folder, "train-images-idx3-ubyte.gz"))
@@ -115,6 +174,8 @@ def main():
                    POLYPROBE_PLUGIN_PATH="")
         seen, failures, ran, skipped = set(), [], 0, 0
         started = time.monotonic()
+        readme_checked, readme_failures = readme_shell_checks(root, polyprobe)
+        failures += readme_failures
         sources = help_examples(polyprobe) + document_examples(root)
         for index, (source, lines) in enumerate(sources):
             folder = work / f"source{index}"
@@ -131,7 +192,8 @@ def main():
                     continue
                 t0 = time.monotonic()
                 try:
-                    done = subprocess.run(["bash", "-c", f"set -o pipefail; {line}"], cwd=folder,
+                    command = line.replace(BUILT + " ", "polyprobe ")
+                    done = subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], cwd=folder,
                                           env=env, capture_output=True, text=True, timeout=60)
                     status, err = done.returncode, done.stderr.strip()
                 except subprocess.TimeoutExpired:
@@ -141,7 +203,8 @@ def main():
                       f"{source}: {line}")
                 if status != 0:
                     failures.append(f"{source}: `{line}` exited {status}: {err[-400:]}")
-        print(f"{ran} examples ran, {skipped} skipped, in {time.monotonic() - started:.1f} s")
+        print(f"{ran} examples ran, {skipped} skipped, {readme_checked} other README lines "
+              f"checked, in {time.monotonic() - started:.1f} s")
         if ran < 15:
             failures.append(f"only {ran} examples found: is the extraction broken?")
         for failure in failures:

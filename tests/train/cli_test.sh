@@ -2,13 +2,40 @@
 # End-to-end checks of `polyprobe train` and `polyprobe eval`: the default run reaches 90 %,
 # saved weights evaluate to the same accuracy, and bad input fails with status 1, one error
 # line naming the file, and no output file left behind.
+#
+#   cli_test.sh POLYPROBE FIXTURES FIXTURE_PLUGIN_DIR   every check but the terminal's
+#   cli_test.sh --progress-tty POLYPROBE                the progress bar on a 60-column
+#       terminal; exits 77 (a skip, with the reason) where `script` cannot open a
+#       pseudo-terminal, as in some containers
 set -uo pipefail
+fail() { echo "FAIL: $*" >&2; exit 1; }
+if [[ ${1:-} == --progress-tty ]]; then
+  polyprobe=$2
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cd "$work"
+  command -v script > /dev/null || { echo "SKIP: no \`script\` (bsdutils) to open a terminal"; exit 77; }
+  if ! probe=$(script -qc "stty cols 60 && echo pty-ok" /dev/null 2>&1) || [[ $probe != *pty-ok* ]]; then
+    echo "SKIP: \`script\` cannot open a pseudo-terminal here: ${probe:0:200}"
+    exit 77
+  fi
+  # Every redraw fits (no wrapped lines) and shows the epoch's running means and an ETA.
+  script -qc "stty cols 60; $polyprobe train --epochs 2 2>&1 > /dev/null" /dev/null > tty.txt ||
+    fail "train on a terminal exited $?: $(tail -c 300 tty.txt)"
+  redraws=$(tr '\r' '\n' < tty.txt | sed 's/\x1b\[K//g')
+  widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w + 0 }' <<< "$redraws")
+  ((widest > 20 && widest < 60)) ||
+    fail "progress lines up to $widest columns on a 60-column terminal: $(tail -c 300 tty.txt)"
+  grep -q "  acc [0-9.]*%.*eta [0-9]*s" <<< "$redraws" && ! grep -q "batch acc" <<< "$redraws" ||
+    fail "progress line: $(tail -n 2 <<< "$redraws")"
+  echo "progress bar checks passed"
+  exit 0
+fi
 polyprobe=$1
 fixtures=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out=$("$polyprobe" train --quiet --save run.safetensors --metrics m.jsonl) || fail "default train exited $?"
 last=$(printf '%s\n' "$out" | tail -n 1)
@@ -110,17 +137,6 @@ for bad in "--time-limit -1" "--hidden 0" "--epochs 0" "--patience -1" "--test-f
   "$polyprobe" train --quiet $bad > /dev/null 2> err.txt
   [[ $? == 2 && $(wc -l < err.txt) == 1 ]] || fail "'$bad' is not a one-line usage error: $(cat err.txt)"
 done
-
-# The progress bar on a 60-column terminal: every redraw fits (no wrapped lines), shows the
-# epoch's running means and an ETA.
-if command -v script > /dev/null; then
-  script -qc "stty cols 60; $polyprobe train --epochs 2 2>&1 > /dev/null" /dev/null > tty.txt
-  redraws=$(tr '\r' '\n' < tty.txt | sed 's/\x1b\[K//g')
-  widest=$(awk '{ if (length($0) > w) w = length($0) } END { print w }' <<< "$redraws")
-  ((widest > 20 && widest < 60)) || fail "progress lines up to $widest columns on a 60-column terminal"
-  grep -q "  acc [0-9.]*%.*eta [0-9]*s" <<< "$redraws" && ! grep -q "batch acc" <<< "$redraws" ||
-    fail "progress line: $(tail -n 2 <<< "$redraws")"
-fi
 
 # Non-finite losses: a model that writes NaN everywhere stops at the first step, naming the
 # layer and the plugin that provides it.
