@@ -681,17 +681,17 @@ TEST_CASE("cuda: a PolytopeOptimizer trajectory follows the reference's", "[cuda
 // block strategy, both radius models' paths, full space and a subspace. The losses are the
 // same bits on both sides, so the steps agree to the rounding of the solves; and with the
 // transport on the device only per-particle data comes down (explain's byte counts).
-TEST_CASE("cuda: the transport solved on the device follows the host's", "[cuda]") {
-  require_device();
-  struct Setting {
-    TransportSolver solver;
-    CostScaling scaling;
-    RadiusModelKind radius;
-    BlockStrategy blocks;
-    PolytopeKind polytope;
-    int32_t probes;
-  };
-  const std::vector<Setting> settings = {
+struct TransportSetting {
+  TransportSolver solver;
+  CostScaling scaling;
+  RadiusModelKind radius;
+  BlockStrategy blocks;
+  PolytopeKind polytope;
+  int32_t probes;
+};
+
+const std::vector<TransportSetting>& transport_settings() {
+  static const std::vector<TransportSetting> settings = {
       {TransportSolver::sinkhorn, CostScaling::none, RadiusModelKind::quadratic,
        BlockStrategy::monolithic, PolytopeKind::simplex, 1},
       {TransportSolver::sinkhorn, CostScaling::mean, RadiusModelKind::fixed,
@@ -703,83 +703,108 @@ TEST_CASE("cuda: the transport solved on the device follows the host's", "[cuda]
       {TransportSolver::top_k, CostScaling::none, RadiusModelKind::quadratic,
        BlockStrategy::per_layer, PolytopeKind::cube, 2},
   };
+  return settings;
+}
+
+// Eight steps of setting `set` on case c, with the transport solved on the host and on the
+// device by the same cuda evaluator, agree step by step and in the final parameters.
+void check_device_transport(const Case& c, const TransportSetting& set, bool subspace,
+                            uint64_t seed) {
+  OptimizerConfig config;
+  config.seed = seed;
+  config.solver = set.solver;
+  config.cost_scaling = set.scaling;
+  config.radius.kind = set.radius;
+  config.blocks = set.blocks;
+  config.polytope = set.polytope;
+  config.num_probe = set.probes;
+  config.particle_dim = 3;
+  config.subspace_particle_dim = 4;
+  config.top_k = 2;
+  config.sinkhorn_tolerance = 1e-12;  // both sides run to the same iteration
+  config.sinkhorn_max_iterations = 400;
+  std::vector<std::vector<StepInfo>> infos(2);
+  std::vector<std::vector<double>> finals;
+  std::vector<nlohmann::json> explained;
+  for (const bool on_device : {false, true}) {
+    Model model = c.model;
+    const auto space = subspace ? hybrid_of(model) : nullptr;
+    auto evaluator =
+        backends().registry.make_evaluator(model, *c.loss, cuda_request(DType::f64, space.get()));
+    REQUIRE(evaluator->solves_transport());
+    config.device_transport = on_device;
+    PolytopeOptimizer opt(model, config, space.get());
+    opt.register_evaluator(*evaluator, c.batch);
+    for (int step = 0; step < 8; ++step) infos[on_device ? 1 : 0].push_back(opt.step());
+    finals.emplace_back(model.parameters().begin(), model.parameters().end());
+    explained.push_back(evaluator->explain()["plugin"]);
+  }
+  for (int step = 0; step < 8; ++step) {
+    const StepInfo& host = infos[0][static_cast<std::size_t>(step)];
+    const StepInfo& device = infos[1][static_cast<std::size_t>(step)];
+    INFO("step " << step);
+    CHECK(device.mean_cost == Approx(host.mean_cost).epsilon(1e-9));
+    CHECK(device.best_cost == Approx(host.best_cost).epsilon(1e-9));
+    CHECK(device.step_radius == Approx(host.step_radius).epsilon(1e-9));
+    CHECK(device.move_norm == Approx(host.move_norm).epsilon(1e-7).margin(1e-12));
+    CHECK(std::abs(device.transport_iterations - host.transport_iterations) <= 1);
+    CHECK(device.transport_converged == host.transport_converged);
+    if (set.radius == RadiusModelKind::quadratic)
+      CHECK(device.predicted_change == Approx(host.predicted_change).epsilon(1e-6).margin(1e-12));
+  }
+  double worst = 0;
+  for (std::size_t i = 0; i < finals[0].size(); ++i)
+    worst = std::max(worst, std::abs(finals[0][i] - finals[1][i]));
+  CHECK(worst <= 1e-8);
+  // The host-solved steps bring every loss down; the device-solved ones only moves,
+  // duals and per-block results.
+  const auto candidates = explained[1]["last_candidates"].get<std::size_t>();
+  CHECK(explained[0]["device_transports"].get<int64_t>() == 0);
+  CHECK(explained[1]["device_transports"].get<int64_t>() == 8);
+  CHECK(explained[0]["step_bytes_to_host"].get<std::size_t>() >= 8 * candidates);
+  const int32_t d = subspace ? config.subspace_particle_dim : config.particle_dim;
+  const std::size_t V = set.polytope == PolytopeKind::simplex     ? static_cast<std::size_t>(d + 1)
+                        : set.polytope == PolytopeKind::orthoplex ? static_cast<std::size_t>(2 * d)
+                                                                  : std::size_t{1} << d;
+  const std::size_t P = candidates / (V * static_cast<std::size_t>(set.probes));
+  // Down: f(X) (quadratic), the moves [P d], the row duals [P] (Sinkhorn), then per block
+  // its result and column duals [V]: the rest must be a whole number of blocks.
+  const bool sinkhorn = set.solver == TransportSolver::sinkhorn;
+  const std::size_t fixed = 8 * (P * static_cast<std::size_t>(d) + (sinkhorn ? P : 0) +
+                                 (set.radius == RadiusModelKind::quadratic ? 1 : 0));
+  const std::size_t per_block = sizeof(pp_transport_block) + (sinkhorn ? 8 * V : 0);
+  const auto down = explained[1]["step_bytes_to_host"].get<std::size_t>();
+  REQUIRE(down > fixed);
+  CHECK((down - fixed) % per_block == 0);
+  CHECK((down - fixed) / per_block >= 1);
+  CHECK((down - fixed) / per_block <= P);
+}
+
+TEST_CASE("cuda: the transport solved on the device follows the host's", "[cuda]") {
+  require_device();
   std::mt19937_64 rng(57);
   for (const bool subspace : {false, true})
-    for (std::size_t k = 0; k < settings.size(); ++k) {
-      const Setting& set = settings[k];
-      Case c = random_case(rng, false, 12);
+    for (std::size_t k = 0; k < transport_settings().size(); ++k) {
+      const Case c = random_case(rng, false, 12);
       INFO((subspace ? "hybrid " : "full ") << "setting " << k << ": " << c.description);
-      OptimizerConfig config;
-      config.seed = 70 + k;
-      config.solver = set.solver;
-      config.cost_scaling = set.scaling;
-      config.radius.kind = set.radius;
-      config.blocks = set.blocks;
-      config.polytope = set.polytope;
-      config.num_probe = set.probes;
-      config.particle_dim = 3;
-      config.subspace_particle_dim = 4;
-      config.top_k = 2;
-      config.sinkhorn_tolerance = 1e-12;  // both sides run to the same iteration
-      config.sinkhorn_max_iterations = 400;
-      std::vector<std::vector<StepInfo>> infos(2);
-      std::vector<std::vector<double>> finals;
-      std::vector<nlohmann::json> explained;
-      for (const bool on_device : {false, true}) {
-        Model model = c.model;
-        const auto space = subspace ? hybrid_of(model) : nullptr;
-        auto evaluator = backends().registry.make_evaluator(model, *c.loss,
-                                                            cuda_request(DType::f64, space.get()));
-        REQUIRE(evaluator->solves_transport());
-        config.device_transport = on_device;
-        PolytopeOptimizer opt(model, config, space.get());
-        opt.register_evaluator(*evaluator, c.batch);
-        for (int step = 0; step < 8; ++step) infos[on_device ? 1 : 0].push_back(opt.step());
-        finals.emplace_back(model.parameters().begin(), model.parameters().end());
-        explained.push_back(evaluator->explain()["plugin"]);
-      }
-      for (int step = 0; step < 8; ++step) {
-        const StepInfo& host = infos[0][static_cast<std::size_t>(step)];
-        const StepInfo& device = infos[1][static_cast<std::size_t>(step)];
-        INFO("step " << step);
-        CHECK(device.mean_cost == Approx(host.mean_cost).epsilon(1e-9));
-        CHECK(device.best_cost == Approx(host.best_cost).epsilon(1e-9));
-        CHECK(device.step_radius == Approx(host.step_radius).epsilon(1e-9));
-        CHECK(device.move_norm == Approx(host.move_norm).epsilon(1e-7).margin(1e-12));
-        CHECK(std::abs(device.transport_iterations - host.transport_iterations) <= 1);
-        CHECK(device.transport_converged == host.transport_converged);
-        if (set.radius == RadiusModelKind::quadratic)
-          CHECK(device.predicted_change ==
-                Approx(host.predicted_change).epsilon(1e-6).margin(1e-12));
-      }
-      double worst = 0;
-      for (std::size_t i = 0; i < finals[0].size(); ++i)
-        worst = std::max(worst, std::abs(finals[0][i] - finals[1][i]));
-      CHECK(worst <= 1e-8);
-      // The host-solved steps bring every loss down; the device-solved ones only moves,
-      // duals and per-block results.
-      const auto candidates = explained[1]["last_candidates"].get<std::size_t>();
-      CHECK(explained[0]["device_transports"].get<int64_t>() == 0);
-      CHECK(explained[1]["device_transports"].get<int64_t>() == 8);
-      CHECK(explained[0]["step_bytes_to_host"].get<std::size_t>() >= 8 * candidates);
-      const int32_t d = subspace ? config.subspace_particle_dim : config.particle_dim;
-      const std::size_t V = set.polytope == PolytopeKind::simplex ? static_cast<std::size_t>(d + 1)
-                            : set.polytope == PolytopeKind::orthoplex
-                                ? static_cast<std::size_t>(2 * d)
-                                : std::size_t{1} << d;
-      const std::size_t P = candidates / (V * static_cast<std::size_t>(set.probes));
-      // Down: f(X) (quadratic), the moves [P d], the row duals [P] (Sinkhorn), then per block
-      // its result and column duals [V]: the rest must be a whole number of blocks.
-      const bool sinkhorn = set.solver == TransportSolver::sinkhorn;
-      const std::size_t fixed = 8 * (P * static_cast<std::size_t>(d) + (sinkhorn ? P : 0) +
-                                     (set.radius == RadiusModelKind::quadratic ? 1 : 0));
-      const std::size_t per_block = sizeof(pp_transport_block) + (sinkhorn ? 8 * V : 0);
-      const auto down = explained[1]["step_bytes_to_host"].get<std::size_t>();
-      REQUIRE(down > fixed);
-      CHECK((down - fixed) % per_block == 0);
-      CHECK((down - fixed) / per_block >= 1);
-      CHECK((down - fixed) / per_block <= P);
+      check_device_transport(c, transport_settings()[k], subspace, 70 + k);
     }
+}
+
+// A monolithic block of thousands of particles is solved by the whole grid (transport.cuh):
+// its sums combine the thread blocks' partials, in another order than the host's, and must
+// still follow the host's solve.
+TEST_CASE("cuda: a block of thousands of particles, solved by the whole grid, follows the host",
+          "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(91);
+  Case c = random_case(rng, false, 120);
+  while (c.model.parameters().size() < 3 * 4096) c = random_case(rng, false, 120);
+  for (std::size_t k = 0; k < transport_settings().size(); ++k) {
+    INFO("setting " << k << ": " << c.description << ", " << c.model.parameters().size()
+                    << " parameters");
+    check_device_transport(c, transport_settings()[k], false, 90 + k);
+  }
 }
 
 TEST_CASE("cuda: explain names the path of every layer", "[cuda]") {
