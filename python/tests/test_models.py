@@ -111,3 +111,11 @@ def test_to_torch_refuses_what_torch_cannot_express(repo):
     m = polyprobe.load_model(repo / "examples" / "models" / "binary_mlp.json")
     with pytest.raises(ValueError, match="weight_transform"):
         m.to_torch()
+
+
+def test_save_refuses_weights_that_cannot_be_loaded_back(tmp_path):
+    m = polyprobe.Model({"input_shape": [3], "layers": [{"kind": "linear", "out_features": 2}]})
+    m.parameters[1] = np.nan
+    with pytest.raises(ValueError, match="parameter 1 is nan; weights that are not finite"):
+        m.save(tmp_path / "w.safetensors")
+    assert not (tmp_path / "w.safetensors").exists()
