@@ -420,8 +420,9 @@ void check_builtin_size(const BuiltinModel& m, const Dataset& data, int64_t batc
   if (m.arch == "cnn" && dims.size() >= 2) {
     const double channels = dims.size() == 3 ? static_cast<double>(dims[0]) : 1.0;
     const double pixels = features / channels;
-    const double pooled = static_cast<double>(dims[dims.size() - 2] / 2) *
-                          static_cast<double>(dims[dims.size() - 1] / 2);
+    // The 2x2 max-pool keeps floor(height / 2) x floor(width / 2) cells.
+    const int64_t pooled_cells = (dims[dims.size() - 2] / 2) * (dims[dims.size() - 1] / 2);
+    const auto pooled = static_cast<double>(pooled_cells);
     parameters = width * (channels * 9 + 1) + classes * (width * pooled + 1);
     activations = static_cast<double>(batch) * width * pixels * 4;
   }

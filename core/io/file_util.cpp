@@ -136,7 +136,9 @@ void check_output_file(const fs::path& path, const std::string& what) {
 
 OutputLock::OutputLock(const fs::path& path, const std::string& what) {
   const fs::path target = fs::absolute(path);
-  lock_path_ = target.parent_path() / ("." + target.filename().string() + ".lock");
+  std::string name = ".";
+  name.append(target.filename().string()).append(".lock");
+  lock_path_ = target.parent_path() / name;
   // A lock file removed by its previous holder between our open and our flock would leave us
   // holding a lock nobody else sees: retry until the locked file is the one at the path.
   for (int attempt = 0; attempt < 10; ++attempt) {
