@@ -35,9 +35,13 @@ std::vector<int64_t> class_labels(py::handle y, int64_t rows, int64_t classes,
   if (kind != 'i' && kind != 'u' && kind != 'f')
     throw BadInput("train: " + what + " labels must be integers (class indices), got dtype " +
                    std::string(py::str(any.dtype())));
-  const auto values = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(y);
+  // Each read in its own type: casting a float NaN to an integer is what hid it before (and
+  // makes numpy warn).
+  using Floats = py::array_t<double, py::array::c_style | py::array::forcecast>;
+  using Integers = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+  const Floats values = kind == 'f' ? Floats::ensure(y) : Floats();
+  const Integers integers = kind == 'f' ? Integers() : Integers::ensure(y);
   std::vector<int64_t> labels(static_cast<std::size_t>(any.shape(0)));
-  const auto integers = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(y);
   for (std::size_t i = 0; i < labels.size(); ++i) {
     const std::string where = "train: " + what + " label at row " + std::to_string(i);
     if (kind == 'f') {
