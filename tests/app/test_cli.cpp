@@ -944,3 +944,29 @@ TEST_CASE("eval fails on a loss that is not finite, and a CSV byte-order mark is
   // The byte-order mark did not turn the first row into a header: all 10 rows are evaluated.
   CHECK_THAT(r.out, Catch::Contains("all split, 10 samples"));
 }
+
+TEST_CASE("plugin search says when a plugin shadows the shipped one and when its folder is open") {
+  const fs::path dir = fresh_folder("shadowing-plugins");
+  const fs::path shipped =
+      (fs::path(exe).parent_path() / "../lib/polyprobe/plugins/libpolyprobe_cpu_tbb.so")
+          .lexically_normal();
+  if (!fs::exists(shipped)) {
+    WARN("the shipped cpu_tbb plugin is not built: not checked");
+    return;
+  }
+  // The same plugin under another file name, found first: the shipped file is not loaded.
+  fs::copy_file(shipped, dir / "libpolyprobe_cpu_tbb_copy.so");
+  fs::permissions(dir, fs::perms::others_write, fs::perm_options::add);
+  const auto r = polyprobe("plugins --plugin-dir " + dir.string());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("warning: plugin 'cpu_tbb' from " +
+                                    (dir / "libpolyprobe_cpu_tbb_copy.so").string() +
+                                    " shadows the plugin of that name at"));
+  CHECK_THAT(r.err, Catch::Contains("warning: plugin folder '" + dir.string() +
+                                    "' is writable by every user"));
+  // A relative entry of POLYPROBE_PLUGIN_PATH is ignored, with a warning.
+  const auto relative = polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=.");
+  CHECK(relative.exit_code == 0);
+  CHECK_THAT(relative.err, Catch::Contains("POLYPROBE_PLUGIN_PATH entry '.' is a relative path"));
+  fs::permissions(dir, fs::perms::others_write, fs::perm_options::remove);
+}
