@@ -54,9 +54,12 @@ std::optional<double> number_field(const nlohmann::json& record, const char* key
 }
 
 Run read_run(const std::string& path) {
+  std::error_code ec;
+  // A FIFO would block the open until a writer came.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw Error("the metrics file '" + path + "' is not a regular file (a folder, device or FIFO)");
   std::ifstream file(path);
-  if (!file || fs::is_directory(path))
-    throw Error("cannot read the metrics file '" + path + "' (does it exist?)");
+  if (!file) throw Error("cannot read the metrics file '" + path + "' (does it exist?)");
   Run run;
   run.path = path;
   std::string line;

@@ -21,6 +21,9 @@ namespace fs = std::filesystem;
 std::vector<uint8_t> read_file_bytes(const fs::path& path, uint64_t max_bytes) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) throw Error("'" + path.string() + "' is a directory, not a file");
+  // A FIFO would block the open until a writer came; a device has no size to check.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw Error("'" + path.string() + "' is not a regular file (a device, FIFO or socket)");
   std::ifstream file(path, std::ios::binary);
   if (!file) throw Error("cannot open '" + path.string() + "' (does it exist and is it readable?)");
   file.seekg(0, std::ios::end);

@@ -752,6 +752,18 @@ TEST_CASE("outputs that are not regular files are refused before any work and le
   CHECK(fs::is_fifo(fs::symlink_status(fifo)));
   CHECK(fs::is_symlink(fs::symlink_status(null_link)));
   CHECK(fs::is_character_file(fs::status("/dev/null")));
+  // As inputs, a FIFO would block the open until a writer came: refused at once (`timeout`
+  // ends a regression that waits).
+  const fs::path fifo_csv = dir / "data.csv";
+  REQUIRE(std::system(("mkfifo " + fifo_csv.string()).c_str()) == 0);
+  const std::string bounded = "timeout 30 env POLYPROBE_PLUGIN_PATH= " + exe;
+  const auto data = run_process(bounded + " train --quiet --epochs 1 --data " + fifo_csv.string());
+  CHECK(data.exit_code == 1);
+  CHECK_THAT(data.err, Catch::Contains("'" + fifo_csv.string() + "' is not a regular file"));
+  const auto read_fifo =
+      run_process(bounded + " report " + fifo.string() + " -o " + (dir / "r.html").string());
+  CHECK(read_fifo.exit_code == 1);
+  CHECK_THAT(read_fifo.err, Catch::Contains("is not a regular file"));
   const std::string metrics = write_file("not-regular.jsonl", "{\"step\":1,\"seconds\":1}\n");
   const auto report = polyprobe("report " + metrics + " -o " + fifo.string());
   CHECK(report.exit_code == 2);
