@@ -1,5 +1,6 @@
 """Models: files, safetensors, forward, and round trips with PyTorch."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -119,3 +120,9 @@ def test_save_refuses_weights_that_cannot_be_loaded_back(tmp_path):
     with pytest.raises(ValueError, match="parameter 1 is nan; weights that are not finite"):
         m.save(tmp_path / "w.safetensors")
     assert not (tmp_path / "w.safetensors").exists()
+    m.parameters[1] = 0.0
+    fifo = tmp_path / "f.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(RuntimeError, match="it is a FIFO .*polyprobe writes only regular files"):
+        m.save(fifo)
+    assert fifo.is_fifo()
