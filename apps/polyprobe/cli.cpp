@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 
 namespace polyprobe::app {
 namespace fs = std::filesystem;
@@ -31,18 +33,24 @@ po::options_description common_options() {
   return common;
 }
 
-void load_plugins(Context& context) {
+// `prefix` ("polyprobe train: ") begins each warning line.
+void load_plugins(Context& context, const std::string& prefix) {
   std::vector<fs::path> dirs;
   if (context.vm.count("plugin-dir")) {
     for (const std::string& dir : context.vm["plugin-dir"].as<std::vector<std::string>>()) {
       if (!fs::is_directory(dir)) throw UsageError("--plugin-dir '" + dir + "' is not a directory");
-      dirs.emplace_back(dir);
+      dirs.push_back(fs::absolute(dir));  // what the user named, whatever the search does later
     }
   }
   if (context.vm.count("no-operation"))
     for (const std::string& name : context.vm["no-operation"].as<std::vector<std::string>>())
       context.registry.withhold_operation(name);
-  context.registry.load_directories(PluginRegistry::search_path(dirs));
+  std::vector<std::string> warnings;
+  context.registry.load_directories(PluginRegistry::search_path(dirs, &warnings));
+  warnings.insert(warnings.end(), context.registry.warnings().begin(),
+                  context.registry.warnings().end());
+  for (const std::string& warning : warnings)
+    *context.err << prefix << "warning: " << warning << "\n";
   if (context.vm.count("no-operation")) {
     const std::vector<std::string> offered = context.registry.offered_operations();
     for (const std::string& name : context.vm["no-operation"].as<std::vector<std::string>>())
@@ -70,21 +78,76 @@ std::string did_you_mean(const std::string& word, const po::options_description&
   return near.empty() ? "" : " (did you mean " + dashes + near + "?)";
 }
 
-// Every key of a config file is a known option: names the file, the line and the nearest
-// option, which Boost's parser does not.
-void check_config_keys(const std::string& path, const po::options_description& options) {
-  std::ifstream file(path);
+// The longest config file and config line read: a configuration is a few hundred bytes, so a
+// larger one is a mistake (a device such as /dev/zero, a data file given as --config).
+constexpr std::uintmax_t kMaxConfigBytes = 1 << 20;
+constexpr std::size_t kMaxConfigLine = 4096;
+
+// `text` cut to `limit` characters, saying how much was left out, for messages that quote
+// what the user gave.
+std::string quoted_excerpt(const std::string& text, std::size_t limit = 80) {
+  if (text.size() <= limit) return text;
+  return text.substr(0, limit) + "... (" + std::to_string(text.size()) + " characters)";
+}
+
+// The text of the --config file, checked: a regular file, not too large.
+std::string read_config_file(const std::string& path) {
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status))
+    throw UsageError("config file '" + path + "' cannot be read (does it exist?)");
+  if (fs::is_directory(status))
+    throw UsageError("config file '" + path + "' is a folder; --config takes a file");
+  if (!fs::is_regular_file(status))
+    throw UsageError("config file '" + path +
+                     "' is not a regular file (a device or a pipe); --config takes a file");
+  const std::uintmax_t size = fs::file_size(path, ec);
+  if (ec || size > kMaxConfigBytes)
+    throw UsageError("config file '" + path + "' is " + std::to_string(size) +
+                     " bytes, more than the limit of " + std::to_string(kMaxConfigBytes) +
+                     ": is it really a configuration?");
+  std::ifstream file(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (!file && !file.eof())
+    throw UsageError("config file '" + path + "' cannot be read (is it readable?)");
+  return text;
+}
+
+// Every line of a config file is short and every key a known option other than `config`
+// (files do not include others): names the file, the line and the nearest option, which
+// Boost's parser does not.
+void check_config_lines(const std::string& path, const std::string& text,
+                        const po::options_description& options) {
+  std::istringstream file(text);
   const std::vector<std::string> names = long_names(options);
   std::string line;
   for (int number = 1; std::getline(file, line); ++number) {
+    const std::string where = "config file '" + path + "', line " + std::to_string(number) + ": ";
+    if (line.size() > kMaxConfigLine)
+      throw UsageError(where + "the line is " + std::to_string(line.size()) +
+                       " characters long, more than the limit of " +
+                       std::to_string(kMaxConfigLine));
     const auto first = line.find_first_not_of(" \t");
     if (first == std::string::npos || line[first] == '#' || line[first] == '[') continue;
     std::string key = line.substr(first, line.find('=') - first);
     key.erase(key.find_last_not_of(" \t\r") + 1);
+    if (key == "config")
+      throw UsageError(where +
+                       "a config file cannot name another (`config = ...`): put its "
+                       "options in this file, or give --config once on the command line");
     if (std::find(names.begin(), names.end(), key) == names.end())
-      throw UsageError("config file '" + path + "', line " + std::to_string(number) +
-                       ": unknown option '" + key + "'" + did_you_mean(key, options, ""));
+      throw UsageError(where + "unknown option '" + quoted_excerpt(key) + "'" +
+                       did_you_mean(key, options, ""));
   }
+}
+
+// An error message as printed: one that quotes a huge value the user gave (a 10 MB option)
+// keeps its start and its end.
+std::string printable_message(const std::string& message) {
+  constexpr std::size_t kLimit = 2000;
+  if (message.size() <= kLimit) return message;
+  return message.substr(0, kLimit / 2) + " [... " + std::to_string(message.size() - kLimit) +
+         " characters left out ...] " + message.substr(message.size() - kLimit / 2);
 }
 
 }  // namespace
@@ -112,9 +175,9 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
       }
       if (context.vm.count("config")) {
         const std::string path = context.vm["config"].as<std::string>();
-        std::ifstream file(path);
-        if (!file) throw UsageError("config file '" + path + "' cannot be read (does it exist?)");
-        check_config_keys(path, all);
+        const std::string text = read_config_file(path);
+        check_config_lines(path, text, all);
+        std::istringstream file(text);
         po::store(po::parse_config_file(file, all), context.vm);
       }
       po::notify(context.vm);
@@ -130,14 +193,19 @@ int run_command(const Command& command, const std::vector<std::string>& args) {
     context.json = context.vm.count("json") && context.vm["json"].value().type() == typeid(bool) &&
                    context.vm["json"].as<bool>();
     context.quiet = context.vm["quiet"].as<bool>() || !isatty(STDERR_FILENO);
-    if (command.uses_plugins) load_plugins(context);
+    if (command.uses_plugins) load_plugins(context, prefix);
     return command.run(context);
   } catch (const UsageError& e) {
-    std::cerr << prefix << "error: " << e.what() << "\n";
+    std::cerr << prefix << "error: " << printable_message(e.what()) << "\n";
     if (context.after_error) context.after_error();
     return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << prefix << "error: out of memory (a size given, or the data, is larger than this "
+              << "machine can hold)\n";
+    if (context.after_error) context.after_error();
+    return 1;
   } catch (const std::exception& e) {
-    std::cerr << prefix << "error: " << e.what() << "\n";
+    std::cerr << prefix << "error: " << printable_message(e.what()) << "\n";
     if (context.after_error) context.after_error();
     return 1;
   }
@@ -171,6 +239,11 @@ std::string nearest(const std::string& word, const std::vector<std::string>& can
   std::string best;
   std::size_t best_distance = std::max<std::size_t>(2, word.size() / 3) + 1;
   for (const std::string& candidate : candidates) {
+    // The lengths' difference bounds the distance from below: a word far longer than every
+    // candidate (a pasted value) costs nothing to reject.
+    const std::size_t gap = word.size() > candidate.size() ? word.size() - candidate.size()
+                                                           : candidate.size() - word.size();
+    if (gap >= best_distance) continue;
     const std::size_t d = distance(word, candidate);
     if (d < best_distance) best_distance = d, best = candidate;
   }

@@ -215,6 +215,14 @@ int run(Context& ctx) {
         " (suites: " + (known.empty() ? "none" : known) + ")");
   }
   keep_suite_options(ctx, *it);
+  // The --json file is checked before the suite runs, not after minutes of measurements.
+  if (ctx.vm.count("json") && leader_process()) {
+    try {
+      io::check_output_file(ctx.vm["json"].as<std::string>(), "--json file");
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
+  }
   const std::vector<BenchRecord> records = it->run(ctx);
   if (it->table)
     it->table(*ctx.out, records);

@@ -14,15 +14,26 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 
 namespace polyprobe::app {
 namespace {
 
+// A loss that is not finite is a failure, not a result: the weights overflow on this data.
+Error non_finite_loss(const EvaluationResult& r, const std::string& which,
+                      const std::filesystem::path& weights) {
+  return Error("the " + which + " loss is " + (std::isnan(r.loss) ? "NaN" : "infinite") +
+               ": the weights '" + weights.string() +
+               "' give non-finite outputs on this data (they are not usable here)");
+}
+
 int run(Context& ctx) {
   const po::variables_map& vm = ctx.vm;
   if (!vm.count("weights")) throw UsageError("--weights FILE is required (a .safetensors file)");
+  if (vm["seed"].as<int64_t>() < 0)
+    throw UsageError("--seed must be >= 0, got " + std::to_string(vm["seed"].as<int64_t>()));
   const std::filesystem::path weights_path = vm["weights"].as<std::string>();
   std::filesystem::path model_path = weights_path;
   model_path.replace_extension(".json");
@@ -64,6 +75,7 @@ int run(Context& ctx) {
                                {"loss_name", spec.loss}}
                     .dump()
              << "\n";
+    if (!std::isfinite(r.loss)) throw non_finite_loss(r, which, weights_path);
     return 0;
   }
   *ctx.out << "model: " << model_path.string() << ", weights: " << weights_path.string()
@@ -72,6 +84,7 @@ int run(Context& ctx) {
            << r.loss << "\n"
            << which << " accuracy: " << std::setprecision(1) << 100.0 * r.accuracy << "%"
            << std::endl;
+  if (!std::isfinite(r.loss)) throw non_finite_loss(r, which, weights_path);
   return 0;
 }
 

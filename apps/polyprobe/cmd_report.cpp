@@ -54,9 +54,12 @@ std::optional<double> number_field(const nlohmann::json& record, const char* key
 }
 
 Run read_run(const std::string& path) {
+  std::error_code ec;
+  // A FIFO would block the open until a writer came.
+  if (fs::exists(path, ec) && !fs::is_regular_file(path, ec))
+    throw Error("the metrics file '" + path + "' is not a regular file (a folder, device or FIFO)");
   std::ifstream file(path);
-  if (!file || fs::is_directory(path))
-    throw Error("cannot read the metrics file '" + path + "' (does it exist?)");
+  if (!file) throw Error("cannot read the metrics file '" + path + "' (does it exist?)");
   Run run;
   run.path = path;
   std::string line;
@@ -69,6 +72,10 @@ Run read_run(const std::string& path) {
     } catch (const nlohmann::json::parse_error& e) {
       throw Error(where + ": not JSON (syntax error at column " + std::to_string(e.byte) +
                   "); is it a `polyprobe train --metrics` file?");
+    } catch (const nlohmann::json::out_of_range&) {
+      throw Error(where + ": a number is too large for a double (beyond 1.8e308)");
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(where + ": not a metrics record (" + e.what() + ")");
     }
     if (!record.is_object())
       throw Error(where + ": not a metrics record (a JSON object with step and seconds)");
@@ -176,11 +183,17 @@ class Chart {
   std::vector<Series> series;
   std::optional<double> y_floor, y_ceiling;
 
+  // Values beyond this are drawn at it: the chart's differences of values stay finite, so
+  // no coordinate is NaN (which a browser refuses to draw).
+  static constexpr double kDrawable = 1e150;
+  static double drawable(double v) { return std::clamp(v, -kDrawable, kDrawable); }
+
   std::string svg(int id) const {
     std::vector<double> xs, ys;
     for (const Series& s : series)
       for (const auto& [x, y] : s.points)
-        if (std::isfinite(x) && std::isfinite(y)) xs.push_back(x), ys.push_back(y);
+        if (std::isfinite(x) && std::isfinite(y))
+          xs.push_back(drawable(x)), ys.push_back(drawable(y));
     std::ostringstream o;
     o << "<svg class=\"chart\" width=\"" << kWidth << "\" height=\"" << kHeight
       << "\" viewBox=\"0 0 " << kWidth << " " << kHeight << "\" role=\"img\" aria-label=\""
@@ -200,8 +213,8 @@ class Chart {
     if (!y_floor) y0 -= pad;
     if (!y_ceiling) y1 += pad;
     const double w = kWidth - kLeft - kRight, h = kHeight - kTop - kBottom;
-    const auto px = [&](double x) { return kLeft + (x - x0) / (x1 - x0) * w; };
-    const auto py = [&](double y) { return kTop + (y1 - y) / (y1 - y0) * h; };
+    const auto px = [&](double x) { return kLeft + (drawable(x) - x0) / (x1 - x0) * w; };
+    const auto py = [&](double y) { return kTop + (y1 - drawable(y)) / (y1 - y0) * h; };
     o << std::fixed << std::setprecision(1);
     o << "<clipPath id=\"clip" << id << "\"><rect x=\"" << kLeft << "\" y=\"" << kTop
       << "\" width=\"" << w << "\" height=\"" << h << "\"/></clipPath>\n";
@@ -496,6 +509,11 @@ int run(Context& ctx) {
   const auto paths = vm["metrics"].as<std::vector<std::string>>();
   const fs::path output = vm["output"].as<std::string>();
   std::error_code ec;
+  try {
+    io::check_output_file(output, "-o file");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   for (const std::string& path : paths)
     if (fs::exists(output, ec) && fs::exists(path, ec) && fs::equivalent(output, path, ec))
       throw UsageError("-o '" + output.string() + "' is the input '" + path +

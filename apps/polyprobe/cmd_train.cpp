@@ -8,6 +8,7 @@
 #include "cli.hpp"
 #include "train_ranks.hpp"
 
+#include <polyprobe/atomic_file.hpp>
 #include <polyprobe/data.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model_file.hpp>
@@ -127,14 +128,13 @@ bool same_file(const std::filesystem::path& a, const std::filesystem::path& b) {
   return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
 }
 
-// Throws unless `path` (the output `what`) can be created or replaced: its folder exists and
-// is writable and it is not itself a folder.
+// Throws unless `path` (the output `what`) can be created or replaced: a regular file or none
+// (never a device, a folder, a read-only file or a library in use), in a writable folder.
 void check_writable(const std::filesystem::path& path, const std::string& what) {
   std::error_code ec;
   const std::filesystem::path folder = std::filesystem::absolute(path, ec).parent_path();
   const std::string name = what + " '" + path.string() + "'";
-  if (std::filesystem::is_directory(path, ec))
-    throw Error("cannot write " + name + ": it is a folder");
+  io::check_output_file(path, what);
   if (!std::filesystem::is_directory(folder, ec))
     throw Error("cannot write " + name + ": the folder '" + folder.string() +
                 "' does not exist (create it or choose another path)");
@@ -143,9 +143,11 @@ void check_writable(const std::filesystem::path& path, const std::string& what) 
 }
 
 // The run's files, checked before any work: no output may replace an input (the model file,
-// the data file, the config file), and every output's folder must be writable.
-void check_files(const po::variables_map& vm, const std::filesystem::path& save,
-                 const TrainOptions& options) {
+// the data file, the config file), every output must be writable (check_writable), and none
+// may be written by another process at the same time: the locks returned hold them for the run.
+std::vector<std::unique_ptr<io::OutputLock>> check_files(const po::variables_map& vm,
+                                                         const std::filesystem::path& save,
+                                                         const TrainOptions& options) {
   std::vector<std::pair<std::filesystem::path, std::string>> outputs;
   if (!save.empty()) {
     outputs.emplace_back(save, "--save file");
@@ -175,6 +177,12 @@ void check_files(const po::variables_map& vm, const std::filesystem::path& save,
                          out.string() + "'; choose different paths");
     check_writable(out, out_what);
   }
+  // Rank 0 alone writes the files (and so locks them) when ranks share the run.
+  std::vector<std::unique_ptr<io::OutputLock>> locks;
+  if (!leader_process()) return locks;
+  for (const auto& [out, out_what] : outputs)
+    locks.push_back(std::make_unique<io::OutputLock>(out, out_what));
+  return locks;
 }
 
 // The optimizer's options as `train` shows them: one --help section per group of the core's
@@ -393,6 +401,44 @@ void check_splits(const DataSplits& splits, const SplitOptions& split, int64_t b
         << splits.train.size() << " samples); every step uses the whole split\n";
 }
 
+// The bytes of memory this machine has (0 when unknown).
+double physical_memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0.0;
+}
+
+// Refuses a built-in model that could not be held, before allocating it: its parameters (the
+// run keeps several copies: current, best, before a step, the candidates' working sets,
+// counted as 8) and the activations of a batch (the conv's output and its ReLU, twice).
+void check_builtin_size(const BuiltinModel& m, const Dataset& data, int64_t batch) {
+  const std::vector<int64_t>& dims = data.sample_shape.dims;
+  double features = 1;
+  for (const int64_t d : dims) features *= static_cast<double>(d);
+  const auto width = static_cast<double>(m.width), classes = static_cast<double>(data.num_classes);
+  double parameters = width * (features + 1) + classes * (width + 1);  // the mlp
+  double activations = static_cast<double>(batch) * width * 2;
+  if (m.arch == "cnn" && dims.size() >= 2) {
+    const double channels = dims.size() == 3 ? static_cast<double>(dims[0]) : 1.0;
+    const double pixels = features / channels;
+    // The 2x2 max-pool keeps floor(height / 2) x floor(width / 2) cells.
+    const int64_t pooled_cells = (dims[dims.size() - 2] / 2) * (dims[dims.size() - 1] / 2);
+    const auto pooled = static_cast<double>(pooled_cells);
+    parameters = width * (channels * 9 + 1) + classes * (width * pooled + 1);
+    activations = static_cast<double>(batch) * width * pixels * 4;
+  }
+  const double needed = (parameters * 8 + activations) * sizeof(double);
+  const double memory = physical_memory_bytes();
+  if (memory > 0 && needed > memory) {
+    std::ostringstream why;
+    why << std::setprecision(3) << (m.arch == "cnn" ? "--channels " : "--hidden ") << m.width
+        << " gives the built-in " << m.arch << " " << parameters
+        << " parameters; training it (--batch " << batch << ") needs about " << needed / 1e9
+        << " GB, and this machine has " << memory / 1e9 << " GB: choose a smaller "
+        << (m.arch == "cnn" ? "--channels" : "--hidden");
+    throw UsageError(why.str());
+  }
+}
+
 // Writes the weights and the model file beside them; returns the line saying so.
 std::string save_weights(const std::filesystem::path& save, const Model& model,
                          const ModelFile& spec, const PreparedData& data, const std::string& name) {
@@ -458,6 +504,8 @@ std::vector<std::pair<std::string, std::string>> startup_facts(
 
 int train_run(Context& ctx, TrainRanks& ranks) {
   const po::variables_map& vm = ctx.vm;
+  if (vm["seed"].as<int64_t>() < 0)
+    throw UsageError("--seed must be >= 0, got " + std::to_string(vm["seed"].as<int64_t>()));
   const auto seed = static_cast<uint64_t>(vm["seed"].as<int64_t>());
 
   const BuiltinModel builtin = builtin_model(vm);
@@ -478,6 +526,12 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   options.record_test = vm["metrics-test"].as<bool>();
   if (options.record_test && options.metrics_path.empty())
     throw UsageError("--metrics-test writes into the metrics file: add --metrics FILE");
+  // Given empty, an output option would silently write nothing.
+  for (const char* output : {"save", "checkpoint", "metrics"})
+    if (vm.count(output) && vm[output].as<std::string>().empty())
+      throw UsageError(std::string("--") + output +
+                       " needs a file name, got an empty one (leave the option out to write no " +
+                       output + " file)");
   std::filesystem::path save;
   if (vm.count("save")) save = vm["save"].as<std::string>();
   if (vm.count("checkpoint"))
@@ -489,7 +543,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
     throw UsageError("--resume needs --save FILE (its FILE.ckpt) or --checkpoint FILE");
   const EvaluatorRequest request = evaluator_request(ctx);
   options.dtype = request.options.dtype;
-  check_files(vm, save, options);
+  const auto output_locks = check_files(vm, save, options);
 
   SplitOptions split;
   split.seed = seed;
@@ -501,6 +555,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   const DataSplits& splits = data.splits;
   check_splits(splits, split, options.batch_size, *ctx.err);
 
+  if (!vm.count("model")) check_builtin_size(builtin, splits.train, options.batch_size);
   ModelFile spec = vm.count("model") ? read_model_file(vm["model"].as<std::string>(), ctx.layers)
                                      : make_builtin_model(builtin, splits.train, ctx.layers);
   if (vm.count("loss")) spec.loss = vm["loss"].as<std::string>();
@@ -515,11 +570,46 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
   // The subspace is recreated identically on --resume: its bases depend only on its settings.
   const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
-  PolytopeOptimizer optimizer(model, settings.optimizer, subspace.get());
+  // The sizes that are known only once the optimizer and the evaluator exist: an allocation
+  // that fails there names the options that set them.
+  const auto too_large = [&](const std::string& what) {
+    return Error("out of memory while creating the " + what + " for " +
+                 std::to_string(model.num_parameters()) + " parameters with --num-probe " +
+                 std::to_string(settings.optimizer.num_probe) + " and --batch " +
+                 std::to_string(options.batch_size) +
+                 ": this machine cannot hold it (lower them, or the model's size)");
+  };
+  std::unique_ptr<PolytopeOptimizer> optimizer_held;
+  try {
+    optimizer_held = std::make_unique<PolytopeOptimizer>(model, settings.optimizer, subspace.get());
+  } catch (const std::bad_alloc&) {
+    throw too_large("optimizer");
+  } catch (const std::length_error&) {
+    throw too_large("optimizer");
+  }
+  PolytopeOptimizer& optimizer = *optimizer_held;
+  // Scoring a step holds at least a loss per candidate and sample: refused before it is
+  // allocated when that alone is more than the machine has.
+  const double step_bytes = static_cast<double>(optimizer.next_step_cost()) *
+                            static_cast<double>(options.batch_size) * sizeof(double);
+  if (const double memory = physical_memory_bytes(); memory > 0 && step_bytes > memory) {
+    std::ostringstream why;
+    why << std::setprecision(3) << "a step scores " << optimizer.next_step_cost()
+        << " candidates (--num-probe " << settings.optimizer.num_probe << ", "
+        << model.num_parameters() << " parameters); on --batch " << options.batch_size
+        << " that needs at least " << step_bytes / 1e9 << " GB, and this machine has "
+        << memory / 1e9 << " GB: lower --num-probe or --batch";
+    throw UsageError(why.str());
+  }
   EvaluatorRequest model_request = request;
   model_request.subspace = subspace.get();
   Selection selection;
-  auto evaluator = ctx.registry.make_evaluator(model, *loss, model_request, &selection);
+  std::unique_ptr<Evaluator> evaluator;
+  try {
+    evaluator = ctx.registry.make_evaluator(model, *loss, model_request, &selection);
+  } catch (const std::bad_alloc&) {
+    throw too_large("evaluator");
+  }
   // The screen of --multifidelity-screen scores the first rows of each batch with its own
   // evaluator (registered on them by the optimizer).
   std::unique_ptr<Evaluator> screen_evaluator;
@@ -604,7 +694,30 @@ int train_run(Context& ctx, TrainRanks& ranks) {
           kind->second.provider == "core"
               ? " (a core layer kind)"
               : " (layer kind '" + e.layer_kind + "' from plugin '" + kind->second.provider + "')";
+    // A failed run keeps what it had validated: the best state goes where --save asked.
+    if (!save.empty() && ranks.leader()) {
+      if (e.best_step >= 0) {
+        try {
+          message += "; saved the best validated weights (validation accuracy " +
+                     percent(e.best_validation_accuracy) + ", step " + std::to_string(e.best_step) +
+                     ") to " + save_weights(save, model, spec, data, data_name);
+        } catch (const Error& failed) {
+          message +=
+              std::string("; saving the best validated weights failed too: ") + failed.what();
+        }
+      } else {
+        message += "; no state was validated yet, so " + save.string() + " is not written";
+      }
+    }
+    if (!options.checkpoint_path.empty() && std::filesystem::exists(options.checkpoint_path))
+      message += "; --resume from " + options.checkpoint_path.string() +
+                 " would repeat the same steps: change the optimizer's options (a smaller "
+                 "--step-radius) or the model first";
     throw Error(message);
+  } catch (const std::bad_alloc&) {
+    std::signal(SIGINT, previous);
+    display.finish();
+    throw too_large("candidates of a step");
   } catch (...) {
     std::signal(SIGINT, previous);
     display.finish();
@@ -628,7 +741,10 @@ int train_run(Context& ctx, TrainRanks& ranks) {
     // train() wrote the checkpoint (the current state) and left the best validated state in
     // the model.
     out << "interrupted at step " << result.steps;
-    if (!save.empty() && ranks.leader()) {
+    const auto parameters = model.parameters();
+    const bool finite = std::all_of(parameters.begin(), parameters.end(),
+                                    [](double v) { return std::isfinite(v); });
+    if (!save.empty() && ranks.leader() && finite) {
       const std::string saved = save_weights(save, model, spec, data, data_name);
       if (result.best_epoch >= 0)
         out << "; saved the best weights so far (validation accuracy "

@@ -49,7 +49,10 @@ Dataset parse_csv(std::string_view text, const std::string& source) {
   data.name = source;
   std::vector<double> values;
   int64_t columns = -1, declared_samples = -1, declared_classes = -1, line_number = 0;
-  std::size_t start = 0;
+  // A UTF-8 byte-order mark (spreadsheets write one) is not part of the first line: left in,
+  // it makes a numeric first row look like a header.
+  constexpr std::string_view byte_order_mark = "\xEF\xBB\xBF";
+  std::size_t start = text.starts_with(byte_order_mark) ? byte_order_mark.size() : 0;
   while (start < text.size()) {
     std::size_t end = text.find('\n', start);
     if (end == std::string_view::npos) end = text.size();

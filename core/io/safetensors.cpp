@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <ostream>
+#include <string_view>
 
 namespace polyprobe {
 namespace {
@@ -90,6 +91,15 @@ const NamedTensor* TensorFile::find(const std::string& name) const {
 }
 
 TensorFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& source) {
+  // A training checkpoint (core/train/checkpoint.cpp) is the file users most often mistake for
+  // weights: say what it is and what reads it.
+  constexpr std::string_view checkpoint_magic = "polyprobe-checkpoint ";
+  if (bytes.size() >= checkpoint_magic.size() &&
+      std::equal(checkpoint_magic.begin(), checkpoint_magic.end(), bytes.begin()))
+    throw Error("'" + source +
+                "' is a polyprobe training checkpoint, not a weights file: `polyprobe train "
+                "--resume` continues it; the weights to evaluate are the --save file of the run "
+                "(FILE for FILE.ckpt)");
   if (bytes.size() < 8)
     throw Error("'" + source + "' is not a safetensors file: it has " +
                 std::to_string(bytes.size()) + " bytes, fewer than the 8-byte header length");

@@ -136,15 +136,25 @@ fs::path PluginRegistry::executable_plugin_dir() {
   return (exe.parent_path() / POLYPROBE_PLUGIN_RELDIR).lexically_normal();
 }
 
-std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& explicit_dirs) {
+std::vector<fs::path> PluginRegistry::search_path(const std::vector<fs::path>& explicit_dirs,
+                                                  std::vector<std::string>* warnings) {
   std::vector<fs::path> dirs(explicit_dirs.begin(), explicit_dirs.end());
   if (const char* env = std::getenv("POLYPROBE_PLUGIN_PATH"); env != nullptr) {
     std::stringstream entries(env);
     std::string entry;
-    // An empty entry would mean the current directory in PATH-like variables; plugins are
-    // never loaded from there, so empty entries are skipped.
-    while (std::getline(entries, entry, ':'))
-      if (!entry.empty()) dirs.emplace_back(entry);
+    // An empty entry would mean the current directory in PATH-like variables, and a relative
+    // one a folder of wherever polyprobe runs: plugins are never loaded from there.
+    while (std::getline(entries, entry, ':')) {
+      if (entry.empty()) continue;
+      if (fs::path(entry).is_relative()) {
+        if (warnings != nullptr)
+          warnings->push_back("POLYPROBE_PLUGIN_PATH entry '" + entry +
+                              "' is a relative path (it would depend on the working folder); "
+                              "ignored: give absolute paths");
+        continue;
+      }
+      dirs.emplace_back(entry);
+    }
   }
   if (fs::path own = executable_plugin_dir(); !own.empty()) dirs.push_back(own);
   return dirs;
@@ -157,6 +167,21 @@ void PluginRegistry::load_directories(const std::vector<fs::path>& dirs) {
     std::vector<fs::path> files;
     for (const auto& entry : fs::directory_iterator(dir, ec))
       if (is_plugin_file(entry.path())) files.push_back(entry.path());
+    // Any user could put code there that this process runs.
+    const auto writable_by_all = [](const fs::path& p) {
+      std::error_code error;
+      const fs::perms perms = fs::status(p, error).permissions();
+      return !error && (perms & fs::perms::others_write) != fs::perms::none;
+    };
+    if (!files.empty() && writable_by_all(dir))
+      warnings_.push_back("plugin folder '" + dir.string() +
+                          "' is writable by every user: anyone can place code in it that "
+                          "polyprobe loads (remove write permission for others: chmod o-w)");
+    for (const fs::path& file : files)
+      if (writable_by_all(file))
+        warnings_.push_back("plugin '" + file.string() +
+                            "' is writable by every user: anyone can change the code polyprobe "
+                            "loads (chmod o-w)");
     std::sort(files.begin(), files.end());
     for (const fs::path& file : files) load_library(file);
   }
@@ -235,6 +260,14 @@ void PluginRegistry::load_library(const fs::path& requested) {
   if (const PluginInfo* other = find(info.name); other != nullptr) {
     const std::string reason = "duplicate: a plugin named '" + info.name +
                                "' is already loaded from " + other->path.string();
+    // This file stays unloaded (often the shipped plugin, last on the search path): whatever
+    // it offered now comes from the other file, or from a slower fallback when that one does
+    // not offer it.
+    warnings_.push_back("plugin '" + info.name + "' from " + other->path.string() +
+                        " shadows the plugin of that name at " + path.string() +
+                        ", which is not loaded: what that one offers may fall back to slower "
+                        "backends (the core's reference evaluator); remove the first from the "
+                        "plugin path to use the second");
     info.loaded = false;
     desc = nullptr;
     return record(reason);

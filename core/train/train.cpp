@@ -1,3 +1,4 @@
+#include <polyprobe/atomic_file.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/evaluator.hpp>
 #include <polyprobe/layer.hpp>
@@ -232,8 +233,16 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   if (options.patience < 0) throw Error("patience must be >= 0");
   if (options.validate_every < 0) throw Error("validate_every must be >= 0");
   if (options.max_reverted_steps < 1) throw Error("max_reverted_steps must be >= 1");
+  if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
+    throw Error("time_limit_s must be a number of seconds >= 0 (0: none)");
   if (options.resume && options.checkpoint_path.empty())
     throw Error("resuming needs a checkpoint file (--save or --checkpoint)");
+  // The output files are regular files or new ones, never a device or a library in use.
+  if (options.write_files) {
+    if (!options.metrics_path.empty()) io::check_output_file(options.metrics_path, "metrics file");
+    if (!options.checkpoint_path.empty())
+      io::check_output_file(options.checkpoint_path, "checkpoint file");
+  }
   check_compatible(model, loss, data);
   // The loop's own evaluations (the batch after each step, validation, test) on the
   // evaluator's threads, as the optimizer's step runs.
@@ -365,8 +374,16 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
                               " steps in a row made the training loss non-finite and were "
                               "reverted (up to step " +
                               std::to_string(state.step) + ")");
-        } catch (...) {
-          std::copy(before.begin(), before.end(), model.parameters().begin());
+        } catch (NonFiniteLossError& e) {
+          // The best validated state, as a finished run leaves it, else the last finite one.
+          if (state.best_epoch >= 0) {
+            std::copy(state.best_parameters.begin(), state.best_parameters.end(),
+                      model.parameters().begin());
+            e.best_step = state.best_step;
+            e.best_validation_accuracy = state.best_accuracy;
+          } else {
+            std::copy(before.begin(), before.end(), model.parameters().begin());
+          }
           optimizer.resync_from_model();
           throw;
         }

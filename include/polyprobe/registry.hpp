@@ -90,9 +90,12 @@ class PluginRegistry {
   PluginRegistry& operator=(const PluginRegistry&) = delete;
 
   // The search path: `explicit_dirs`, then POLYPROBE_PLUGIN_PATH, then the executable's
-  // plugin folder (when the executable's location is known).
+  // plugin folder (when the executable's location is known). A relative entry of
+  // POLYPROBE_PLUGIN_PATH (".", "plugins") would depend on the working folder: it is ignored,
+  // with a line in `warnings` (when given).
   static std::vector<std::filesystem::path> search_path(
-      const std::vector<std::filesystem::path>& explicit_dirs);
+      const std::vector<std::filesystem::path>& explicit_dirs,
+      std::vector<std::string>* warnings = nullptr);
   // <dir of the running executable>/../lib/polyprobe/plugins, if it can be found.
   static std::filesystem::path executable_plugin_dir();
 
@@ -109,6 +112,9 @@ class PluginRegistry {
   void load_library(const std::filesystem::path& path);
 
   const std::vector<PluginInfo>& plugins() const { return infos_; }
+  // What loading found unsafe or surprising, one line each, for the host to show: a plugin
+  // folder or file any user may write, a plugin that shadows the shipped one of its name.
+  const std::vector<std::string>& warnings() const { return warnings_; }
   const PluginInfo* find(const std::string& name) const;
 
   // Makes every layer kind of every available plugin creatable by `factory`, and hands the
@@ -168,6 +174,7 @@ class PluginRegistry {
   std::vector<const pp_plugin*> descriptors_;   // parallel to infos_ (null if not loaded)
   std::shared_ptr<OperationTable> operations_;  // shared with the evaluators it serves
   std::vector<std::string> withheld_;           // withhold_operation's names
+  std::vector<std::string> warnings_;           // warnings()
 };
 
 }  // namespace polyprobe

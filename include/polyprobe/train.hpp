@@ -20,9 +20,10 @@
 // metrics record says "reverted"), a validation whose loss is not finite never becomes the
 // best state, and when the incumbent itself is not finite before the step (nothing can make it
 // finite), or `max_reverted_steps` steps in a row were reverted, train() throws
-// NonFiniteLossError naming the first layer whose output is not finite. train() refuses an
-// optimizer whose radius model is trust_region: its deferred comparisons assume a stationary
-// objective, which a minibatch stream is not (use the manual step API).
+// NonFiniteLossError naming the first layer whose output is not finite; in the second case the
+// model holds the best validated state (the error says which), as a finished run's would. train()
+// refuses an optimizer whose radius model is trust_region: its deferred comparisons assume a
+// stationary objective, which a minibatch stream is not (use the manual step API).
 #pragma once
 
 #include <polyprobe/data.hpp>
@@ -120,6 +121,11 @@ class NonFiniteLossError : public Error {
   NonFiniteLossError(const std::string& message, std::string kind)
       : Error(message), layer_kind(std::move(kind)) {}
   std::string layer_kind;
+  // When train() gives up after max_reverted_steps, it leaves the best validated state in the
+  // model (else the last finite one), for the caller to save: its step (-1: none validated)
+  // and validation accuracy.
+  int64_t best_step = -1;
+  double best_validation_accuracy = 0;
 };
 
 struct EvaluationResult {

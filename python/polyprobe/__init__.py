@@ -61,7 +61,14 @@ def _default_plugin_dirs() -> List[str]:
     package's own plugin folder (the registry's default is relative to the executable,
     which for Python is the interpreter's)."""
     dirs = list(_extra_plugin_dirs)
-    dirs += [d for d in _os.environ.get("POLYPROBE_PLUGIN_PATH", "").split(":") if d]
+    for d in _os.environ.get("POLYPROBE_PLUGIN_PATH", "").split(":"):
+        if d and not _os.path.isabs(d):
+            import warnings
+            warnings.warn(f"polyprobe: POLYPROBE_PLUGIN_PATH entry '{d}' is a relative path (it "
+                          "would depend on the working folder); ignored: give absolute paths",
+                          stacklevel=3)
+        elif d:
+            dirs.append(d)
     own = _package_plugin_dir()
     if own:
         dirs.append(own)
@@ -178,6 +185,13 @@ class AskTell:
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> "AskTell":
         """A new optimizer continuing exactly where ``state`` (a :meth:`state_dict`) was."""
+        if not isinstance(state, Mapping) or state.get("format") != "polyprobe.AskTell":
+            raise ValueError("AskTell.from_state_dict: not an AskTell state_dict (a dict from "
+                             "AskTell.state_dict(), with format 'polyprobe.AskTell')")
+        for key in ("shape", "config"):
+            if key not in state:
+                raise ValueError(f"AskTell.from_state_dict: the state_dict has no '{key}' (it "
+                                 "is damaged, or not from AskTell.state_dict())")
         p, d = state["shape"]
         self = cls(_np.zeros((p, d)), dict(state["config"]))
         self.load_state_dict(state)

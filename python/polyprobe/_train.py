@@ -166,6 +166,8 @@ def train(model: Model, x_train: Any, y_train: Any,
         y = np.asarray(y_train)
         if len(x) != len(y):
             raise ValueError(f"train: {len(x)} inputs but {len(y)} labels")
+        # Before the split, so that a bad label's row is the caller's, not the shuffled one's.
+        _core.check_labels(model._m, y, "training")
         if not 0 < validation_fraction < 1:
             raise ValueError("train: validation_fraction must be in (0, 1)")
         order = np.random.default_rng(opts["seed"]).permutation(len(x))

@@ -91,6 +91,11 @@ py::dict config_dict(const OptimizerConfig& config);
 // A C-contiguous float64 array from anything numpy can read (zero-copy when it already is
 // one), with `what` naming it in errors.
 py::array_t<double, py::array::c_style> as_f64(py::handle array, const char* what);
+// Throws BadInput when `bytes` (what `what` would allocate) exceed this machine's memory, so a
+// size that cannot fit is refused before the allocation, naming it.
+void check_fits_memory(double bytes, const std::string& what);
+// The error for an allocation of `what` that failed (a MemoryError that says what it was).
+py::error_already_set out_of_memory(const std::string& what);
 // Throws BadInput unless every value is finite ("`what` has a NaN at index i").
 void check_finite(std::span<const double> values, const std::string& what);
 

@@ -8,6 +8,8 @@
 #include <pybind11/stl.h>
 
 #include <cmath>
+#include <limits>
+#include <new>
 #include <sstream>
 
 namespace polyprobe::python {
@@ -55,6 +57,8 @@ class AskTell {
     if (!py::isinstance<py::array>(x0) && PyIndex_Check(x0.ptr()) && !PyBool_Check(x0.ptr())) {
       const auto dim = x0.cast<int64_t>();
       if (dim <= 0) throw BadInput("AskTell: dim must be positive, got " + std::to_string(dim));
+      check_fits_memory(static_cast<double>(dim) * sizeof(double),
+                        "AskTell: dim " + std::to_string(dim));
       start = Matrix<double>::Zero(1, dim);
     } else {
       auto a = as_f64(x0, "AskTell: x0");
@@ -69,10 +73,19 @@ class AskTell {
       if (start.size() == 0) throw BadInput("AskTell: x0 is empty");
       check_finite({start.data(), static_cast<std::size_t>(start.size())}, "AskTell: x0");
     }
+    if (start.cols() > std::numeric_limits<int32_t>::max())
+      throw BadInput("AskTell: a particle of " + std::to_string(start.cols()) +
+                     " coordinates is more than the optimizer's limit of " +
+                     std::to_string(std::numeric_limits<int32_t>::max()));
     config_.particle_dim = static_cast<int32_t>(start.cols());
     bad_input([&] {
       config_.validate();
-      opt_ = std::make_unique<AskTellOptimizer>(start, config_);
+      try {
+        opt_ = std::make_unique<AskTellOptimizer>(start, config_);
+      } catch (const std::bad_alloc&) {
+        throw out_of_memory("AskTell: " + std::to_string(start.rows()) + " particles of " +
+                            std::to_string(start.cols()) + " coordinates");
+      }
     });
     rows_ = start.rows();
   }
@@ -117,8 +130,13 @@ class AskTell {
   }
 
   void load_state_dict(const py::dict& d) {
-    if (!d.contains("format") || d["format"].cast<std::string>() != "polyprobe.AskTell")
+    if (!d.contains("format") || !py::isinstance<py::str>(d["format"]) ||
+        d["format"].cast<std::string>() != "polyprobe.AskTell")
       throw BadInput("load_state_dict: not an AskTell state_dict (no format 'polyprobe.AskTell')");
+    for (const char* key : {"config", "shape", "asked_rows", "state"})
+      if (!d.contains(key))
+        throw BadInput(std::string("load_state_dict: the state_dict has no '") + key +
+                       "' (it is damaged, or not from AskTell.state_dict())");
     if (!py::object(d["config"]).equal(config_dict(config_)))
       throw BadInput(
           "load_state_dict: the state was saved with another configuration; build the "

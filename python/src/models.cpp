@@ -10,6 +10,7 @@
 #include <pybind11/stl/filesystem.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <random>
 
 namespace polyprobe::python {
@@ -67,7 +68,12 @@ py::array forward_as(const Model& model, py::handle x) {
   if (a.ndim() < 1 || a.size() == 0 ||
       (a.ndim() == 1 ? a.shape(0) : a.size() / a.shape(0)) != numel) {
     std::string got = "(";
-    for (py::ssize_t i = 0; i < a.ndim(); ++i) got += (i ? ", " : "") + std::to_string(a.shape(i));
+    // Appended piece by piece: `const char* + std::string` here draws a false -Wstringop-overflow
+    // from GCC 12 under LTO.
+    for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+      if (i > 0) got += ", ";
+      got += std::to_string(a.shape(i));
+    }
     throw BadInput("model(x): x must be a batch [B, " + model.input_shape().str().substr(1) +
                    " (or [B, " + std::to_string(numel) + "]), got shape " + got + ")");
   }
@@ -174,6 +180,14 @@ void bind_models(py::module_& m) {
           "save_weights",
           [](const PyModel& p, const fs::path& path,
              const std::map<std::string, std::string>& metadata) {
+            // A file that load_model and `polyprobe eval` would refuse is not written.
+            const auto params = p.file.model.parameters();
+            for (std::size_t i = 0; i < params.size(); ++i)
+              if (!std::isfinite(params[i]))
+                throw BadInput("save: parameter " + std::to_string(i) + " is " +
+                               std::to_string(params[i]) +
+                               "; weights that are not finite cannot be loaded back, so '" +
+                               path.string() + "' is not written");
             TensorFile t = model_tensors(p.file.model);
             for (const auto& [k, v] : metadata) t.metadata[k] = v;
             write_safetensors(path, t);

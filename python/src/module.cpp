@@ -4,9 +4,12 @@
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <memory>
+#include <sstream>
 
 namespace polyprobe::python {
 namespace {
@@ -59,6 +62,10 @@ void load_plugins(const std::vector<std::string>& dirs, const std::vector<std::s
   for (const std::string& d : dirs) p->dirs.emplace_back(d);
   for (const std::string& name : withheld) p->registry.withhold_operation(name);
   p->registry.load_directories(p->dirs);
+  // As `polyprobe` prints them on stderr: unsafe plugin folders, a plugin that shadows another.
+  for (const std::string& warning : p->registry.warnings())
+    if (PyErr_WarnEx(PyExc_UserWarning, ("polyprobe: " + warning).c_str(), 1) != 0)
+      throw py::error_already_set();
   const std::vector<std::string> offered = p->registry.offered_operations();
   for (const std::string& name : withheld)
     if (std::find(offered.begin(), offered.end(), name) == offered.end()) {
@@ -80,6 +87,23 @@ py::array_t<double, py::array::c_style> as_f64(py::handle array, const char* wha
                    std::string(py::str(py::type::handle_of(array).attr("__name__"))) + ")");
   }
   return a;
+}
+
+void check_fits_memory(double bytes, const std::string& what) {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  const double memory = static_cast<double>(pages) * static_cast<double>(page);
+  if (pages > 0 && page > 0 && bytes > memory) {
+    std::ostringstream text;
+    text << std::setprecision(3) << what << " needs at least " << bytes / 1e9
+         << " GB, more than this machine's " << memory / 1e9 << " GB";
+    throw BadInput(text.str());
+  }
+}
+
+py::error_already_set out_of_memory(const std::string& what) {
+  PyErr_SetString(PyExc_MemoryError,
+                  ("out of memory: " + what + " is more than this machine can hold").c_str());
+  return py::error_already_set();
 }
 
 void check_finite(std::span<const double> values, const std::string& what) {

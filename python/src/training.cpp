@@ -11,10 +11,62 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <optional>
+#include <sstream>
 
 namespace polyprobe::python {
 namespace {
+
+// The class indices of `y` for a model of `classes` outputs, every one checked: integers (a
+// float label must be a whole number: 2.5 or NaN is refused, never truncated) in range. Rows
+// are numbered as in `y`.
+std::vector<int64_t> class_labels(py::handle y, int64_t rows, int64_t classes,
+                                  const std::string& what) {
+  const py::array any = py::array::ensure(y);
+  if (!any) {
+    PyErr_Clear();
+    throw BadInput("train: " + what + " labels must be an array of class indices");
+  }
+  if (any.ndim() != 1 || (rows >= 0 && any.shape(0) != rows))
+    throw BadInput("train: " + what + " labels must be a vector of " +
+                   (rows >= 0 ? std::to_string(rows) + " " : std::string()) + "class indices");
+  const char kind = any.dtype().kind();
+  if (kind != 'i' && kind != 'u' && kind != 'f')
+    throw BadInput("train: " + what + " labels must be integers (class indices), got dtype " +
+                   std::string(py::str(any.dtype())));
+  // Each read in its own type: casting a float NaN to an integer is what hid it before (and
+  // makes numpy warn).
+  using Floats = py::array_t<double, py::array::c_style | py::array::forcecast>;
+  using Integers = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+  const Floats values = kind == 'f' ? Floats::ensure(y) : Floats();
+  const Integers integers = kind == 'f' ? Integers() : Integers::ensure(y);
+  std::vector<int64_t> labels(static_cast<std::size_t>(any.shape(0)));
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    const std::string where = "train: " + what + " label at row " + std::to_string(i);
+    if (kind == 'f') {
+      const double v = values.data()[i];
+      if (!std::isfinite(v))
+        throw BadInput(where + " is " + (std::isnan(v) ? "NaN" : "infinite") +
+                       ", not a class index");
+      std::ostringstream text;
+      text << v;
+      if (v != std::floor(v))
+        throw BadInput(where + " is " + text.str() +
+                       ", not a whole number (labels are class indices; it is not truncated)");
+      if (v < 0 || v >= static_cast<double>(classes))
+        throw BadInput(where + " is " + text.str() + ", not a class of the model's " +
+                       std::to_string(classes) + " outputs");
+      labels[i] = static_cast<int64_t>(v);
+    } else {
+      labels[i] = integers.data()[i];
+      if (labels[i] < 0 || labels[i] >= classes)
+        throw BadInput(where + " is " + std::to_string(labels[i]) +
+                       ", not a class of the model's " + std::to_string(classes) + " outputs");
+    }
+  }
+  return labels;
+}
 
 Dataset to_dataset(py::handle x, py::handle y, const Model& model, const std::string& what) {
   auto a = as_f64(x, ("train: " + what + " inputs").c_str());
@@ -22,28 +74,14 @@ Dataset to_dataset(py::handle x, py::handle y, const Model& model, const std::st
   if (a.ndim() < 1 || a.shape(0) == 0 || a.size() / a.shape(0) != numel)
     throw BadInput("train: " + what + " inputs must be [n, " + std::to_string(numel) +
                    "] (or [n, " + model.input_shape().str().substr(1) + ")");
-  auto labels = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(y);
-  if (!labels) {
-    PyErr_Clear();
-    throw BadInput("train: " + what + " labels must be integers");
-  }
-  if (labels.ndim() != 1 || labels.shape(0) != a.shape(0))
-    throw BadInput("train: " + what + " labels must be a vector of " + std::to_string(a.shape(0)) +
-                   " class indices");
   Dataset d;
   d.name = what;
   d.sample_shape = model.input_shape();
+  d.labels = class_labels(y, a.shape(0), model.output_shape().numel(), what);
   d.features = Eigen::Map<const Matrix<double>>(a.data(), a.shape(0), numel);
   check_finite({d.features.data(), static_cast<std::size_t>(d.features.size())},
                "train: " + what + " inputs");
-  d.labels.assign(labels.data(), labels.data() + labels.shape(0));
-  const int64_t classes = model.output_shape().numel();
-  for (std::size_t i = 0; i < d.labels.size(); ++i)
-    if (d.labels[i] < 0 || d.labels[i] >= classes)
-      throw BadInput("train: " + what + " label " + std::to_string(d.labels[i]) + " at row " +
-                     std::to_string(i) + " is not a class of the model's " +
-                     std::to_string(classes) + " outputs");
-  d.num_classes = classes;
+  d.num_classes = model.output_shape().numel();
   return d;
 }
 
@@ -67,13 +105,24 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
   TrainOptions options;
   options.epochs = opt<int64_t>(o, "epochs");
   options.batch_size = opt<int64_t>(o, "batch");
-  options.seed = opt<uint64_t>(o, "seed");
+  const auto seed = opt<int64_t>(o, "seed");
+  if (seed < 0) throw BadInput("train: seed must be >= 0, got " + std::to_string(seed));
+  options.seed = static_cast<uint64_t>(seed);
   options.patience = opt<int64_t>(o, "patience");
   options.validate_every = opt<int64_t>(o, "validate_every");
   options.time_limit_s = opt<double>(o, "time_limit");
+  // The rules of `polyprobe train`, in its words.
   if (options.epochs <= 0) throw BadInput("train: epochs must be positive");
   if (options.batch_size <= 0) throw BadInput("train: batch must be positive");
   if (options.validate_every < 0) throw BadInput("train: validate_every must be >= 0");
+  if (options.patience < 0) throw BadInput("train: patience must be >= 0 (0: never stop early)");
+  if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
+    throw BadInput("train: time_limit must be a number of seconds >= 0 (0: none), got " +
+                   std::to_string(options.time_limit_s));
+  for (const char* output : {"metrics", "checkpoint"})
+    if (!o[output].is_none() && opt<std::string>(o, output).empty())
+      throw BadInput(std::string("train: ") + output +
+                     " needs a file name, got an empty one (None writes no file)");
   if (!o["metrics"].is_none()) options.metrics_path = opt<std::string>(o, "metrics");
   if (!o["checkpoint"].is_none()) options.checkpoint_path = opt<std::string>(o, "checkpoint");
   options.resume = opt<bool>(o, "resume");
@@ -176,6 +225,14 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
 }  // namespace
 
 void bind_training(py::module_& m) {
+  m.def(
+      "check_labels",
+      [](const PyModel& pm, py::handle y, const std::string& what) {
+        (void)class_labels(y, -1, pm.file.model.output_shape().numel(), what);
+      },
+      py::arg("model"), py::arg("y"), py::arg("what"),
+      "Raises ValueError naming the first label of `y` (rows as in `y`) that is not a class "
+      "index of `model`.");
   m.def("train", &train_py, py::arg("model"), py::arg("x_train"), py::arg("y_train"),
         py::arg("x_val"), py::arg("y_val"), py::arg("options"), py::arg("progress"));
   m.def(

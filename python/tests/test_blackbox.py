@@ -153,6 +153,16 @@ def test_asktell_bad_input():
         polyprobe.AskTell(np.zeros((2, 2, 2)))
     with pytest.raises(ValueError, match="positive"):
         polyprobe.AskTell(0)
+    with pytest.raises(ValueError, match=r"AskTell: dim 1000000000000 needs at least .* GB"):
+        polyprobe.AskTell(10**12)
+    with pytest.raises(ValueError, match="not an AskTell state_dict"):
+        polyprobe.AskTell.from_state_dict({"foo": 1})
+    damaged = opt.state_dict()
+    del damaged["state"]
+    with pytest.raises(ValueError, match="has no 'state'"):
+        polyprobe.AskTell.from_state_dict(damaged)
+    with pytest.raises(ValueError, match="has no 'shape'"):
+        polyprobe.AskTell.from_state_dict({"format": "polyprobe.AskTell"})
 
 
 def test_asktell_accepts_float32_and_torch_losses():

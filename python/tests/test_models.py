@@ -1,5 +1,6 @@
 """Models: files, safetensors, forward, and round trips with PyTorch."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -111,3 +112,17 @@ def test_to_torch_exports_what_nn_lacks(repo):
     m = polyprobe.load_model(repo / "examples" / "models" / "binary_mlp.json")
     net = m.to_torch()
     assert isinstance(net[0], ppt.TransformedLinear) and isinstance(net[1], ppt.Sign)
+
+
+def test_save_refuses_weights_that_cannot_be_loaded_back(tmp_path):
+    m = polyprobe.Model({"input_shape": [3], "layers": [{"kind": "linear", "out_features": 2}]})
+    m.parameters[1] = np.nan
+    with pytest.raises(ValueError, match="parameter 1 is nan; weights that are not finite"):
+        m.save(tmp_path / "w.safetensors")
+    assert not (tmp_path / "w.safetensors").exists()
+    m.parameters[1] = 0.0
+    fifo = tmp_path / "f.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(RuntimeError, match="it is a FIFO .*polyprobe writes only regular files"):
+        m.save(fifo)
+    assert fifo.is_fifo()

@@ -70,6 +70,37 @@ def test_train_bad_input(digits):
                         progress=False)
 
 
+def test_train_labels_and_options_are_checked_as_the_cli_does(digits, tmp_path):
+    x, y = digits["train"]
+    x, y = x[:200], y[:200]
+    floats = y.astype(np.float64)
+    floats[7] = 2.5
+    with pytest.raises(ValueError, match=r"training label at row 7 is 2\.5.*not a whole number"):
+        polyprobe.train(mlp(), x, floats, progress=False)
+    floats[7] = np.nan
+    # Row 7 of the caller's array, not of the shuffled split.
+    with pytest.raises(ValueError, match="training label at row 7 is NaN, not a class index"):
+        polyprobe.train(mlp(), x, floats, progress=False)
+    with pytest.raises(ValueError, match="validation label at row 3 is NaN"):
+        bad = y[:50].astype(np.float64)
+        bad[3] = np.nan
+        polyprobe.train(mlp(), x, y, validation=(x[:50], bad), progress=False)
+    # Whole-number floats are class indices.
+    r = polyprobe.train(mlp(), x, y.astype(np.float64), epochs=1, progress=False)
+    assert r.steps > 0
+    with pytest.raises(ValueError, match="time_limit must be a number of seconds >= 0"):
+        polyprobe.train(mlp(), x, y, time_limit=-1, progress=False)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        polyprobe.train(mlp(), x, y, validation=(x, y), seed=-1, progress=False)
+    with pytest.raises(ValueError, match="metrics needs a file name"):
+        polyprobe.train(mlp(), x, y, validation=(x, y), metrics="", progress=False)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(RuntimeError, match="a FIFO"):
+        polyprobe.train(mlp(), x, y, validation=(x, y), metrics=str(fifo), progress=False)
+    assert fifo.is_fifo()
+
+
 def test_train_progress_exception_propagates(digits):
     def boom(p):
         raise KeyboardInterrupt
@@ -115,3 +146,15 @@ def test_withhold_operations_in_a_fresh_process(tmp_path):
     polyprobe.plugins()
     with pytest.raises(RuntimeError, match="already loaded"):
         polyprobe.withhold_operations(["sdpa"])
+
+
+def test_plugin_search_warns_of_relative_entries(tmp_path):
+    code = "import warnings, polyprobe\nwith warnings.catch_warnings(record=True) as w:\n" \
+           "    warnings.simplefilter('always')\n    polyprobe.plugins()\n" \
+           "print([str(x.message) for x in w])"
+    env = dict(os.environ, POLYPROBE_PLUGIN_PATH=".:plugins")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "POLYPROBE_PLUGIN_PATH entry '.' is a relative path" in r.stdout
+    assert "entry 'plugins' is a relative path" in r.stdout

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -612,15 +613,17 @@ TEST_CASE("bench --json and report -o into a missing folder fail naming it, leav
   CHECK(!std::filesystem::exists(missing));
 }
 
-TEST_CASE("a metrics write that fails ends the run naming the file") {
-  // /dev/full opens for writing and fails every write (ENOSPC), as a full disk would.
+TEST_CASE("a metrics file that is a device is refused before the run, naming it") {
+  // /dev/full opens for writing and fails every write: polyprobe never writes through a
+  // device, so it is refused before any work (a full disk is caught at the record it loses).
   if (!std::filesystem::exists("/dev/full")) {
     WARN("no /dev/full on this system: not checked");
     return;
   }
   const auto r = polyprobe("train --quiet --epochs 1 --metrics /dev/full");
   CHECK(r.exit_code == 1);
-  CHECK_THAT(r.err, Catch::Contains("writing the metrics file '/dev/full' failed"));
+  CHECK_THAT(r.err, Catch::Contains("the --metrics file '/dev/full': it is a character device"));
+  CHECK(r.out.empty());
 }
 
 TEST_CASE("the metrics file ends with the restored state's test result") {
@@ -708,4 +711,276 @@ TEST_CASE("bench cheri runs on the cuda plugin only, and says so") {
   CHECK_THAT(empty.err, Catch::Contains("unavailable here") || Catch::Contains("no plugin named") ||
                             Catch::Contains("batch sizes must be positive"));
   CHECK(lines(empty.err) == 1);
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A fresh folder under the test's temporary folder.
+fs::path fresh_folder(const std::string& name) {
+  const fs::path dir = fs::path(POLYPROBE_TEST_TMP) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  std::stringstream s;
+  s << file.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("outputs that are not regular files are refused before any work and left as they are") {
+  const fs::path dir = fresh_folder("not-regular");
+  const fs::path fifo = dir / "fifo";
+  REQUIRE(std::system(("mkfifo " + fifo.string()).c_str()) == 0);
+  // A link to the null device: the run must neither replace the link nor write through it.
+  const fs::path null_link = dir / "null-link";
+  fs::create_symlink("/dev/null", null_link);
+  for (const fs::path& target : {fifo, null_link}) {
+    INFO(target);
+    const auto save = polyprobe("train --quiet --epochs 1 --save " + target.string());
+    CHECK(save.exit_code == 1);
+    CHECK_THAT(save.err, Catch::Contains("refusing to write the --save file '" + target.string()) &&
+                             Catch::Contains("polyprobe writes only regular files"));
+    CHECK(save.out.empty());  // refused before the data is even read
+    CHECK_FALSE(fs::exists(target.string() + ".json"));
+    CHECK_FALSE(fs::exists(target.string() + ".ckpt"));
+  }
+  CHECK(fs::is_fifo(fs::symlink_status(fifo)));
+  CHECK(fs::is_symlink(fs::symlink_status(null_link)));
+  CHECK(fs::is_character_file(fs::status("/dev/null")));
+  // As inputs, a FIFO would block the open until a writer came: refused at once (`timeout`
+  // ends a regression that waits).
+  const fs::path fifo_csv = dir / "data.csv";
+  REQUIRE(std::system(("mkfifo " + fifo_csv.string()).c_str()) == 0);
+  const std::string bounded = "timeout 30 env POLYPROBE_PLUGIN_PATH= " + exe;
+  const auto data = run_process(bounded + " train --quiet --epochs 1 --data " + fifo_csv.string());
+  CHECK(data.exit_code == 1);
+  CHECK_THAT(data.err, Catch::Contains("'" + fifo_csv.string() + "' is not a regular file"));
+  const auto read_fifo =
+      run_process(bounded + " report " + fifo.string() + " -o " + (dir / "r.html").string());
+  CHECK(read_fifo.exit_code == 1);
+  CHECK_THAT(read_fifo.err, Catch::Contains("is not a regular file"));
+  const std::string metrics = write_file("not-regular.jsonl", "{\"step\":1,\"seconds\":1}\n");
+  const auto report = polyprobe("report " + metrics + " -o " + fifo.string());
+  CHECK(report.exit_code == 2);
+  CHECK_THAT(report.err,
+             Catch::Contains("refusing to write the -o file") && Catch::Contains("a FIFO"));
+  CHECK(fs::is_fifo(fs::symlink_status(fifo)));
+}
+
+TEST_CASE("an empty output name is refused, not ignored") {
+  for (const char* option : {"save", "metrics", "checkpoint"}) {
+    INFO(option);
+    const auto r = polyprobe(std::string("train --quiet --epochs 1 --") + option + " ''");
+    CHECK(r.exit_code == 2);
+    CHECK_THAT(r.err, Catch::Contains(std::string("--") + option +
+                                      " needs a file name, got an empty one"));
+  }
+}
+
+TEST_CASE("a read-only output file and a loaded plugin are refused, unchanged") {
+  const fs::path dir = fresh_folder("protected-outputs");
+  const fs::path read_only = dir / "kept.safetensors";
+  std::ofstream(read_only) << "precious";
+  fs::permissions(read_only,
+                  fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+  const auto r = polyprobe("train --quiet --epochs 1 --save " + read_only.string());
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("it is read-only"));
+  CHECK(slurp(read_only) == "precious");
+  CHECK((fs::status(read_only).permissions() & fs::perms::owner_write) == fs::perms::none);
+
+  // A plugin this very run loaded (copied, so the fixture itself is never at risk).
+  const fs::path plugins = dir / "plugins";
+  fs::create_directories(plugins);
+  const fs::path plugin = plugins / "libpolyprobe_fixture_nan_layer.so";
+  fs::copy_file(fs::path(POLYPROBE_FIXTURE_PLUGIN_DIR) / plugin.filename(), plugin);
+  const std::string before = slurp(plugin);
+  const auto onto_plugin = polyprobe("train --quiet --epochs 1 --plugin-dir " + plugins.string() +
+                                     " --metrics " + plugin.string());
+  CHECK(onto_plugin.exit_code == 1);
+  CHECK_THAT(onto_plugin.err, Catch::Contains("a shared library in use by this process"));
+  CHECK(slurp(plugin) == before);
+}
+
+TEST_CASE("a run whose outputs another process is writing is refused, naming the lock") {
+  const fs::path dir = fresh_folder("locked-outputs");
+  const fs::path save = dir / "run.safetensors";
+  // `flock` holds the lock file as a second polyprobe run would for its whole run.
+  const auto r = run_process("flock " + (dir / ".run.safetensors.lock").string() +
+                             " env POLYPROBE_PLUGIN_PATH= " + exe +
+                             " train --quiet --epochs 1 --save " + save.string());
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err,
+             Catch::Contains("another process is writing the --save file '" + save.string() + "'"));
+  CHECK_FALSE(fs::exists(save));
+  // Alone, the run takes the lock, and leaves no lock file behind.
+  CHECK(polyprobe("train --quiet --epochs 1 --batch 512 --save " + save.string()).exit_code == 0);
+  CHECK(fs::exists(save));
+  CHECK_FALSE(fs::exists(dir / ".run.safetensors.lock"));
+}
+
+TEST_CASE("a run that fails on non-finite losses saves its best validated state and says so") {
+  const fs::path dir = fresh_folder("failed-run");
+  const fs::path plugins = dir / "plugins";
+  fs::create_directories(plugins);
+  fs::copy_file(fs::path(POLYPROBE_FIXTURE_PLUGIN_DIR) / "libpolyprobe_fixture_nan_layer.so",
+                plugins / "libpolyprobe_fixture_nan_layer.so");
+  // nan_shift turns NaN once a step moves its shifts: every step is reverted, and after the
+  // limit of reverted steps in a row the run gives up, validated after every step.
+  const std::string model = write_file(
+      "nan-model.json",
+      R"({"polyprobe_model": 1, "input_shape": [64], "layers": [)"
+      R"({"kind": "nan_shift", "max_moved": 2}, {"kind": "linear", "out_features": 10}]})");
+  const fs::path save = dir / "best.safetensors";
+  const std::string common = "--quiet --plugin-dir " + plugins.string();
+  const auto r = polyprobe("train " + common + " --model " + model +
+                           " --epochs 3 --batch 100 --validate-every 1 --save " + save.string());
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("steps in a row made the training loss non-finite") &&
+                        Catch::Contains("saved the best validated weights (validation accuracy") &&
+                        Catch::Contains("step 1)") && Catch::Contains(save.string()) &&
+                        Catch::Contains("would repeat the same steps"));
+  REQUIRE(fs::exists(save));
+  const auto evaluated = polyprobe("eval " + common + " --weights " + save.string());
+  CHECK(evaluated.exit_code == 0);
+  CHECK_THAT(evaluated.out, Catch::Contains("test accuracy: "));
+  // The checkpoint is not weights: eval says what it is.
+  const auto checkpoint = polyprobe("eval " + common + " --weights " + save.string() + ".ckpt");
+  CHECK(checkpoint.exit_code == 1);
+  CHECK_THAT(checkpoint.err, Catch::Contains("is a polyprobe training checkpoint, not a weights"));
+}
+
+TEST_CASE("configuration that would be ignored or unbounded is refused, naming it") {
+  const fs::path dir = fresh_folder("config-inputs");
+  const auto folder = polyprobe("train --epochs 1 --config " + dir.string());
+  CHECK(folder.exit_code == 2);
+  CHECK_THAT(folder.err, Catch::Contains("is a folder; --config takes a file"));
+  // A device that never ends: refused before reading (the memory limit keeps a regression
+  // from taking the machine's memory).
+  const fs::path zero = dir / "zero";
+  fs::create_symlink("/dev/zero", zero);
+  const auto endless = run_process("ulimit -v 4000000; POLYPROBE_PLUGIN_PATH= " + exe +
+                                   " train --config " + zero.string());
+  CHECK(endless.exit_code == 2);
+  CHECK_THAT(endless.err, Catch::Contains("is not a regular file"));
+  const std::string nested = write_file("nested.ini", "epochs = 1\nconfig = other.ini\n");
+  const auto include = polyprobe("train --config " + nested);
+  CHECK(include.exit_code == 2);
+  CHECK_THAT(include.err, Catch::Contains("line 2: a config file cannot name another"));
+  const auto seed = polyprobe("train --seed -1 --epochs 1");
+  CHECK(seed.exit_code == 2);
+  CHECK_THAT(seed.err, Catch::Contains("--seed must be >= 0, got -1"));
+}
+
+TEST_CASE("huge values are not echoed whole, and huge keys are refused at once") {
+  const auto seconds_of = [](const auto& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  const std::string value(100000, '7');
+  ProcessResult r;
+  CHECK(seconds_of([&] { r = polyprobe("train --epochs x" + value); }) < 5);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.size() < 3000);
+  CHECK_THAT(r.err, Catch::Contains("characters left out"));
+  CHECK(seconds_of([&] { r = polyprobe("train --" + std::string(100000, 'k')); }) < 5);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.size() < 3000);
+  const std::string long_line = write_file("long-key.ini", std::string(5000, 'k') + " = 1\n");
+  r = polyprobe("train --config " + long_line);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("line 1: the line is 5004 characters long"));
+  CHECK(r.err.size() < 3000);
+  const std::string huge = write_file("huge-key.ini", std::string(10'000'000, 'k') + " = 1\n");
+  CHECK(seconds_of([&] { r = polyprobe("train --config " + huge); }) < 5);
+  CHECK(r.exit_code == 2);
+  CHECK_THAT(r.err, Catch::Contains("is 10000005 bytes, more than the limit of 1048576"));
+}
+
+TEST_CASE("report: an overflowing number names its line; huge finite values draw finite charts") {
+  const std::string overflow = write_file("overflow.jsonl",
+                                          "{\"step\":1,\"seconds\":1}\n"
+                                          "{\"step\":2,\"seconds\":1e999}\n");
+  const auto r = polyprobe("report " + overflow + " -o " + overflow + ".html");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("line 2: a number is too large"));
+  const std::string huge = write_file("huge.jsonl",
+                                      "{\"step\":1,\"seconds\":1,\"loss\":1e308}\n"
+                                      "{\"step\":2,\"seconds\":2,\"loss\":-1.7e308}\n"
+                                      "{\"step\":3,\"seconds\":1e308,\"loss\":0.5}\n");
+  const auto drawn = polyprobe("report " + huge + " -o " + huge + ".html");
+  REQUIRE(drawn.exit_code == 0);
+  const std::string page = slurp(huge + ".html");
+  CHECK(page.find("nan") == std::string::npos);
+  CHECK(page.find("inf") == std::string::npos);
+}
+
+TEST_CASE("sizes too large for the machine are refused before allocating, naming the option") {
+  const auto channels = polyprobe("train --quiet --epochs 1 --channels 100000000");
+  CHECK(channels.exit_code == 2);
+  CHECK_THAT(channels.err, Catch::Contains("--channels 100000000 gives the built-in cnn") &&
+                               Catch::Contains("choose a smaller --channels"));
+  CHECK_THAT(channels.err, !Catch::Contains("bad_alloc"));
+  // The candidates of a step are known once the optimizer exists (the memory limit keeps a
+  // regression from taking the machine's memory).
+  const auto probes = run_process("ulimit -v 4000000; POLYPROBE_PLUGIN_PATH= " + exe +
+                                  " train --quiet --epochs 1 --num-probe 1000000");
+  CHECK(probes.exit_code == 2);
+  CHECK_THAT(probes.err, Catch::Contains("candidates (--num-probe 1000000") &&
+                             Catch::Contains("lower --num-probe or --batch"));
+}
+
+TEST_CASE("eval fails on a loss that is not finite, and a CSV byte-order mark is not data") {
+  const fs::path dir = fresh_folder("eval-nonfinite");
+  const fs::path weights = dir / "w.safetensors";
+  REQUIRE(polyprobe("train --quiet --epochs 1 --arch mlp --hidden 4 --batch 512 --save " +
+                    weights.string())
+              .exit_code == 0);
+  // Features so large that the model's outputs overflow.
+  std::string csv = "\xEF\xBB\xBF";
+  for (int row = 0; row < 10; ++row) {
+    for (int i = 0; i < 64; ++i) csv += (i % 2 ? "-1e300," : "1e300,");
+    csv += std::to_string(row) + "\n";
+  }
+  const std::string data = write_file("overflow.csv", csv);
+  const auto r =
+      polyprobe("eval --weights " + weights.string() + " --data " + data + " --split all");
+  CHECK(r.exit_code == 1);
+  CHECK_THAT(r.err, Catch::Contains("loss is"));
+  // The byte-order mark did not turn the first row into a header: all 10 rows are evaluated.
+  CHECK_THAT(r.out, Catch::Contains("all split, 10 samples"));
+}
+
+TEST_CASE("plugin search says when a plugin shadows the shipped one and when its folder is open") {
+  const fs::path dir = fresh_folder("shadowing-plugins");
+  const fs::path shipped =
+      (fs::path(exe).parent_path() / "../lib/polyprobe/plugins/libpolyprobe_cpu_tbb.so")
+          .lexically_normal();
+  if (!fs::exists(shipped)) {
+    WARN("the shipped cpu_tbb plugin is not built: not checked");
+    return;
+  }
+  // The same plugin under another file name, found first: the shipped file is not loaded.
+  fs::copy_file(shipped, dir / "libpolyprobe_cpu_tbb_copy.so");
+  fs::permissions(dir, fs::perms::others_write, fs::perm_options::add);
+  const auto r = polyprobe("plugins --plugin-dir " + dir.string());
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, Catch::Contains("warning: plugin 'cpu_tbb' from " +
+                                    (dir / "libpolyprobe_cpu_tbb_copy.so").string() +
+                                    " shadows the plugin of that name at"));
+  CHECK_THAT(r.err, Catch::Contains("warning: plugin folder '" + dir.string() +
+                                    "' is writable by every user"));
+  // A relative entry of POLYPROBE_PLUGIN_PATH is ignored, with a warning.
+  const auto relative = polyprobe("plugins", "POLYPROBE_PLUGIN_PATH=.");
+  CHECK(relative.exit_code == 0);
+  CHECK_THAT(relative.err, Catch::Contains("POLYPROBE_PLUGIN_PATH entry '.' is a relative path"));
+  fs::permissions(dir, fs::perms::others_write, fs::perm_options::remove);
 }

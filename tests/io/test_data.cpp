@@ -57,6 +57,20 @@ TEST_CASE("CSV with and without scikit-learn's header", "[io][data][csv]") {
   CHECK(named.labels == std::vector<int64_t>{1});
 }
 
+TEST_CASE("a UTF-8 byte-order mark before the first line is not data", "[io][data][csv]") {
+  const Dataset marked = parse_csv(
+      "\xEF\xBB\xBF"
+      "1,2,0\n3,4,1\n",
+      "bom.csv");
+  CHECK(marked.size() == 2);
+  CHECK(marked.features(0, 0) == 1.0);
+  const Dataset header = parse_csv(
+      "\xEF\xBB\xBF"
+      "x,y,label\n1,2,1\n",
+      "bom-header.csv");
+  CHECK(header.labels == std::vector<int64_t>{1});
+}
+
 TEST_CASE("gzip CSV files are read and truncated ones refused", "[io][data][csv]") {
   testing::TempDir dir;
   const std::string text = "1,2,0\n3,4,1\n";

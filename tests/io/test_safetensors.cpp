@@ -1,6 +1,7 @@
 // Safetensors: round trips, PyTorch's files, and hostile files refused with the tensor named.
 #include "io/temp_dir.hpp"
 
+#include <polyprobe/atomic_file.hpp>
 #include <polyprobe/error.hpp>
 #include <polyprobe/model_file.hpp>
 #include <polyprobe/safetensors.hpp>
@@ -8,7 +9,11 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 namespace polyprobe {
 namespace {
@@ -139,6 +144,66 @@ TEST_CASE("a failed write leaves no partial file", "[io][safetensors][errors]") 
   const Model model = small_model();
   CHECK_THROWS_AS(save_weights(model, dir / "missing-folder" / "w.safetensors"), Error);
   CHECK(dir.files().empty());
+}
+
+TEST_CASE("a training checkpoint given as weights is named as such", "[io][safetensors][errors]") {
+  const std::string checkpoint = "polyprobe-checkpoint 1\n" + std::string(64, '\0');
+  CHECK_THROWS_WITH(parse_safetensors(as_bytes(checkpoint), "run.ckpt"),
+                    Catch::Contains("'run.ckpt' is a polyprobe training checkpoint") &&
+                        Catch::Contains("--resume"));
+}
+
+TEST_CASE("outputs are written only as regular files", "[io][outputs]") {
+  TempDir dir;
+  const Model model = small_model();
+  // A FIFO, and a link to a character device: refused, and left as they were.
+  const std::filesystem::path fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  CHECK_THROWS_WITH(save_weights(model, fifo), Catch::Contains("it is a FIFO (named pipe)"));
+  CHECK(std::filesystem::is_fifo(std::filesystem::symlink_status(fifo)));
+  const std::filesystem::path null_link = dir / "null-link";
+  std::filesystem::create_symlink("/dev/null", null_link);
+  CHECK_THROWS_WITH(save_weights(model, null_link), Catch::Contains("it is a character device"));
+  CHECK(std::filesystem::is_symlink(std::filesystem::symlink_status(null_link)));
+  CHECK(std::filesystem::is_character_file("/dev/null"));
+  CHECK_THROWS_WITH(io::check_output_file("", "--save file"),
+                    Catch::Contains("the --save file name is empty"));
+  CHECK_THROWS_WITH(save_weights(model, dir.path()), Catch::Contains("it is a folder"));
+
+  // A read-only file is refused; a writable one keeps its permissions; a link to a regular
+  // file stays a link and the file it names is replaced.
+  const std::filesystem::path kept = dir / "kept.safetensors";
+  std::ofstream(kept) << "x";
+  std::filesystem::permissions(kept, std::filesystem::perms::owner_read);
+  CHECK_THROWS_WITH(save_weights(model, kept), Catch::Contains("it is read-only"));
+  CHECK(std::filesystem::file_size(kept) == 1);
+  const std::filesystem::path shared = dir / "shared.safetensors";
+  std::ofstream(shared) << "x";
+  const auto mode = std::filesystem::perms::owner_read | std::filesystem::perms::owner_write |
+                    std::filesystem::perms::group_read | std::filesystem::perms::group_write;
+  std::filesystem::permissions(shared, mode);
+  save_weights(model, shared);
+  CHECK(std::filesystem::status(shared).permissions() == mode);
+  CHECK(std::filesystem::file_size(shared) > 1);
+  const std::filesystem::path link = dir / "link.safetensors";
+  std::filesystem::create_symlink(shared, link);
+  save_weights(model, link);
+  CHECK(std::filesystem::is_symlink(std::filesystem::symlink_status(link)));
+}
+
+TEST_CASE("an output is claimed by one writer at a time", "[io][outputs]") {
+  TempDir dir;
+  const std::filesystem::path path = dir / "run.safetensors";
+  {
+    const io::OutputLock first(path, "--save file");
+    CHECK(std::filesystem::exists(dir / ".run.safetensors.lock"));
+    // A second claim (flock() locks per open file, so this process stands for another one).
+    CHECK_THROWS_WITH(
+        io::OutputLock(path, "--save file"),
+        Catch::Contains("another process is writing the --save file '" + path.string() + "'"));
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / ".run.safetensors.lock"));
+  const io::OutputLock again(path, "--save file");
 }
 
 }  // namespace polyprobe

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -167,6 +168,44 @@ TEST_CASE("the search path puts explicit directories first, then the environment
   for (const auto& dir : dirs) CHECK_FALSE(dir.empty());
   // The last entry is the executable's own plugin folder.
   CHECK(dirs.back() == PluginRegistry::executable_plugin_dir());
+}
+
+TEST_CASE("relative POLYPROBE_PLUGIN_PATH entries are ignored with a warning") {
+  ::setenv("POLYPROBE_PLUGIN_PATH", ".:/env/a:plugins", 1);
+  std::vector<std::string> warnings;
+  const auto dirs = PluginRegistry::search_path({"/explicit"}, &warnings);
+  ::unsetenv("POLYPROBE_PLUGIN_PATH");
+  for (const auto& dir : dirs) CHECK(dir.is_absolute());
+  CHECK(dirs[1] == "/env/a");
+  REQUIRE(warnings.size() == 2);
+  CHECK_THAT(warnings[0],
+             Catch::Contains("entry '.' is a relative path") && Catch::Contains("ignored"));
+  CHECK_THAT(warnings[1], Catch::Contains("entry 'plugins' is a relative path"));
+}
+
+TEST_CASE("a plugin folder anyone may write, and a plugin shadowing another, are warned of") {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("polyprobe-open-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // The fixture plugin "fixture_ok" under another file name, in a folder open to all.
+  std::filesystem::copy_file(
+      std::filesystem::path(POLYPROBE_FIXTURE_PLUGIN_DIR) / "libpolyprobe_ok.so",
+      dir / "libpolyprobe_ok_copy.so");
+  std::filesystem::permissions(dir, std::filesystem::perms::others_write,
+                               std::filesystem::perm_options::add);
+  PluginRegistry registry;
+  registry.load_directories({dir, POLYPROBE_FIXTURE_PLUGIN_DIR});
+  std::filesystem::remove_all(dir);
+  const auto warned = [&](const std::string& text) {
+    return std::any_of(registry.warnings().begin(), registry.warnings().end(),
+                       [&](const std::string& w) { return w.find(text) != std::string::npos; });
+  };
+  CHECK(warned("plugin folder '" + dir.string() + "' is writable by every user"));
+  CHECK(warned("plugin 'fixture_ok' from " + (dir / "libpolyprobe_ok_copy.so").string() +
+               " shadows the plugin of that name"));
+  // The folder of the test's fixtures is not open to all: no warning names it.
+  CHECK_FALSE(warned("plugin folder '" + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR) + "'"));
 }
 
 TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {

@@ -16,6 +16,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -435,8 +436,8 @@ TEST_CASE("steps into a NaN region are reverted and every recorded loss stays fi
   }
   CHECK(reverted == result.reverted_steps);
 
-  // Given up after max_reverted_steps in a row, naming the layer; the model keeps the last
-  // finite state.
+  // Given up after max_reverted_steps in a row, naming the layer; nothing was validated, so
+  // the model keeps the last finite state.
   NanRun strict(kMaxMoved);
   options.max_reverted_steps = 1;
   options.metrics_path.clear();
@@ -448,6 +449,51 @@ TEST_CASE("steps into a NaN region are reverted and every recorded loss stays fi
     CHECK_THAT(e.what(), Catch::Contains("1 steps in a row"));
   }
   CHECK(std::isfinite(evaluate_model(strict.model, *strict.loss, data.validation).loss));
+}
+
+TEST_CASE("a run given up on non-finite losses leaves its best validated state in the model",
+          "[train][nonfinite]") {
+  const DataSplits data = small_digits();
+  NanRun run(kMaxMoved);
+  const std::vector<double> initial(run.model.parameters().begin(), run.model.parameters().end());
+  TrainOptions options;
+  options.epochs = 3;
+  options.batch_size = 100;
+  options.validate_every = 1;  // every step: the first validates the (reverted) initial state
+  options.max_reverted_steps = 3;
+  try {
+    run.train(data, options);
+    FAIL("train() went on past max_reverted_steps");
+  } catch (const NonFiniteLossError& e) {
+    CHECK(e.best_step == 1);
+    CHECK(e.best_validation_accuracy ==
+          evaluate_model(run.model, *run.loss, data.validation).accuracy);
+  }
+  const std::vector<double> left(run.model.parameters().begin(), run.model.parameters().end());
+  CHECK(left == initial);
+}
+
+TEST_CASE("train() refuses a negative time limit and outputs that are devices",
+          "[train][outputs]") {
+  const DataSplits data = small_digits();
+  Run run;
+  TrainOptions options;
+  options.time_limit_s = -1;
+  CHECK_THROWS_WITH(train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options),
+                    Catch::Contains("time_limit_s must be a number of seconds >= 0"));
+  testing::TempDir dir;
+  const std::filesystem::path fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  options.time_limit_s = 0;
+  options.metrics_path = fifo;
+  CHECK_THROWS_WITH(
+      train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options),
+      Catch::Contains("the metrics file '" + fifo.string() + "'") && Catch::Contains("a FIFO"));
+  options.metrics_path.clear();
+  options.checkpoint_path = fifo;
+  CHECK_THROWS_WITH(train(run.model, *run.loss, run.optimizer, *run.evaluator, data, options),
+                    Catch::Contains("the checkpoint file '" + fifo.string() + "'"));
+  CHECK(std::filesystem::is_fifo(fifo));
 }
 
 TEST_CASE("a validation whose loss is not finite never becomes the best state",
