@@ -1497,6 +1497,11 @@ def main():
         sys.exit("--device cuda: this torch build sees no CUDA device")
     if a.selftest:
         sys.exit(0 if selftest(a) else 1)
+    if not a.device.startswith("cuda") and a.methods != "none":
+        # Timed on the CPU: a ratio against the reference BLAS would be inflated.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from blas_check import require_optimised_blas
+        require_optimised_blas("bench/torch_step.py")
     if a.tune:
         run_tune(a)
         return
