@@ -2,7 +2,8 @@
 # The GPU benchmark in one script: polyprobe's cuda backend (candidate evaluation and complete
 # steps at the reference's and at train's radius) and the PyTorch baseline (bench/torch_step.py,
 # its structured method eager and under CUDA graphs) on the same GPU, one after the other, then
-# one table side by side (scripts/gpu_table.py). Needs a built tree with the cuda plugin and a
+# one table side by side (scripts/gpu_table.py), after the GPU's measured ceilings
+# (scripts/gpu_peak.py) that a path's floor divides by. Needs a built tree with the cuda plugin and a
 # python3 with PyTorch 2.x and CUDA.
 #
 #   usage: scripts/bench-gpu.sh [BUILD_DIR] [OUT_DIR] [REPEATS] [WORKLOADS]
@@ -16,6 +17,8 @@ workloads=${4:-mlp64-full,mlp256-full,mlp256-sub512,mnist128-sub256,mnist64-full
 mkdir -p "$out"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.max.sm \
   --format=csv,noheader | tee "$out/gpu.txt"
+echo "== the GPU's ceilings (float32 FLOP/s, copy bandwidth)"
+python3 scripts/gpu_peak.py --json "$out/peak.json"
 threads=$(nproc)
 echo "== polyprobe bench step (cuda, $threads host threads)"
 "$build/bin/polyprobe" bench step --bench-backend cuda --bench-device cuda --no-peak \
