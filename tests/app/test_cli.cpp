@@ -905,7 +905,8 @@ TEST_CASE("huge values are not echoed whole, and huge keys are refused at once")
   CHECK_THAT(r.err, Catch::Contains("is 10000005 bytes, more than the limit of 1048576"));
 }
 
-TEST_CASE("report: an overflowing number names its line, and huge finite values draw finite charts") {
+TEST_CASE(
+    "report: an overflowing number names its line, and huge finite values draw finite charts") {
   const std::string overflow = write_file("overflow.jsonl",
                                           "{\"step\":1,\"seconds\":1}\n"
                                           "{\"step\":2,\"seconds\":1e999}\n");
