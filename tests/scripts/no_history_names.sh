@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # usage: no_history_names.sh SOURCE_DIR
 # No project file describes how it was developed instead of what it is: a development session
-# ("session 5"), an issue of the project's tracker ("issue 13", "issue #13") or a machine that
-# was lent for a while ("the lent H200") in the docs, the README, sources, scripts or tests.
+# or an issue of the project's tracker named by its number, or a machine that was lent for a
+# while, in the docs, the README, sources, scripts or tests (the pattern below).
 # History lives in git log. A reference to another project's tracker names that project
 # (e.g. "NLopt issue #370") and is allowed.
 set -euo pipefail
