@@ -343,15 +343,23 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   // The parameters before and after the step, to revert a non-finite one.
   std::vector<double> before, after;
   int64_t reverted_in_a_row = 0;
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   bool stop = state.epochs_completed >= options.epochs;
   while (!stop) {
     const Batch batch = stream.next();
     before.assign(model.parameters().begin(), model.parameters().end());
+    auto phase = Clock::now();
     optimizer.register_evaluator(evaluator, batch);
     const StepInfo info = optimizer.step();
+    result.seconds_in.step += seconds_since(phase);
     state.evaluations += info.candidates;
     ++state.step;
+    phase = Clock::now();
     EvaluationResult now = evaluate_batch(model, loss, batch, options.dtype, threads, processes);
+    result.seconds_in.record += seconds_since(phase);
     bool reverted = false;
     if (!std::isfinite(now.loss)) {
       // Undo the step; if the state before it is not finite either, nothing will be.
@@ -422,8 +430,10 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     // steps, and at the time limit, so the last stretch of a timed run is not thrown away.
     if ((epoch_done && (options.validate_every == 0 || state.epochs_completed >= options.epochs)) ||
         periodic || result.reached_time_limit) {
+      phase = Clock::now();
       progress.validation_accuracy = validate(progress.epoch);
       save_checkpoint();
+      result.seconds_in.validation += seconds_since(phase);
     }
     if (options.on_progress) options.on_progress(progress);
     // After on_progress, which may ask to stop after this very step.

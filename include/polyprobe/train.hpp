@@ -111,6 +111,12 @@ struct TrainResult {
                                // the model the best validated one (if any validation happened)
   int64_t reverted_steps = 0;  // steps undone because they made the loss non-finite
   int64_t resumed_from_step = -1;  // the checkpoint's step when resuming; -1 otherwise
+  // Where this run's wall time went, in seconds: the optimizer's steps (the minibatch handed to
+  // the evaluator included), the record of each step's minibatch after it, and validation
+  // (with the test split it records and the checkpoint it writes). The rest is the loop's own.
+  struct Phases {
+    double step = 0, record = 0, validation = 0;
+  } seconds_in;
 };
 
 // The incumbent's loss cannot be made finite. `layer_kind` is the kind of the first layer whose

@@ -423,6 +423,8 @@ TEST_CASE("the training summary names the epoch the progress line showed last") 
   }
   const auto full = polyprobe("train --quiet --epochs 2 --batch 512");
   CHECK_THAT(full.out, Catch::Contains("trained 6 steps (2 epochs, "));
+  CHECK_THAT(full.out, Catch::Contains(" s (steps "));
+  CHECK_THAT(full.out, Catch::Contains(" s, minibatch records "));
 }
 
 namespace {

@@ -80,6 +80,12 @@ TEST_CASE("training learns and restores the best validation state", "[train]") {
   const double after = evaluate_model(run.model, *run.loss, data.validation).accuracy;
   CHECK(after > before + 0.2);
   CHECK(after == result.best_validation_accuracy);  // the restored state is the best one
+  // The phases are parts of the run's wall time, each of them spent.
+  const TrainResult::Phases& in = result.seconds_in;
+  CHECK(in.step > 0);
+  CHECK(in.record > 0);
+  CHECK(in.validation > 0);
+  CHECK(in.step + in.record + in.validation <= result.seconds);
 }
 
 TEST_CASE("validate_every and the time limit add validations, and the best one is restored",
