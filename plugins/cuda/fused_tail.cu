@@ -237,6 +237,79 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Mode 4: mode 1 for particles that change at most kHiddenUnits units of op l, with each
+// thread carrying kHiddenGroup consecutive candidates on one sample. The candidates of a
+// group share every read of m1's output and of m2's weights and the activation of the
+// incumbent's m1 unit, which mode 1 repeats per candidate; each candidate's arithmetic is
+// mode 1's, in the same order, so the losses are the same bits.
+template <class S, int kOut>
+__global__ void __launch_bounds__(kThreads)
+    fused_hidden_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
+  constexpr int G = kHiddenGroup, U = kHiddenUnits;
+  const int64_t groups = (count + G - 1) / G;
+  const int64_t total = groups * t.batch;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c0 = (i / t.batch) * G, b = i % t.batch;
+    S logits[G][kOut];
+    int32_t units[G][U];
+    S dh[G][U];
+    int n_units[G];
+#pragma unroll
+    for (int r = 0; r < G; ++r) {
+#pragma unroll
+      for (int k = 0; k < kOut; ++k)
+        logits[r][k] = k < t.outputs ? t.logits_t[k * t.batch + b] : S(0);
+      n_units[r] = 0;
+#pragma unroll
+      for (int u = 0; u < U; ++u) units[r][u] = 0, dh[r][u] = S(0);
+      const int64_t c = c0 + r;
+      if (c >= count) continue;
+      const int64_t p = particle_of(src, c);
+      const int64_t first = t.term_begin[p];
+      const int64_t n_terms = t.term_begin[p + 1] - first;
+      // Terms sorted by unit: one change per distinct unit, as mode 1.
+      S dz = S(0);
+      for (int64_t e = 0; e < n_terms; ++e) {
+        const FusedTerm& term = t.terms[first + e];
+        dz += scaled_term(src, t, term, c, b);
+        if (e + 1 == n_terms || t.terms[first + e + 1].unit != term.unit) {
+          const S z = t.z_t[term.unit * t.batch + b];
+          const S change = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+          if (change != S(0)) {
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+              if (u == n_units[r]) units[r][u] = term.unit, dh[r][u] = change;
+            ++n_units[r];
+          }
+          dz = S(0);
+        }
+      }
+    }
+    bool any = false;
+#pragma unroll
+    for (int r = 0; r < G; ++r) any = any || n_units[r] > 0;
+    for (int64_t q = 0; any && q < t.width_m1; ++q) {
+      const S z1 = t.z1_t[q * t.batch + b];
+      const S base = chain(t.f2, z1);
+      const S* w2 = t.w_m2_t + q * t.outputs;
+#pragma unroll
+      for (int r = 0; r < G; ++r) {
+        S dz1 = S(0);
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (u < n_units[r]) dz1 += t.w_m1_t[units[r][u] * t.width_m1 + q] * dh[r][u];
+        if (dz1 == S(0)) continue;
+        const S dh1 = chain(t.f2, z1 + dz1) - base;
+        if (dh1 != S(0)) add_column<S, kOut>(logits[r], w2, 1, dh1, t.outputs);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < G; ++r)
+      if (c0 + r < count) per[(c0 + r) * t.batch + b] = register_loss<S, kOut>(t, logits[r], b);
+  }
+}
+
 // Mode 3: dense changes with no hidden op after l, one block per (candidate, tile of
 // samples), so the particle's dense u vectors and m1's weights are staged once per block in
 // shared memory (the per-unit loop reads them for every sample). Same arithmetic, in the
@@ -339,7 +412,11 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
   const unsigned blocks = grid_for(count * tail.batch);
   auto run = [&](auto out) {
     constexpr int kOut = decltype(out)::value;
-    if (mode == 3) {
+    if (mode == 4) {
+      const int64_t groups = (count + kHiddenGroup - 1) / kHiddenGroup;
+      fused_hidden_kernel<S, kOut>
+          <<<grid_for(groups * tail.batch), kThreads, 0, stream>>>(src, tail, count, per);
+    } else if (mode == 3) {
       const int threads =
           static_cast<int>(std::min<int64_t>(kThreads, (tail.batch + 31) / 32 * 32));
       const int64_t tiles = (tail.batch + threads - 1) / threads;

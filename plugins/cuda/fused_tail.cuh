@@ -30,6 +30,8 @@ inline constexpr int kFusedMaxOutputs = 64;  // logits held per thread
 inline constexpr int kFusedMaxChain = 4;     // activations between two linear ops
 inline constexpr int kFusedMaxDense = 512;   // units of a dense change held per thread
 inline constexpr int kFusedMaxTerms = 16;    // rank-one terms of one particle
+inline constexpr int kHiddenUnits = 2;       // mode 4: units of op l one particle changes
+inline constexpr int kHiddenGroup = 4;       // mode 4: candidates one thread carries
 
 // Activations applied in order (flatten and identity included as identity).
 struct ActivationChain {
@@ -88,7 +90,9 @@ inline std::size_t fused_dense_shared_bytes(int64_t out_l, int64_t outputs, std:
 // per[c * batch + b] = the loss of candidate c of the chunk on sample b. mode 0: no hidden
 // op after l; 1: a hidden op and sparse changes; 2: a hidden op and dense changes (op l
 // at most kFusedMaxDense units); 3: no hidden op and dense changes, staged in shared memory
-// (subspace terms only: no weight transform).
+// (subspace terms only: no weight transform); 4: mode 1 for particles that change at most
+// kHiddenUnits units, kHiddenGroup candidates per thread sharing m1's and m2's reads (the
+// same losses, bit for bit).
 template <class S>
 void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, int32_t mode, S* per,
                        cudaStream_t stream);

@@ -26,6 +26,7 @@
 #include <polyprobe/plugin/kernels/subspace_move.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <numeric>
@@ -303,6 +304,7 @@ class DeviceSession final : public Session {
     has_particles_ = true;
     chunk_cap_ = 0;
     build_fused_terms();
+    plan_runs();
   }
 
   void set_incumbent(const pp_tensor& theta) override {
@@ -360,6 +362,7 @@ class DeviceSession final : public Session {
     src.d = d_;
     int64_t count = 0, outputs = 0;
     std::vector<int64_t> active;
+    bool all_active = false;
     if (request.form == PP_CANDIDATES_POLYTOPE) {
       if (!has_particles_ || vertices_ <= 0)
         throw std::logic_error("score: the bound particles have no polytope");
@@ -370,6 +373,7 @@ class DeviceSession final : public Session {
       // Every particle active (every step without adaptive probes): the list 0..P-1 is
       // already on the device after the first such step.
       const bool all = static_cast<int64_t>(active.size()) == particles_;
+      all_active = all;
       if (!(all && active_is_all_)) {
         active_d_.upload(active.data(), active.size(), s);
         step_bytes_up_ += active.size() * sizeof(int64_t);
@@ -424,20 +428,31 @@ class DeviceSession final : public Session {
     int64_t g = 0;
     while (g < count) {
       const int64_t cap = chunk_capacity();
-      // A chunk: consecutive candidates whose first changed op is the same.
+      // A chunk: consecutive candidates whose particles share a chunk key (same first
+      // changed op, fused mode, site-local choice and, with autocast, straddling).
       const int32_t first = first_op_[sz(particle_of(g))];
       const int32_t mode = fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(g))];
       const bool site = site_local(particle_of(g));
-      // With autocast, the particles that also touch a later op (rare) run apart, in float32.
       const bool straddles = last_op_[sz(particle_of(g))] > first;
       int32_t last = -1;
       int64_t end = g;
-      while (end < count && end - g < cap && first_op_[sz(particle_of(end))] == first &&
-             (fused_mode_.empty() ? -1 : fused_mode_[sz(particle_of(end))]) == mode &&
-             site_local(particle_of(end)) == site &&
-             (autocast_ == 0 || (last_op_[sz(particle_of(end))] > first) == straddles)) {
-        last = std::max(last, last_op_[sz(particle_of(end))]);
-        ++end;
+      if (src.polytope && all_active) {
+        // Every particle scored in order: the runs of equal keys planned with the particles
+        // give the chunk's end without visiting its candidates.
+        const int64_t vk = int64_t{vertices_} * probes_;
+        const int64_t pb = g / vk;
+        end = std::min({count, g + cap, run_end_[sz(pb)] * vk});
+        const int64_t pe = (end - 1) / vk + 1;
+        if (pe == run_end_[sz(pb)])
+          last = run_last_[sz(pb)];
+        else
+          for (int64_t p = pb; p < pe; ++p) last = std::max(last, last_op_[sz(p)]);
+      } else {
+        const std::array<int32_t, 4> key = chunk_key(particle_of(g));
+        while (end < count && end - g < cap && chunk_key(particle_of(end)) == key) {
+          last = std::max(last, last_op_[sz(particle_of(end))]);
+          ++end;
+        }
       }
       src.first = g;
       if (chunk_events_.size() < sz(2 * timed + 2)) {
@@ -579,6 +594,9 @@ class DeviceSession final : public Session {
     t.weights = weights_d_.data();
     t.moves = step_moves_d_.data();
     t.blocks = blocks_d_.data();
+    t.host_block_count = request.block_count;
+    grid_partials_d_.reserve(transport_grid_scratch());
+    t.grid_partials = grid_partials_d_.data();
     launch_transport(t, s);
     const auto down = [&](void* host, const void* device, std::size_t bytes, const char* what) {
       check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, s), what);
@@ -924,6 +942,26 @@ class DeviceSession final : public Session {
   // Whether particle p's candidates run on the site-local path.
   bool site_local(int64_t p) const {
     return !site_kind_h_.empty() && site_kind_h_[sz(p)] != kSiteNone;
+  }
+
+  // What decides whether two particles' candidates may share a chunk of score(): the first
+  // op they change, their fused-tail mode, the site-local choice and, with autocast, whether
+  // they also change a later op (those run apart, in float32).
+  std::array<int32_t, 4> chunk_key(int64_t p) const {
+    return {first_op_[sz(p)], fused_mode_.empty() ? -1 : fused_mode_[sz(p)], site_local(p) ? 1 : 0,
+            autocast_ != 0 && last_op_[sz(p)] > first_op_[sz(p)] ? 1 : 0};
+  }
+
+  // run_end_[p]: one past the last particle of the run of equal chunk keys that holds p;
+  // run_last_[p]: the last op any particle of [p, run_end_[p]) changes.
+  void plan_runs() {
+    run_end_.assign(sz(particles_), particles_);
+    run_last_.assign(sz(particles_), -1);
+    for (int64_t p = particles_ - 1; p >= 0; --p) {
+      const bool joined = p + 1 < particles_ && chunk_key(p + 1) == chunk_key(p);
+      run_end_[sz(p)] = joined ? run_end_[sz(p + 1)] : p + 1;
+      run_last_[sz(p)] = std::max(last_op_[sz(p)], joined ? run_last_[sz(p + 1)] : -1);
+    }
   }
 
   // `text` with the characters a JSON string cannot hold raw replaced.
@@ -1491,7 +1529,13 @@ class DeviceSession final : public Session {
         terms.insert(terms.end(), mine.begin(), mine.end());
         const bool staged = fused_dense_shared_bytes(plan_.ops[sz(op)].out, plan_.out_features,
                                                      sizeof(T)) <= kFusedMaxShared;
-        fused_mode_[sz(p)] = tail->hidden < 1 ? (is_dense && staged ? 3 : 0) : (is_dense ? 2 : 1);
+        int64_t units = 0;
+        for (std::size_t e = 0; e < mine.size(); ++e)
+          units += e == 0 || mine[e].unit != mine[e - 1].unit ? 1 : 0;
+        fused_mode_[sz(p)] = tail->hidden < 1        ? (is_dense && staged ? 3 : 0)
+                             : is_dense              ? 2
+                             : units <= kHiddenUnits ? 4
+                                                     : 1;
         dense[sz(p)] = is_dense ? 1 : 0;
       }
       begin.push_back(static_cast<int64_t>(terms.size()));
@@ -1684,7 +1728,7 @@ class DeviceSession final : public Session {
   // The transport half of a step (transport.cuh): the bound polytope, the step's rotations,
   // and the solve's inputs, scratch and outputs.
   DeviceBuffer<double> polytope_d_, rot_d_, cost_d_, weights_d_, step_moves_d_;
-  DeviceBuffer<double> duals_f_d_, duals_g_d_, incumbents_d_;
+  DeviceBuffer<double> duals_f_d_, duals_g_d_, incumbents_d_, grid_partials_d_;
   DeviceBuffer<int64_t> block_first_d_, block_count_d_;
   DeviceBuffer<uint8_t> duals_fresh_d_;
   DeviceBuffer<pp_transport_block> blocks_d_;
@@ -1724,7 +1768,9 @@ class DeviceSession final : public Session {
   std::vector<std::string> attention_;  // per op: which attention a self_attention op runs
 
   // The fused tail.
-  std::vector<TailPlan> tails_;                // per op
+  std::vector<TailPlan> tails_;   // per op
+  std::vector<int64_t> run_end_;  // per particle: plan_runs()
+  std::vector<int32_t> run_last_;
   std::vector<int32_t> fused_mode_;            // per particle: -1 general path, else the mode
   std::vector<DeviceCoord> sub_coords_h_;      // the subspace's coordinates as uploaded
   std::vector<std::vector<int64_t>> vx_rows_;  // per op: basis offsets of its dense v

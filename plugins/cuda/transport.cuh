@@ -9,6 +9,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace polyprobe::cuda {
@@ -48,10 +49,22 @@ struct TransportProblem {
   double* weights = nullptr;             // device [P V]
   double* moves = nullptr;               // device [P d]
   pp_transport_block* blocks = nullptr;  // device [n_blocks]
+  // For the blocks of many rows, solved by the whole grid: the host's copy of block_count
+  // and transport_grid_scratch() doubles of device scratch. Either null: one thread block
+  // solves every block.
+  const int64_t* host_block_count = nullptr;
+  double* grid_partials = nullptr;
+  int64_t grid_rows = 0;  // set by launch_transport: blocks of this many rows or more use the grid
 };
 
-// One thread block per transport block; every reduction adds per-thread partials in a fixed
-// tree, so the result does not depend on timing.
+// The doubles of device scratch that TransportProblem::grid_partials needs.
+std::size_t transport_grid_scratch();
+
+// One thread block per transport block, except that a block of many rows (a monolithic step
+// over every particle) is solved by a cooperative grid of a fixed number of thread blocks,
+// each a contiguous slice of its rows. Every reduction adds per-thread partials in a fixed
+// tree, then the thread blocks' results in block order, so the result does not depend on
+// timing.
 void launch_transport(const TransportProblem& problem, cudaStream_t stream);
 
 }  // namespace polyprobe::cuda
