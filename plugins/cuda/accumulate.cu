@@ -1,6 +1,6 @@
 // Reduce-by-key on the device (accumulate.cuh).
 #include "accumulate.cuh"
-#include "launch.cuh"
+#include "common.cuh"
 
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
@@ -10,9 +10,6 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
 using launch::thread_stride;
 
@@ -144,9 +141,9 @@ void run_segment(int64_t n, const int64_t* keys, const S* values, int64_t width,
   s.order_in.reserve(count);
   s.order_out.reserve(count);
   s.offsets.reserve(static_cast<std::size_t>(n_keys + 1));
-  narrow_keys_kernel<<<grid_for(n), kThreads, 0, stream>>>(n, keys, s.keys_in.data(),
-                                                           s.order_in.data());
-  check(cudaGetLastError(), "accumulate: key kernel");
+  narrow_keys_kernel<<<launch::blocks(n), kThreads, 0, stream>>>(n, keys, s.keys_in.data(),
+                                                                 s.order_in.data());
+  launch::check_last("accumulate: key kernel");
   // A stable LSD radix sort over the bits the keys use: equal keys keep input order.
   std::size_t temp_bytes = 0;
   check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, s.keys_in.data(), s.keys_out.data(),
@@ -158,12 +155,12 @@ void run_segment(int64_t n, const int64_t* keys, const S* values, int64_t width,
                                         s.keys_out.data(), s.order_in.data(), s.order_out.data(), n,
                                         0, key_bits(n_keys), stream),
         "accumulate: radix sort");
-  segment_offsets_kernel<<<grid_for(n_keys + 1), kThreads, 0, stream>>>(n, s.keys_out.data(),
-                                                                        n_keys, s.offsets.data());
-  check(cudaGetLastError(), "accumulate: offsets kernel");
-  segment_owner_kernel<S><<<grid_for(n_keys * width), kThreads, 0, stream>>>(
+  segment_offsets_kernel<<<launch::blocks(n_keys + 1), kThreads, 0, stream>>>(
+      n, s.keys_out.data(), n_keys, s.offsets.data());
+  launch::check_last("accumulate: offsets kernel");
+  segment_owner_kernel<S><<<launch::blocks(n_keys * width), kThreads, 0, stream>>>(
       s.offsets.data(), s.order_out.data(), values, width, n_keys, out);
-  check(cudaGetLastError(), "accumulate: owner kernel");
+  launch::check_last("accumulate: owner kernel");
 }
 
 }  // namespace
@@ -212,11 +209,12 @@ AccumulateStrategy accumulate_on_device(AccumulateStrategy strategy, int64_t n, 
   } else if (width >= 16) {
     const int64_t warps = (n + 7) / 8;
     scatter_wide_kernel<S>
-        <<<grid_for(warps * 32), kThreads, 0, stream>>>(n, keys, values, width, out);
-    check(cudaGetLastError(), "accumulate: scatter kernel");
+        <<<launch::blocks(warps * 32), kThreads, 0, stream>>>(n, keys, values, width, out);
+    launch::check_last("accumulate: scatter kernel");
   } else {
-    scatter_narrow_kernel<S><<<grid_for(n), kThreads, 0, stream>>>(n, keys, values, width, out);
-    check(cudaGetLastError(), "accumulate: scatter kernel");
+    scatter_narrow_kernel<S>
+        <<<launch::blocks(n), kThreads, 0, stream>>>(n, keys, values, width, out);
+    launch::check_last("accumulate: scatter kernel");
   }
   return run;
 }

@@ -1,8 +1,8 @@
 // The cuda plugin's accumulator component (accumulator.hpp).
 #include "accumulate.cuh"
 #include "accumulator.hpp"
+#include "common.cuh"
 #include "device.hpp"
-#include "launch.cuh"
 
 #include <algorithm>
 #include <cmath>
@@ -12,9 +12,6 @@
 
 namespace polyprobe::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
 
 // A counter-based hash (splitmix64): the benchmark's data from the seed and the index.
 __device__ uint64_t mix(uint64_t z) {
@@ -141,9 +138,9 @@ class DeviceAccumulator final : public Accumulator {
     const auto out_cells = static_cast<std::size_t>(spec.n_keys * spec.width);
     DeviceBuffer<int64_t> keys(rows);
     DeviceBuffer<S> values(cells), out(out_cells), reference(out_cells);
-    generate_kernel<S><<<grid_for(static_cast<int64_t>(cells)), kThreads, 0, s>>>(
+    generate_kernel<S><<<launch::blocks(static_cast<int64_t>(cells)), kThreads, 0, s>>>(
         spec.seed, spec.n_rows, spec.width, spec.n_keys, keys.data(), values.data());
-    check(cudaGetLastError(), "device_benchmark: generate kernel");
+    launch::check_last("device_benchmark: generate kernel");
     EventTimer timer;
     auto once = [&](AccumulateStrategy strategy, S* into) {
       check(cudaMemsetAsync(into, 0, out_cells * sizeof(S), s), "cudaMemsetAsync");
@@ -171,10 +168,10 @@ class DeviceAccumulator final : public Accumulator {
     last_ = used;
     DeviceBuffer<double> stats(2);
     check(cudaMemsetAsync(stats.data(), 0, 2 * sizeof(double), s), "cudaMemsetAsync");
-    difference_kernel<S><<<grid_for(static_cast<int64_t>(out_cells)), kThreads, 0, s>>>(
+    difference_kernel<S><<<launch::blocks(static_cast<int64_t>(out_cells)), kThreads, 0, s>>>(
         static_cast<int64_t>(out_cells), out.data(), reference.data(), stats.data(),
         stats.data() + 1);
-    check(cudaGetLastError(), "device_benchmark: difference kernel");
+    launch::check_last("device_benchmark: difference kernel");
     double host_stats[2] = {0, 0};
     check(cudaMemcpyAsync(host_stats, stats.data(), sizeof(host_stats), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync stats");
@@ -203,8 +200,8 @@ class DeviceAccumulator final : public Accumulator {
     cudaStream_t s = stream_.get();
     const unsigned long long none = ~0ULL;
     bad_d_.upload(&none, 1, s);
-    key_range_kernel<<<grid_for(n), kThreads, 0, s>>>(n, keys, n_keys, bad_d_.data());
-    check(cudaGetLastError(), "accumulate: key range kernel");
+    key_range_kernel<<<launch::blocks(n), kThreads, 0, s>>>(n, keys, n_keys, bad_d_.data());
+    launch::check_last("accumulate: key range kernel");
     unsigned long long bad = none;
     check(cudaMemcpyAsync(&bad, bad_d_.data(), sizeof(bad), cudaMemcpyDeviceToHost, s),
           "cudaMemcpyAsync key check");

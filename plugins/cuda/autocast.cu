@@ -1,8 +1,8 @@
 // The kernels of candidate_autocast (autocast.cuh): elementwise, one thread per value.
 #include "autocast.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
-#include "launch.cuh"
 
 #include <polyprobe/plugin/abi.h>
 
@@ -12,9 +12,6 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
 using launch::thread_stride;
 
@@ -60,10 +57,11 @@ cudaDataType blas_type(int32_t dtype) { return dtype == PP_DTYPE_F16 ? CUDA_R_16
 void launch_to_reduced(const float* x, void* y, int64_t n, int32_t dtype, cudaStream_t stream) {
   if (n <= 0) return;
   if (dtype == PP_DTYPE_F16)
-    to_reduced_kernel<<<grid(n), kThreads, 0, stream>>>(x, static_cast<__half*>(y), n);
+    to_reduced_kernel<<<launch::blocks(n), kThreads, 0, stream>>>(x, static_cast<__half*>(y), n);
   else
-    to_reduced_kernel<<<grid(n), kThreads, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y), n);
-  check(cudaGetLastError(), "to_reduced kernel");
+    to_reduced_kernel<<<launch::blocks(n), kThreads, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y),
+                                                                  n);
+  launch::check_last("to_reduced kernel");
 }
 
 void launch_activation_change(const float* dz, const float* z, const float* a, int64_t per,
@@ -74,22 +72,22 @@ void launch_activation_change(const float* dz, const float* z, const float* a, i
   const auto s = static_cast<float>(step);
   if (reduced == nullptr)
     activation_change_kernel<float>
-        <<<grid(total), kThreads, 0, stream>>>(dz, z, a, per, total, fn, s, da);
+        <<<launch::blocks(total), kThreads, 0, stream>>>(dz, z, a, per, total, fn, s, da);
   else if (dtype == PP_DTYPE_F16)
-    activation_change_kernel<__half><<<grid(total), kThreads, 0, stream>>>(
+    activation_change_kernel<__half><<<launch::blocks(total), kThreads, 0, stream>>>(
         dz, z, a, per, total, fn, s, static_cast<__half*>(reduced));
   else
-    activation_change_kernel<__nv_bfloat16><<<grid(total), kThreads, 0, stream>>>(
+    activation_change_kernel<__nv_bfloat16><<<launch::blocks(total), kThreads, 0, stream>>>(
         dz, z, a, per, total, fn, s, static_cast<__nv_bfloat16*>(reduced));
-  check(cudaGetLastError(), "activation change kernel");
+  launch::check_last("activation change kernel");
 }
 
 void launch_add_incumbent(float* y, const float* inc, int64_t per, int64_t count,
                           cudaStream_t stream) {
   const int64_t total = per * count;
   if (total <= 0) return;
-  add_incumbent_kernel<<<grid(total), kThreads, 0, stream>>>(y, inc, per, total);
-  check(cudaGetLastError(), "add incumbent kernel");
+  add_incumbent_kernel<<<launch::blocks(total), kThreads, 0, stream>>>(y, inc, per, total);
+  launch::check_last("add incumbent kernel");
 }
 
 void gemm_reduced(cublasHandle_t handle, int out, int rows, int in, const void* w, const void* x,

@@ -13,6 +13,7 @@
 // Shared-memory matrices are row-major with their 16-byte chunks XOR-swizzled by row (k
 // multiple of 64), so that ldmatrix reads 8 rows without bank conflicts.
 #include "cheri_block.hpp"
+#include "common.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,8 +28,10 @@ constexpr int kTileRows = 64;      // rows of one tensor-core tile
 constexpr int kTeamThreads = 256;  // 8 warps
 constexpr int kFmaRows = 16;       // rows of one float32 tile
 constexpr int kMaxTeams = 2;
-constexpr int kMaxSplits = 32;                // statistics blocks per example, at most
-constexpr std::size_t kSharedLimit = 232448;  // sm_90: 227 KB of shared memory per block
+constexpr int kMaxSplits = 32;  // statistics blocks per example, at most
+// The shared memory a block of the tensor-core and float32 kernels may opt in to, as the
+// device reports it.
+std::size_t shared_limit() { return device_properties().shared_per_block_optin; }
 constexpr float kEps = 1e-3f;
 constexpr float kResidual = 0.15f;
 
@@ -603,23 +606,12 @@ __global__ void widen(const T* src, int64_t n, double* dst) {
     dst[q] = static_cast<double>(to_float(src[q]));
 }
 
-unsigned blocks_for(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 4096));
-}
-
 template <class T>
 void launch_cast(const double* src, int64_t rows, int64_t cols, bool transpose, T* dst,
                  cudaStream_t stream) {
-  cast_matrix<T><<<blocks_for(rows * cols), 256, 0, stream>>>(src, rows, cols, transpose, dst);
-  check(cudaGetLastError(), "cheri weight cast launch");
-}
-
-int multiprocessors() {
-  int device = 0, count = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
-  return count;
+  cast_matrix<T>
+      <<<launch::blocks(rows * cols), kThreads, 0, stream>>>(src, rows, cols, transpose, dst);
+  launch::check_last("cheri weight cast launch");
 }
 
 template <class In>
@@ -632,35 +624,36 @@ void launch_statistics(const CheriShape& s, const In* x, const float* taps, int6
   else
     cheri_statistics<1, In><<<grid, 256, taps_bytes(s), stream>>>(
         x, taps, s.length, s.channels, s.dilation, splits, partials, counters, norm);
-  check(cudaGetLastError(), "cheri statistics launch");
+  launch::check_last("cheri statistics launch");
 }
 
 template <class In, class T>
 void launch_mma(const MmaArgs& args, int max_teams, cudaStream_t stream) {
   static const bool configured = [] {
     check(cudaFuncSetAttribute(cheri_mma<In, T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kSharedLimit)),
+                               static_cast<int>(shared_limit())),
           "cudaFuncSetAttribute (cheri tensor-core kernel)");
     return true;
   }();
   (void)configured;
   const CheriShape s{args.L, args.C, args.H, args.d};
   MmaArgs a = args;
-  a.teams = mma_bytes(s, kMaxTeams) <= kSharedLimit ? kMaxTeams : 1;
+  a.teams = mma_bytes(s, kMaxTeams) <= shared_limit() ? kMaxTeams : 1;
   if (max_teams > 0) a.teams = std::min(a.teams, max_teams);
   const int64_t tiles = a.n * ((a.L + kTileRows - 1) / kTileRows);
-  const int64_t blocks = std::min<int64_t>(multiprocessors(), (tiles + a.teams - 1) / a.teams);
+  const int64_t blocks =
+      std::min<int64_t>(device_properties().multiprocessors, (tiles + a.teams - 1) / a.teams);
   const std::size_t bytes = mma_bytes(s, a.teams);
   cheri_mma<In, T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(kTeamThreads * a.teams),
                      bytes, stream>>>(a);
-  check(cudaGetLastError(), "cheri tensor-core kernel launch");
+  launch::check_last("cheri tensor-core kernel launch");
 }
 
 template <class In>
 void launch_fma(const FmaArgs& args, int64_t n, cudaStream_t stream) {
   static const bool configured = [] {
     check(cudaFuncSetAttribute(cheri_fma<In>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kSharedLimit)),
+                               static_cast<int>(shared_limit())),
           "cudaFuncSetAttribute (cheri float32 kernel)");
     return true;
   }();
@@ -669,7 +662,7 @@ void launch_fma(const FmaArgs& args, int64_t n, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((args.L + kFmaRows - 1) / kFmaRows),
                   static_cast<unsigned>(n));
   cheri_fma<In><<<grid, 256, fma_bytes(s), stream>>>(args);
-  check(cudaGetLastError(), "cheri float32 kernel launch");
+  launch::check_last("cheri float32 kernel launch");
 }
 
 // The statistics pass's scratch: partials [n, splits, 4], counters [n] (zero between
@@ -748,35 +741,38 @@ std::size_t element_bytes(CheriInput t) { return t == CheriInput::f32 ? 4 : 2; }
 void convert_from_f64(const double* src, CheriInput t, void* dst, int64_t n, cudaStream_t stream) {
   if (n < 1) return;
   if (t == CheriInput::f32)
-    cast_matrix<<<blocks_for(n), 256, 0, stream>>>(src, 1, n, false, static_cast<float*>(dst));
+    cast_matrix<<<launch::blocks(n), kThreads, 0, stream>>>(src, 1, n, false,
+                                                            static_cast<float*>(dst));
   else if (t == CheriInput::bf16)
-    cast_matrix<<<blocks_for(n), 256, 0, stream>>>(src, 1, n, false,
-                                                   static_cast<__nv_bfloat16*>(dst));
+    cast_matrix<<<launch::blocks(n), kThreads, 0, stream>>>(src, 1, n, false,
+                                                            static_cast<__nv_bfloat16*>(dst));
   else
-    cast_matrix<<<blocks_for(n), 256, 0, stream>>>(src, 1, n, false, static_cast<__half*>(dst));
-  check(cudaGetLastError(), "cheri input conversion launch");
+    cast_matrix<<<launch::blocks(n), kThreads, 0, stream>>>(src, 1, n, false,
+                                                            static_cast<__half*>(dst));
+  launch::check_last("cheri input conversion launch");
 }
 
 void convert_to_f64(const void* src, CheriInput t, double* dst, int64_t n, cudaStream_t stream) {
   if (n < 1) return;
   if (t == CheriInput::f32)
-    widen<<<blocks_for(n), 256, 0, stream>>>(static_cast<const float*>(src), n, dst);
+    widen<<<launch::blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(src), n, dst);
   else if (t == CheriInput::bf16)
-    widen<<<blocks_for(n), 256, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), n, dst);
+    widen<<<launch::blocks(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src), n,
+                                                      dst);
   else
-    widen<<<blocks_for(n), 256, 0, stream>>>(static_cast<const __half*>(src), n, dst);
-  check(cudaGetLastError(), "cheri output conversion launch");
+    widen<<<launch::blocks(n), kThreads, 0, stream>>>(static_cast<const __half*>(src), n, dst);
+  launch::check_last("cheri output conversion launch");
 }
 
 std::string cheri_tensor_core_reason(const CheriShape& s) {
   if (s.channels % 64 != 0 || s.hidden % 64 != 0)
     return "the tensor-core Cheri kernel needs C and e C multiples of 64 (C = " +
            std::to_string(s.channels) + ", e C = " + std::to_string(s.hidden) + ")";
-  if (mma_bytes(s, 1) > kSharedLimit)
+  if (mma_bytes(s, 1) > shared_limit())
     return "the tensor-core Cheri kernel keeps both weight matrices, a 64-row tile and the taps "
            "in shared memory: 4 C e C + 128 (C + e C) + 12 C = " +
-           std::to_string(mma_bytes(s, 1)) + " bytes exceed the " + std::to_string(kSharedLimit) +
-           " of an sm_90 block";
+           std::to_string(mma_bytes(s, 1)) + " bytes exceed the " + std::to_string(shared_limit()) +
+           " a block may use on this device";
   return "";
 }
 
@@ -785,11 +781,11 @@ CheriBlockKernel::CheriBlockKernel(const CheriShape& shape) : shape_(shape) {
     throw std::invalid_argument("Cheri block: L, C, e C and the dilation must be positive");
   if (shape.length * shape.channels >= (int64_t{1} << 31))
     throw std::invalid_argument("Cheri block: an (L, C) plane must hold fewer than 2^31 values");
-  if (fma_bytes(shape) > kSharedLimit)
+  if (fma_bytes(shape) > shared_limit())
     throw std::invalid_argument(
         "Cheri block: C + e C = " + std::to_string(shape.channels + shape.hidden) +
         " is too wide for the float32 kernel's 16-row tile in shared memory (at most " +
-        std::to_string(kSharedLimit / (4 * kFmaRows)) + ")");
+        std::to_string(shared_limit() / (4 * kFmaRows)) + ")");
   tensor_cores_ = cheri_tensor_core_reason(shape).empty();
 }
 
@@ -880,7 +876,7 @@ void CheriBlockKernel::forward(CheriInput input, CheriMlp mlp, const void* x, vo
 std::string CheriBlockKernel::path(CheriMlp mlp) const {
   if (mlp == CheriMlp::f32) return "float32 FMA (16-row tiles, exact tanh)";
   if (!tensor_cores_) return "unavailable: " + cheri_tensor_core_reason(shape_);
-  const int fit = mma_bytes(shape_, kMaxTeams) <= kSharedLimit ? kMaxTeams : 1;
+  const int fit = mma_bytes(shape_, kMaxTeams) <= shared_limit() ? kMaxTeams : 1;
   const int teams = max_teams_ > 0 ? std::min(fit, max_teams_) : fit;
   return std::string("tensor cores (mma.sync m16n8k16, ") + to_string(mlp) +
          " operands, float32 accumulation, persistent fused kernel, " + std::to_string(teams) +

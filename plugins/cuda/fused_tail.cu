@@ -1,9 +1,9 @@
 // Kernels of the fused tail (fused_tail.cuh).
 #include "candidate_source.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
 #include "fused_tail.cuh"
-#include "launch.cuh"
 
 #include <algorithm>
 #include <type_traits>
@@ -11,9 +11,11 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 128;
+// 128 threads: the tail kernels hold a candidate's logits in registers, so fewer threads per
+// block keep more blocks resident.
+constexpr int kTailThreads = 128;
 
-unsigned grid_for(int64_t n) { return launch::blocks(n, kThreads); }
+unsigned grid_for(int64_t n) { return launch::blocks(n, kTailThreads); }
 
 template <class S>
 __device__ S chain(const ActivationChain& f, S v) {
@@ -129,7 +131,7 @@ __device__ S register_loss(const FusedTail<S>& t, const S* x, int64_t b) {
 // kMode 0: no hidden op after l (hidden <= 0); 1: a hidden op, sparse changes only; 2: a
 // hidden op, dense changes (the whole dh of op l held per thread). kOut >= outputs.
 template <class S, int kMode, int kOut>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kTailThreads)
     fused_tail_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
   const int64_t total = count * t.batch;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(kThreads)
 // incumbent's m1 unit, which mode 1 repeats per candidate; each candidate's arithmetic is
 // mode 1's, in the same order, so the losses are the same bits.
 template <class S, int kOut>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kTailThreads)
     fused_hidden_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
   constexpr int G = kHiddenGroup, U = kHiddenUnits;
   const int64_t groups = (count + G - 1) / G;
@@ -315,7 +317,7 @@ __global__ void __launch_bounds__(kThreads)
 // shared memory (the per-unit loop reads them for every sample). Same arithmetic, in the
 // same order, as mode 0's dense branch.
 template <class S, int kOut>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kTailThreads)
     fused_dense_kernel(CandidateSource src, FusedTail<S> t, int64_t count, int64_t tiles, S* per) {
   extern __shared__ unsigned char shared_raw[];
   S* u_s = reinterpret_cast<S*>(shared_raw);  // [kFusedMaxTerms, out_l]
@@ -415,21 +417,21 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
     if (mode == 4) {
       const int64_t groups = (count + kHiddenGroup - 1) / kHiddenGroup;
       fused_hidden_kernel<S, kOut>
-          <<<grid_for(groups * tail.batch), kThreads, 0, stream>>>(src, tail, count, per);
+          <<<grid_for(groups * tail.batch), kTailThreads, 0, stream>>>(src, tail, count, per);
     } else if (mode == 3) {
       const int threads =
-          static_cast<int>(std::min<int64_t>(kThreads, (tail.batch + 31) / 32 * 32));
+          static_cast<int>(std::min<int64_t>(kTailThreads, (tail.batch + 31) / 32 * 32));
       const int64_t tiles = (tail.batch + threads - 1) / threads;
       const int64_t blocks3 = std::min<int64_t>(count * tiles, int64_t{1} << 20);
       const std::size_t shared = fused_dense_shared_bytes(tail.out_l, tail.outputs, sizeof(S));
       fused_dense_kernel<S, kOut><<<static_cast<unsigned>(blocks3), threads, shared, stream>>>(
           src, tail, count, tiles, per);
     } else if (mode == 0)
-      fused_tail_kernel<S, 0, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+      fused_tail_kernel<S, 0, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
     else if (mode == 1)
-      fused_tail_kernel<S, 1, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+      fused_tail_kernel<S, 1, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
     else
-      fused_tail_kernel<S, 2, kOut><<<blocks, kThreads, 0, stream>>>(src, tail, count, per);
+      fused_tail_kernel<S, 2, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
   };
   if (tail.outputs <= 4)
     run(std::integral_constant<int, 4>{});
@@ -439,21 +441,21 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
     run(std::integral_constant<int, 32>{});
   else
     run(std::integral_constant<int, kFusedMaxOutputs>{});
-  check(cudaGetLastError(), "fused tail kernel");
+  launch::check_last("fused tail kernel");
 }
 
 template <class S>
 void launch_transpose(const S* in, int64_t rows, int64_t width, S* out, cudaStream_t stream) {
-  transpose_kernel<S><<<grid_for(rows * width), kThreads, 0, stream>>>(in, rows, width, out);
-  check(cudaGetLastError(), "transpose kernel");
+  transpose_kernel<S><<<grid_for(rows * width), kTailThreads, 0, stream>>>(in, rows, width, out);
+  launch::check_last("transpose kernel");
 }
 
 template <class S>
 void launch_dense_v(const double* basis, const int64_t* v_offsets, int64_t n_v, const S* x,
                     int64_t rows, int64_t in, S* vx_t, cudaStream_t stream) {
   dense_v_kernel<S>
-      <<<grid_for(n_v * rows), kThreads, 0, stream>>>(basis, v_offsets, n_v, x, rows, in, vx_t);
-  check(cudaGetLastError(), "dense v kernel");
+      <<<grid_for(n_v * rows), kTailThreads, 0, stream>>>(basis, v_offsets, n_v, x, rows, in, vx_t);
+  launch::check_last("dense v kernel");
 }
 
 #define POLYPROBE_CUDA_INSTANTIATE(S)                                                        \

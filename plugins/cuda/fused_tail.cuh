@@ -81,8 +81,8 @@ struct FusedTail {
 };
 
 // The shared memory mode 3 stages per block: the dense u of a particle's terms and m1's
-// weights; mode 3 serves a tail only when this fits kFusedMaxShared.
-inline constexpr std::size_t kFusedMaxShared = 48 * 1024;
+// weights; mode 3 serves a tail only when this fits the device's per-block shared memory
+// (without opting in).
 inline std::size_t fused_dense_shared_bytes(int64_t out_l, int64_t outputs, std::size_t scalar) {
   return static_cast<std::size_t>(kFusedMaxTerms * out_l + out_l * outputs) * scalar;
 }

@@ -3,19 +3,14 @@
 // compared by tiny loss differences.
 #include "accumulate.cuh"
 #include "candidate_source.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
 #include "kernels.cuh"
-#include "launch.cuh"
 
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-void check_launch(const char* what) { check(cudaGetLastError(), what); }
-
-unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
 using launch::thread_stride;
 
@@ -192,19 +187,19 @@ __global__ void move_kernel(const int64_t* coords, const double* moves, int64_t 
 template <class S>
 void launch_effective(const double* theta, const int32_t* owner, const OpTransform* ops, int64_t n,
                       S* eff, cudaStream_t stream) {
-  effective_kernel<S><<<grid(n), kThreads, 0, stream>>>(theta, owner, ops, n, eff);
-  check_launch("effective weights kernel");
+  effective_kernel<S><<<launch::blocks(n), kThreads, 0, stream>>>(theta, owner, ops, n, eff);
+  launch::check_last("effective weights kernel");
 }
 
 template <class S>
 void launch_deltas(CandidateSource src, ParticleTable table, int64_t count, const double* theta,
                    const OpTransform* ops, const S* eff, S* dq, S* q_new, double* l2_terms,
                    double* l2, cudaStream_t stream) {
-  deltas_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(
+  deltas_kernel<S><<<launch::blocks(count * table.elem_max), kThreads, 0, stream>>>(
       src, table, count, theta, ops, eff, dq, q_new, l2_terms);
-  check_launch("candidate deltas kernel");
-  l2_kernel<<<grid(count), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
-  check_launch("l2 kernel");
+  launch::check_last("candidate deltas kernel");
+  l2_kernel<<<launch::blocks(count), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
+  launch::check_last("l2 kernel");
 }
 
 template <class S>
@@ -212,9 +207,9 @@ void launch_materialise(CandidateSource src, ParticleTable table, int64_t count,
                         const S* block_eff, int64_t offset, int64_t block, const S* q_new, S* w,
                         cudaStream_t stream) {
   launch_broadcast<S>(block_eff, 1, block, count, w, stream);
-  materialise_kernel<S><<<grid(count * table.elem_max), kThreads, 0, stream>>>(
+  materialise_kernel<S><<<launch::blocks(count * table.elem_max), kThreads, 0, stream>>>(
       src, table, count, op, offset, q_new, w, block);
-  check_launch("materialise kernel");
+  launch::check_last("materialise kernel");
 }
 
 template <class S>
@@ -222,61 +217,63 @@ void launch_batched_bias(S* y, const S* w, int64_t block, int64_t bias_at, int64
                          int64_t width, int64_t count, cudaStream_t stream) {
   const int64_t total = count * rows * width;
   batched_bias_kernel<S>
-      <<<grid(total), kThreads, 0, stream>>>(y, w, block, bias_at, rows, width, total);
-  check_launch("batched bias kernel");
+      <<<launch::blocks(total), kThreads, 0, stream>>>(y, w, block, bias_at, rows, width, total);
+  launch::check_last("batched bias kernel");
 }
 
 template <class S>
 void launch_broadcast(const S* zinc, int64_t rows, int64_t width, int64_t count, S* z,
                       cudaStream_t stream) {
   const int64_t total = rows * width * count;
-  broadcast_kernel<S><<<grid(total), kThreads, 0, stream>>>(zinc, rows * width, total, z);
-  check_launch("broadcast kernel");
+  broadcast_kernel<S><<<launch::blocks(total), kThreads, 0, stream>>>(zinc, rows * width, total, z);
+  launch::check_last("broadcast kernel");
 }
 
 template <class S>
 void launch_correct(CandidateSource src, ParticleTable table, int64_t count, int32_t op,
                     const S* dq, const S* x, int64_t x_stride, int64_t in, S* z, int64_t out,
                     int64_t rows, cudaStream_t stream) {
-  correct_kernel<S><<<grid(count * rows), kThreads, 0, stream>>>(src, table, count, op, dq, x,
-                                                                 x_stride, in, z, out, rows);
-  check_launch("delta correction kernel");
+  correct_kernel<S><<<launch::blocks(count * rows), kThreads, 0, stream>>>(
+      src, table, count, op, dq, x, x_stride, in, z, out, rows);
+  launch::check_last("delta correction kernel");
 }
 
 template <class S>
 void launch_add_bias(S* y, const S* bias, int64_t rows, int64_t width, cudaStream_t stream) {
-  bias_kernel<S><<<grid(rows * width), kThreads, 0, stream>>>(y, bias, width, rows * width);
-  check_launch("bias kernel");
+  bias_kernel<S>
+      <<<launch::blocks(rows * width), kThreads, 0, stream>>>(y, bias, width, rows * width);
+  launch::check_last("bias kernel");
 }
 
 template <class S>
 void launch_activation(const S* x, S* y, int64_t n, int32_t fn, double step, cudaStream_t stream) {
   // The core's layer casts its step to S before use (kernels::staircase(v, S(step))).
-  activation_kernel<S><<<grid(n), kThreads, 0, stream>>>(x, y, n, fn, static_cast<S>(step));
-  check_launch("activation kernel");
+  activation_kernel<S>
+      <<<launch::blocks(n), kThreads, 0, stream>>>(x, y, n, fn, static_cast<S>(step));
+  launch::check_last("activation kernel");
 }
 
 template <class S>
 void launch_sample_losses(const S* out, int64_t rows, int64_t width, int64_t batch, int32_t loss,
                           const int64_t* labels, const double* targets, S* per,
                           cudaStream_t stream) {
-  sample_loss_kernel<S>
-      <<<grid(rows), kThreads, 0, stream>>>(out, rows, width, batch, loss, labels, targets, per);
-  check_launch("per-sample loss kernel");
+  sample_loss_kernel<S><<<launch::blocks(rows), kThreads, 0, stream>>>(out, rows, width, batch,
+                                                                       loss, labels, targets, per);
+  launch::check_last("per-sample loss kernel");
 }
 
 template <class S>
 void launch_objective(CandidateSource src, int64_t count, const S* per, int64_t batch, double l2,
                       double sum_sq, const double* l2_delta, double* losses, cudaStream_t stream) {
-  objective_kernel<S><<<grid(count * 32), kThreads, 0, stream>>>(src, count, per, batch, l2, sum_sq,
-                                                                 l2_delta, losses);
-  check_launch("objective kernel");
+  objective_kernel<S><<<launch::blocks(count * 32), kThreads, 0, stream>>>(
+      src, count, per, batch, l2, sum_sq, l2_delta, losses);
+  launch::check_last("objective kernel");
 }
 
 void launch_move(const int64_t* coords, const double* moves, int64_t n, double* theta,
                  cudaStream_t stream) {
-  move_kernel<<<grid(n), kThreads, 0, stream>>>(coords, moves, n, theta);
-  check_launch("move kernel");
+  move_kernel<<<launch::blocks(n), kThreads, 0, stream>>>(coords, moves, n, theta);
+  launch::check_last("move kernel");
 }
 
 #define POLYPROBE_CUDA_INSTANTIATE(S)                                                              \

@@ -2,9 +2,9 @@
 // thread owns each value it writes and sums in a fixed order, as the session's other
 // kernels; float64 sums for the statistics, as the core's layer norm.
 #include "blas.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
-#include "launch.cuh"
 #include "layer_ops.cuh"
 
 #include <algorithm>
@@ -15,9 +15,6 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
 using launch::thread_stride;
 
@@ -307,11 +304,11 @@ void launch_cheri(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t blas,
   const pp_cheri_attrs& a = op.cheri;
   const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   const int64_t plane = io.rows * L * C;
-  cheri_conv_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
-  check(cudaGetLastError(), "Cheri conv kernel");
+  cheri_conv_kernel<S><<<launch::blocks(plane), kThreads, 0, stream>>>(op, io);
+  launch::check_last("Cheri conv kernel");
   const auto blocks = static_cast<unsigned>(std::min<int64_t>(io.rows, 65535));
   cheri_stats_kernel<S><<<blocks, kStatsThreads, 0, stream>>>(op, io);
-  check(cudaGetLastError(), "Cheri statistics kernel");
+  launch::check_last("Cheri statistics kernel");
   // One weight block per candidate (its `batch` samples' rows), or one for the whole chunk.
   S* g = io.scratch + plane;
   const S* fc1 = io.params + 3 * C;
@@ -321,11 +318,12 @@ void launch_cheri(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t blas,
   const auto rows = static_cast<int>(group * L);
   gemm_batched<S>(blas, static_cast<int>(H), rows, static_cast<int>(C), fc1, io.param_stride,
                   io.scratch, group * L * C, g, group * L * H, problems);
-  cheri_gelu_kernel<S><<<grid(io.rows * L * H), kThreads, 0, stream>>>(g, io.rows * L * H);
-  check(cudaGetLastError(), "Cheri GELU kernel");
+  cheri_gelu_kernel<S>
+      <<<launch::blocks(io.rows * L * H), kThreads, 0, stream>>>(g, io.rows * L * H);
+  launch::check_last("Cheri GELU kernel");
   gemm_batched<S>(blas, static_cast<int>(C), rows, static_cast<int>(H), fc2, io.param_stride, g,
                   group * L * H, io.y, group * L * C, problems);
-  cheri_residual_kernel<S><<<grid(plane), kThreads, 0, stream>>>(op, io);
+  cheri_residual_kernel<S><<<launch::blocks(plane), kThreads, 0, stream>>>(op, io);
 }
 
 // 2 with the "sdpa" operation: the scratch of sample r holds its q|k|v rows [L, 3E] and
@@ -385,26 +383,28 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t bla
   switch (op.kind) {
     case PP_OP_LAYER_NORM:
       layer_norm_kernel<S>
-          <<<grid(io.rows * (op.in / op.norm.group_size)), kThreads, 0, stream>>>(op, io);
+          <<<launch::blocks(io.rows * (op.in / op.norm.group_size)), kThreads, 0, stream>>>(op, io);
       break;
     case PP_OP_CONV:
-      conv_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      conv_kernel<S><<<launch::blocks(io.rows * op.out), kThreads, 0, stream>>>(op, io);
       break;
     case PP_OP_POOL:
-      pool_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      pool_kernel<S><<<launch::blocks(io.rows * op.out), kThreads, 0, stream>>>(op, io);
       break;
     case PP_OP_LIF:
-      lif_kernel<S><<<grid(io.rows * op.out), kThreads, 0, stream>>>(op, io);
+      lif_kernel<S><<<launch::blocks(io.rows * op.out), kThreads, 0, stream>>>(op, io);
       break;
     case PP_OP_MOE:
-      moe_kernel<S><<<grid(io.rows * (op.in / op.moe.in_features)), kThreads, 0, stream>>>(op, io);
+      moe_kernel<S>
+          <<<launch::blocks(io.rows * (op.in / op.moe.in_features)), kThreads, 0, stream>>>(op, io);
       break;
     case PP_OP_SELF_ATTENTION: {
       const int64_t L = op.attention.length, E = op.attention.embed;
-      attention_project_kernel<S><<<grid(io.rows * L * 3 * E), kThreads, 0, stream>>>(op, io);
-      check(cudaGetLastError(), "attention projection kernel");
+      attention_project_kernel<S>
+          <<<launch::blocks(io.rows * L * 3 * E), kThreads, 0, stream>>>(op, io);
+      launch::check_last("attention projection kernel");
       launch_attention_mix<S>(op, io.scratch, io.rows, stream, declined);
-      attention_out_kernel<S><<<grid(io.rows * L * E), kThreads, 0, stream>>>(op, io);
+      attention_out_kernel<S><<<launch::blocks(io.rows * L * E), kThreads, 0, stream>>>(op, io);
       break;
     }
     case PP_OP_CHERI_BLOCK:
@@ -413,7 +413,7 @@ void launch_layer_op(const LayerOp& op, const LayerIo<S>& io, cublasHandle_t bla
     default:
       throw std::logic_error("launch_layer_op: not a device layer kind");
   }
-  check(cudaGetLastError(), "layer kernel");
+  launch::check_last("layer kernel");
 }
 
 template <class S>
@@ -427,8 +427,9 @@ void launch_attention_mix(const LayerOp& op, S* scratch, int64_t rows, cudaStrea
   if (op.sdpa == nullptr || !attention_mix_sdpa<S>(op, io, stream, why)) {
     if (op.sdpa != nullptr && declined != nullptr) *declined = why;
     attention_mix_kernel<S>
-        <<<grid(rows * op.attention.heads * op.attention.length), kThreads, 0, stream>>>(op, io);
-    check(cudaGetLastError(), "attention kernel");
+        <<<launch::blocks(rows * op.attention.heads * op.attention.length), kThreads, 0, stream>>>(
+            op, io);
+    launch::check_last("attention kernel");
   }
 }
 

@@ -15,6 +15,7 @@
 // candidates on their changes, in bf16 or fp16 GEMMs with float32 accumulation.
 #include "autocast.cuh"
 #include "blas.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "fused_tail.cuh"
 #include "kernels.cuh"
@@ -1527,8 +1528,9 @@ class DeviceSession final : public Session {
         std::stable_sort(mine.begin(), mine.end(),
                          [](const FusedTerm& a, const FusedTerm& b) { return a.unit < b.unit; });
         terms.insert(terms.end(), mine.begin(), mine.end());
-        const bool staged = fused_dense_shared_bytes(plan_.ops[sz(op)].out, plan_.out_features,
-                                                     sizeof(T)) <= kFusedMaxShared;
+        const bool staged =
+            fused_dense_shared_bytes(plan_.ops[sz(op)].out, plan_.out_features, sizeof(T)) <=
+            device_properties().shared_per_block;
         int64_t units = 0;
         for (std::size_t e = 0; e < mine.size(); ++e)
           units += e == 0 || mine[e].unit != mine[e - 1].unit ? 1 : 0;

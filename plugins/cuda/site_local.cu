@@ -3,9 +3,9 @@
 // tables, so one launch serves a chunk of candidates of different particles.
 #include "blas.cuh"
 #include "candidate_source.cuh"
+#include "common.cuh"
 #include "device.hpp"
 #include "formulas.cuh"
-#include "launch.cuh"
 #include "site_local.cuh"
 
 #include <algorithm>
@@ -15,11 +15,9 @@
 namespace polyprobe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr double kCheriResidualScale = 0.15;
 constexpr double kCheriEps = 1e-3;  // the block's layer-norm epsilon (docs/design.md section 6)
 
-unsigned grid(int64_t n) { return launch::blocks(n, kThreads); }
 using launch::thread_index;
 using launch::thread_stride;
 
@@ -486,8 +484,9 @@ void launch_cheri_carry_weights(const LayerOp& op, const S* params, const CheriC
                                 cudaStream_t stream) {
   const int64_t H = op.cheri.expansion * op.cheri.channels;
   cheri_carry_weights_kernel<S>
-      <<<grid(carry.outputs * carry.per_row * H), kThreads, 0, stream>>>(op, params, carry);
-  check(cudaGetLastError(), "Cheri carry weights kernel");
+      <<<launch::blocks(carry.outputs * carry.per_row * H), kThreads, 0, stream>>>(op, params,
+                                                                                   carry);
+  launch::check_last("Cheri carry weights kernel");
 }
 
 // Threads for a block that walks n items: a multiple of 32, at most kThreads.
@@ -511,16 +510,16 @@ void launch_site_cheri_carry(const LayerOp& op, CandidateSource src, ParticleTab
   const int64_t rows = count * batch;
   site_cheri_hidden_kernel<S><<<row_blocks(rows), block_threads(op.cheri.length), 0, stream>>>(
       op, src, t, sites, count, batch, views, params, offset, q_new, buffer);
-  check(cudaGetLastError(), "site-local Cheri hidden kernel");
+  launch::check_last("site-local Cheri hidden kernel");
   site_cheri_carry_kernel<S>
       <<<row_blocks(rows), block_threads(carry.rows * carry.outputs), 0, stream>>>(
           op, src, t, sites, count, batch, views, params, offset, q_new, buffer, carry, z_inc, z);
-  check(cudaGetLastError(), "site-local Cheri carry kernel");
+  launch::check_last("site-local Cheri carry kernel");
   if (cheri_taps_carry(op, carry.per_row, carry.outputs)) {
     site_cheri_taps_kernel<S><<<row_blocks(rows), kThreads, 0, stream>>>(
         op, src, t, sites, count, batch, x_inc, inc_scratch, views, params, offset, q_new, carry,
         z_inc, z);
-    check(cudaGetLastError(), "site-local Cheri taps kernel");
+    launch::check_last("site-local Cheri taps kernel");
   }
 }
 
@@ -533,10 +532,10 @@ void launch_site_conv_tail(const LayerOp& op, const ConvTail& tail, CandidateSou
   const int64_t rows = count * batch;
   site_conv_tail_kernel<S><<<row_blocks(rows), block_threads(tail.per_channel), 0, stream>>>(
       op, tail, src, t, sites, count, batch, x_inc, params, offset, q_new, tail_inc, buffer);
-  check(cudaGetLastError(), "site-local conv tail kernel");
+  launch::check_last("site-local conv tail kernel");
   site_conv_tail_out_kernel<S><<<row_blocks(rows), block_threads(tail.outputs), 0, stream>>>(
       tail, op.conv.out_channels, src, sites, count, batch, buffer, w_next, z_inc, z);
-  check(cudaGetLastError(), "site-local conv tail output kernel");
+  launch::check_last("site-local conv tail output kernel");
 }
 
 template void launch_site_conv_tail<float>(const LayerOp&, const ConvTail&, CandidateSource,
@@ -561,11 +560,11 @@ void launch_cheri_views(const LayerOp& op, int64_t batch, const S* inc_scratch, 
   const pp_cheri_attrs& a = op.cheri;
   const int64_t L = a.length, C = a.channels, H = a.expansion * C;
   cheri_transpose_kernel<S>
-      <<<grid(batch * C * L), kThreads, 0, stream>>>(op, batch, inc_scratch, views);
-  check(cudaGetLastError(), "Cheri transpose kernel");
+      <<<launch::blocks(batch * C * L), kThreads, 0, stream>>>(op, batch, inc_scratch, views);
+  launch::check_last("Cheri transpose kernel");
   cheri_row_sums_kernel<S>
-      <<<grid(H), kThreads, 0, stream>>>(op, params, views + batch * (C + H) * L);
-  check(cudaGetLastError(), "Cheri row sums kernel");
+      <<<launch::blocks(H), kThreads, 0, stream>>>(op, params, views + batch * (C + H) * L);
+  launch::check_last("Cheri row sums kernel");
   // z_t[b] [H, L] = fc1 [H, C] n_b^T, n_b the sample's normalised conv [L, C].
   gemm_batched<S>(blas, static_cast<int>(L), static_cast<int>(H), static_cast<int>(C), inc_scratch,
                   L * C, params + 3 * C, 0, views + batch * C * L, H * L, static_cast<int>(batch));
@@ -658,37 +657,40 @@ void launch_site_op(const LayerOp& op, CandidateSource src, ParticleTable t, Sit
   const int64_t rows = count * batch;
   switch (op.kind) {
     case PP_OP_CONV:
-      site_conv_kernel<S><<<grid(rows * op.out), kThreads, 0, stream>>>(
+      site_conv_kernel<S><<<launch::blocks(rows * op.out), kThreads, 0, stream>>>(
           op, src, t, sites, count, batch, x_inc, y_inc, params, offset, q_new, y);
       break;
     case PP_OP_SELF_ATTENTION: {
       const pp_attention_attrs& a = op.attention;
       const int64_t hd = a.embed / a.heads;
-      site_head_project_kernel<S><<<grid(rows * a.length * 3 * hd), kThreads, 0, stream>>>(
-          op, src, t, sites, count, batch, x_inc, inc_scratch, params, offset, q_new, buffer);
-      check(cudaGetLastError(), "site-local attention projection kernel");
+      site_head_project_kernel<S>
+          <<<launch::blocks(rows * a.length * 3 * hd), kThreads, 0, stream>>>(
+              op, src, t, sites, count, batch, x_inc, inc_scratch, params, offset, q_new, buffer);
+      launch::check_last("site-local attention projection kernel");
       // The moved head of every (candidate, sample) as one problem of a one-head layer. The
       // out_proj particles of a mixed chunk mix their (unused) copy of head 0 too.
       LayerOp head = op;
       head.attention.embed = hd;
       head.attention.heads = 1;
       launch_attention_mix<S>(head, buffer, rows, stream, declined);
-      site_attention_out_kernel<S><<<grid(rows * a.length * a.embed), kThreads, 0, stream>>>(
-          op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer, y);
+      site_attention_out_kernel<S>
+          <<<launch::blocks(rows * a.length * a.embed), kThreads, 0, stream>>>(
+              op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer,
+              y);
       break;
     }
     case PP_OP_CHERI_BLOCK: {
       site_cheri_hidden_kernel<S><<<row_blocks(rows), block_threads(op.cheri.length), 0, stream>>>(
           op, src, t, sites, count, batch, views, params, offset, q_new, buffer);
-      check(cudaGetLastError(), "site-local Cheri hidden kernel");
-      site_cheri_out_kernel<S><<<grid(rows * op.out), kThreads, 0, stream>>>(
+      launch::check_last("site-local Cheri hidden kernel");
+      site_cheri_out_kernel<S><<<launch::blocks(rows * op.out), kThreads, 0, stream>>>(
           op, src, t, sites, count, batch, y_inc, inc_scratch, params, offset, q_new, buffer, y);
       break;
     }
     default:
       throw std::logic_error("launch_site_op: not a site-local kind");
   }
-  check(cudaGetLastError(), "site-local kernel");
+  launch::check_last("site-local kernel");
 }
 
 template void launch_site_op<float>(const LayerOp&, CandidateSource, ParticleTable, SiteTable,

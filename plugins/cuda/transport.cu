@@ -4,13 +4,11 @@
 // order), so repeated runs give the same bits. Each formula follows its host counterpart in
 // the core, named in the comments; the association of sums differs, so results agree with
 // the host to rounding.
-#include "device.hpp"
-#include "launch.cuh"
+#include "common.cuh"
 #include "transport.cuh"
 
 #include <cooperative_groups.h>
 
-#include <array>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -403,33 +401,17 @@ __global__ void __launch_bounds__(kTransportThreads)
   solve_block(p, b, sc, g, g + p.vertices);
 }
 
-void check_launch(const char* what) { check(cudaGetLastError(), what); }
-
 // How many thread blocks of grid_transport_kernel one cooperative launch runs on the current
 // device: kGridBlocks where they fit at once, else 0 (then every block runs in transport_kernel).
-// Probed once per device.
 int grid_blocks() {
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  static std::array<int, 64> probed = [] {
-    std::array<int, 64> a{};
-    a.fill(-1);
-    return a;
-  }();
-  if (device >= static_cast<int>(probed.size())) return 0;
-  int& blocks = probed[static_cast<std::size_t>(device)];
-  if (blocks >= 0) return blocks;
-  int cooperative = 0, sms = 0, per_sm = 0;
-  check(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device),
-        "cudaDeviceGetAttribute");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-        "cudaDeviceGetAttribute");
+  const DeviceProperties& device = device_properties();
+  if (!device.cooperative_launch) return 0;
+  int per_multiprocessor = 0;
   const std::size_t shared = sizeof(double) * (kWarps + 1 + 2 * kGridMaxColumns + kGridSlots);
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, grid_transport_kernel,
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, grid_transport_kernel,
                                                       kTransportThreads, shared),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  blocks = cooperative != 0 && sms * per_sm >= kGridBlocks ? kGridBlocks : 0;
-  return blocks;
+  return device.multiprocessors * per_multiprocessor >= kGridBlocks ? kGridBlocks : 0;
 }
 
 }  // namespace
@@ -442,7 +424,7 @@ void launch_directions(const double* rotations, const double* polytope, int64_t 
   if (n == 0) return;
   directions_kernel<<<launch::blocks(n, 256), 256, 0, stream>>>(rotations, polytope, particles,
                                                                 vertices, d, directions);
-  check_launch("directions kernel");
+  launch::check_last("directions kernel");
 }
 
 void launch_transport(const TransportProblem& problem, cudaStream_t stream) {
@@ -459,7 +441,7 @@ void launch_transport(const TransportProblem& problem, cudaStream_t stream) {
   const std::size_t shared =
       sizeof(double) * (kWarps + 1 + 2 * static_cast<std::size_t>(p.vertices) + kGridSlots);
   transport_kernel<<<static_cast<unsigned>(p.n_blocks), kTransportThreads, shared, stream>>>(p);
-  check_launch("transport kernel");
+  launch::check_last("transport kernel");
   for (int64_t b = 0; b < p.n_blocks; ++b) {
     if (p.host_block_count == nullptr || p.host_block_count[b] < p.grid_rows) continue;
     void* args[] = {&p, &b};
