@@ -5,10 +5,10 @@
 
 namespace polyprobe::cuda {
 
+// The layered paths' common start: the chunk's buffers, and each candidate's moved effective
+// parameters (dq) and L2 terms.
 template <class T>
-void DeviceSession<T>::run_chunk(const CandidateSource& src, int64_t count, int32_t first,
-                                 int32_t last) {
-  cudaStream_t s = stream_.get();
+ParticleTable DeviceSession<T>::start_layered_chunk(const CandidateSource& src, int64_t count) {
   const int64_t rows = count * batch_;
   buf_a_.reserve(sz(rows * plan_.max_width));
   buf_b_.reserve(sz(rows * plan_.max_width));
@@ -18,7 +18,16 @@ void DeviceSession<T>::run_chunk(const CandidateSource& src, int64_t count, int3
   l2c_.reserve(sz(count));
   const ParticleTable t = table();
   launch_deltas<T>(src, t, count, theta_d_.data(), ops_d_.data(), eff_d_.data(), dq_.data(),
-                   nullptr, l2_terms_.data(), l2c_.data(), s);
+                   nullptr, l2_terms_.data(), l2c_.data(), stream_.get());
+  return t;
+}
+
+template <class T>
+void DeviceSession<T>::run_chunk(const CandidateSource& src, int64_t count, int32_t first,
+                                 int32_t last) {
+  cudaStream_t s = stream_.get();
+  const int64_t rows = count * batch_;
+  const ParticleTable t = start_layered_chunk(src, count);
   T* cur = buf_a_.data();
   T* other = buf_b_.data();
   const OpPlan& f = plan_.ops[sz(first)];
@@ -57,16 +66,8 @@ void DeviceSession<T>::run_autocast_chunk(const CandidateSource& src, int64_t co
   } else {
     cudaStream_t s = stream_.get();
     const int64_t rows = count * batch_;
-    buf_a_.reserve(sz(rows * plan_.max_width));
-    buf_b_.reserve(sz(rows * plan_.max_width));
     x_reduced_.reserve(sz(rows * plan_.max_width));
-    per_.reserve(sz(rows));
-    dq_.reserve(sz(count * elem_max_));
-    l2_terms_.reserve(sz(count * elem_max_));
-    l2c_.reserve(sz(count));
-    const ParticleTable t = table();
-    launch_deltas<T>(src, t, count, theta_d_.data(), ops_d_.data(), eff_d_.data(), dq_.data(),
-                     nullptr, l2_terms_.data(), l2c_.data(), s);
+    const ParticleTable t = start_layered_chunk(src, count);
     float* cur = buf_a_.data();
     float* other = buf_b_.data();
     const OpPlan& f = plan_.ops[sz(first)];
@@ -106,6 +107,10 @@ void DeviceSession<T>::run_autocast_chunk(const CandidateSource& src, int64_t co
 }
 
 // The members defined here, for both compute types.
+template ParticleTable DeviceSession<float>::start_layered_chunk(const CandidateSource& src,
+                                                                 int64_t count);
+template ParticleTable DeviceSession<double>::start_layered_chunk(const CandidateSource& src,
+                                                                  int64_t count);
 template void DeviceSession<float>::run_chunk(const CandidateSource& src, int64_t count,
                                               int32_t first, int32_t last);
 template void DeviceSession<double>::run_chunk(const CandidateSource& src, int64_t count,

@@ -262,6 +262,7 @@ class DeviceSession final : public Session {
 
   void release_chunk_buffers();
 
+  ParticleTable start_layered_chunk(const CandidateSource& src, int64_t count);
   void run_chunk(const CandidateSource& src, int64_t count, int32_t first, int32_t last);
 
   // candidate_autocast (autocast.cuh): the chunk's candidates as changes from the incumbent.
