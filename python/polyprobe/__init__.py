@@ -120,7 +120,8 @@ def plugin_dirs() -> List[str]:
 def plugins() -> List[Dict[str, Any]]:
     """Every plugin library found, as ``polyprobe plugins --json`` lists them: name,
     version, vendor, summary, path, abi, loaded, available, score, reason (why it is
-    unusable, empty when available) and capabilities (component, name, device, dtypes)."""
+    unusable, empty when available) and capabilities (component, name, device (its name, as
+    ``device=`` takes it), device_type (cpu, gpu or accelerator), dtypes)."""
     _ensure_plugins()
     return list(_core.plugins())
 

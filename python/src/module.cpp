@@ -23,6 +23,7 @@ py::dict plugin_dict(const PluginInfo& info) {
     d["component"] = c.component;
     d["name"] = c.name;
     d["device"] = c.device;
+    d["device_type"] = c.device_type;
     d["dtypes"] = c.dtypes;
     d["candidate_dtypes"] = c.candidate_dtypes;
     d["summary"] = c.summary;
