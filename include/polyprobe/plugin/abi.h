@@ -584,7 +584,7 @@ typedef struct pp_plugin {
   /* (optional) creates an accumulator of `strategy`. */
   int (*accumulator_create)(const char* strategy, int32_t dtype, void** self,
                             const pp_accumulator_api** api, pp_error* err);
-  /* Appended after API 2's first descriptor (read when struct_size covers them): */
+  /* Appended after accumulator_create (read when struct_size covers them): */
   const pp_subspace_kind* subspaces; /* (optional) the subspace kinds it adds */
   int32_t n_subspaces;
   const pp_radius_model_kind* radius_models; /* (optional) the radius models it adds */
