@@ -153,6 +153,9 @@ PYBIND11_MODULE(_core, m) {
       },
       "Every plugin library found: name, version, capabilities, and why any is unusable.");
   m.def(
+      "devices", [] { return plugins().registry.device_names(); },
+      "The device names device= accepts: cpu, cuda and any a loaded plugin declares.");
+  m.def(
       "layer_kinds",
       [] {
         py::dict out;
