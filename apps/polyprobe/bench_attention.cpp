@@ -63,7 +63,7 @@ std::vector<BenchRecord> run_attention(Context& ctx) {
         "app does not link the CUDA runtime); on a GPU machine, time the cuda sdpa with "
         "`test_attention_sdpa_cuda \"[.bench]\"` and bench/torch_sdpa.py --device cuda");
   const OperationTable::Entry* op =
-      ctx.registry.operations().find(PP_OPERATION_SDPA, PP_DEVICE_CPU, PP_DTYPE_F32);
+      ctx.registry.operations().find(PP_OPERATION_SDPA, PP_DEVICE_NAME_CPU, PP_DTYPE_F32);
   const int64_t candidates = 16, batch = 16, problems = candidates * batch;
   const int64_t heads = ctx.vm["attention-heads"].as<int64_t>();
   const int64_t embed = ctx.vm["attention-embed"].as<int64_t>();

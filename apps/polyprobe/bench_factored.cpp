@@ -93,8 +93,8 @@ void time_evaluations(Context& ctx, std::vector<BenchRecord>& records) {
 }
 
 std::vector<BenchRecord> run_factored(Context& ctx) {
-  const OperationTable::Entry* op =
-      ctx.registry.operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, PP_DTYPE_F32);
+  const OperationTable::Entry* op = ctx.registry.operations().find(
+      PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_NAME_CPU, PP_DTYPE_F32);
   if (op == nullptr)
     throw Error(
         "bench factored: no CPU factored_correction operation is loaded (put the "

@@ -255,9 +255,11 @@ void add_backend_options(po::options_description& options) {
       "backend", po::value<std::string>()->default_value("auto"),
       "evaluator backend: auto (the best plugin that can serve, else the core's reference), "
       "reference, or a plugin name from `polyprobe plugins`")(
-      "device", po::value<std::string>()->default_value("cpu"), "cpu or cuda")(
-      "dtype", po::value<std::string>()->default_value("float32"),
-      "candidate compute precision: float32 or float64")(
+      "device", po::value<std::string>()->default_value("cpu"),
+      "the device to evaluate on: cpu, cuda, or any device a loaded plugin declares (`polyprobe "
+      "plugins` lists them as type/name)")("dtype",
+                                           po::value<std::string>()->default_value("float32"),
+                                           "candidate compute precision: float32 or float64")(
       "candidate-dtype", po::value<std::string>()->default_value("same"),
       "candidate_autocast: same (the --dtype), or bf16 / fp16 to run the candidates' forwards "
       "in that precision with float32 accumulation (the incumbent's stay in --dtype); --device "

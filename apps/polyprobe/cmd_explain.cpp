@@ -86,9 +86,9 @@ int run(Context& ctx) {
     if (w.model->layer(l).kind() == "self_attention")
       host_attention.push_back(
           {{"layer", l},
-           {"attention",
-            describe_choice(ctx.layers.operations()->find(PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype),
-                            PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype)}});
+           {"attention", describe_choice(ctx.layers.operations()->find(PP_OPERATION_SDPA,
+                                                                       PP_DEVICE_NAME_CPU, dtype),
+                                         PP_OPERATION_SDPA, PP_DEVICE_NAME_CPU, dtype)}});
   if (ctx.json) {
     *ctx.out << nlohmann::json{{"selection", selection.to_json()},
                                {"evaluator", explain},

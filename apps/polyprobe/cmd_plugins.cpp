@@ -18,6 +18,7 @@ nlohmann::json to_json(const PluginInfo& info) {
     caps.push_back({{"component", c.component},
                     {"name", c.name},
                     {"device", c.device},
+                    {"device_type", c.device_type},
                     {"dtypes", c.dtypes},
                     {"candidate_dtypes", c.candidate_dtypes},
                     {"summary", c.summary}});
@@ -93,7 +94,7 @@ int run(Context& ctx) {
       // Subspace kinds and radius models run on the host: no device, no dtype.
       const bool host_side = c.component == "subspace" || c.component == "radius_model";
       out << "    " << c.component << " " << c.name
-          << (host_side ? "" : " [" + c.device + "; " + dtypes + "]")
+          << (host_side ? "" : " [" + c.device_type + "/" + c.device + "; " + dtypes + "]")
           << (c.summary.empty() ? "" : ": " + c.summary) << "\n";
     }
   }

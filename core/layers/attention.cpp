@@ -87,7 +87,7 @@ class SelfAttention final : public LayerBase<SelfAttention> {
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {
     const OperationTable::Entry* sdpa =
-        operations_->find(PP_OPERATION_SDPA, PP_DEVICE_CPU, pp::dtype_of<S>());
+        operations_->find(PP_OPERATION_SDPA, PP_DEVICE_NAME_CPU, pp::dtype_of<S>());
     if (sdpa != nullptr && forward_fused<S>(*sdpa->op, x, params, y)) return;
     const int64_t head_dim = embed_ / heads_;
     const S scale = S(1) / std::sqrt(static_cast<S>(head_dim));

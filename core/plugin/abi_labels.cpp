@@ -17,17 +17,6 @@ std::string dtype_label(int32_t dtype) {
   return name == "unknown" ? "dtype#" + std::to_string(dtype) : name;
 }
 
-std::string device_label(int32_t device) {
-  switch (device) {
-    case PP_DEVICE_CPU:
-      return "cpu";
-    case PP_DEVICE_CUDA:
-      return "cuda";
-    default:
-      return "device#" + std::to_string(device);
-  }
-}
-
 std::string component_label(int32_t component) {
   switch (component) {
     case PP_COMPONENT_EVALUATOR:

@@ -38,6 +38,7 @@ int32_t transform_id(const std::string& name) {
 
 }  // namespace
 
+// Each op's struct gets struct_size = the size this host sends (ops.h, "Versioning").
 int32_t describe_op(const Layer& layer, OpAttrs& out) {
   std::memset(&out, 0, sizeof(out));
   const std::string kind = layer.kind();
@@ -46,6 +47,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
   const Shape& o = layer.output_shape();
   if (kind == "linear") {
     pp_linear_attrs& l = out.linear;
+    l.struct_size = sizeof(l);
     l.in_features = in.dims.back();
     l.out_features = o.dims.back();
     l.bias = a.value("bias", true) ? 1 : 0;
@@ -59,6 +61,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
       {"sign", PP_ACT_SIGN},         {"gelu", PP_ACT_GELU}, {"staircase", PP_ACT_STAIRCASE}};
   for (const auto& [name, fn] : kActivations)
     if (kind == name) {
+      out.activation.struct_size = sizeof(out.activation);
       out.activation.fn = fn;
       if (kind == "gelu" && a.value("approximate", std::string("none")) == "tanh")
         out.activation.fn = PP_ACT_GELU_TANH;
@@ -69,6 +72,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
     const auto dims = a.value("normalized_dims", int64_t{1});
     int64_t group = 1;
     for (auto it = in.dims.end() - dims; it != in.dims.end(); ++it) group *= *it;
+    out.layer_norm.struct_size = sizeof(out.layer_norm);
     out.layer_norm.group_size = group;
     out.layer_norm.affine = a.value("elementwise_affine", true) ? 1 : 0;
     out.layer_norm.bias = a.value("bias", true) && out.layer_norm.affine ? 1 : 0;
@@ -78,6 +82,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
   if (kind == "conv1d" || kind == "conv2d") {
     const int dims = kind == "conv1d" ? 1 : 2;
     pp_conv_attrs& c = out.conv;
+    c.struct_size = sizeof(c);
     c.dims = dims;
     c.in_channels = in.dims[0];
     c.out_channels = o.dims[0];
@@ -100,6 +105,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
       kind == "avg_pool2d") {
     const int dims = kind.ends_with("1d") ? 1 : 2;
     pp_pool_attrs& pl = out.pool;
+    pl.struct_size = sizeof(pl);
     pl.dims = dims;
     pl.average = kind.starts_with("avg") ? 1 : 0;
     pl.channels = in.dims[0];
@@ -117,6 +123,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
   }
   if (kind == "flatten") return PP_OP_FLATTEN;
   if (kind == "self_attention") {
+    out.attention.struct_size = sizeof(out.attention);
     out.attention.length = in.dims[0];
     out.attention.embed = in.dims[1];
     out.attention.heads = a.value("num_heads", int64_t{1});
@@ -126,12 +133,14 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
     return PP_OP_SELF_ATTENTION;
   }
   if (kind == "moe") {
+    out.moe.struct_size = sizeof(out.moe);
     out.moe.in_features = in.dims.back();
     out.moe.out_features = o.dims.back();
     out.moe.experts = a.value("num_experts", int64_t{1});
     return PP_OP_MOE;
   }
   if (kind == "lif") {
+    out.lif.struct_size = sizeof(out.lif);
     out.lif.steps = a.value("steps", int64_t{8});
     out.lif.beta = a.value("beta", 0.9);
     out.lif.threshold = a.value("threshold", 1.0);
@@ -139,6 +148,7 @@ int32_t describe_op(const Layer& layer, OpAttrs& out) {
     return PP_OP_LIF;
   }
   if (kind == "cheri_block") {
+    out.cheri.struct_size = sizeof(out.cheri);
     out.cheri.length = in.dims[0];
     out.cheri.channels = in.dims[1];
     out.cheri.expansion = a.value("expansion", int64_t{2});

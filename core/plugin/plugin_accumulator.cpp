@@ -88,8 +88,8 @@ class PluginAccumulator final : public Accumulator {
     pp_error err{};
     const int64_t v_shape[2] = {values.rows(), values.cols()},
                   o_shape[2] = {out.rows(), out.cols()};
-    pp_tensor tv{const_cast<S*>(v), dtype, PP_DEVICE_CPU, 0, 2, v_shape, nullptr};
-    pp_tensor to{o, dtype, PP_DEVICE_CPU, 0, 2, o_shape, nullptr};
+    pp_tensor tv{const_cast<S*>(v), dtype, PP_DEVICE_TYPE_CPU, 0, 2, v_shape, nullptr};
+    pp_tensor to{o, dtype, PP_DEVICE_TYPE_CPU, 0, 2, o_shape, nullptr};
     if (api->accumulate(self, static_cast<int64_t>(keys.size()), keys.data(), &tv, out.rows(), &to,
                         &err) != PP_OK)
       throw Error("plugin " + std::string(plugin_->name) +

@@ -9,10 +9,12 @@ namespace {
 class PluginEvaluator final : public Evaluator {
  public:
   PluginEvaluator(const pp_plugin* plugin, const Model& model, const Loss& loss,
-                  const EvaluatorOptions& options, int32_t device, const Subspace* subspace,
+                  const EvaluatorOptions& options, DeviceRef device, const Subspace* subspace,
                   std::string path, std::shared_ptr<const OperationTable> operations)
       : Evaluator(subspace),
-        operations_(std::move(operations)),
+        operations_(operations ? std::make_unique<const SessionOperations>(std::move(operations),
+                                                                           device.type, device.name)
+                               : nullptr),
         plugin_(plugin),
         model_(model),
         loss_(loss),
@@ -22,7 +24,7 @@ class PluginEvaluator final : public Evaluator {
         subspace_view_(std::make_unique<SubspaceView>(subspace)),
         path_(std::move(path)),
         options_(options),
-        device_(device),
+        device_(std::move(device)),
         threads_(options.threads) {
     if (plugin_->session_create == nullptr)
       throw Error("plugin " + std::string(plugin_->name) + " provides no evaluator session");
@@ -51,7 +53,7 @@ class PluginEvaluator final : public Evaluator {
     // The session copies what it keeps: the views need not outlive the call.
     view.inputs = {const_cast<double*>(batch.inputs.data()),
                    PP_DTYPE_F64,
-                   PP_DEVICE_CPU,
+                   PP_DEVICE_TYPE_CPU,
                    0,
                    2,
                    input_shape,
@@ -59,7 +61,7 @@ class PluginEvaluator final : public Evaluator {
     if (batch.targets.is_classification())
       view.labels = {const_cast<int64_t*>(batch.targets.labels.data()),
                      PP_DTYPE_I64,
-                     PP_DEVICE_CPU,
+                     PP_DEVICE_TYPE_CPU,
                      0,
                      1,
                      label_shape,
@@ -67,7 +69,7 @@ class PluginEvaluator final : public Evaluator {
     else
       view.targets = {const_cast<double*>(batch.targets.values.data()),
                       PP_DTYPE_F64,
-                      PP_DEVICE_CPU,
+                      PP_DEVICE_TYPE_CPU,
                       0,
                       2,
                       target_shape,
@@ -245,7 +247,7 @@ class PluginEvaluator final : public Evaluator {
     const std::span<const double> theta = incumbent();
     const int64_t shape[1] = {static_cast<int64_t>(theta.size())};
     const pp_tensor t{
-        const_cast<double*>(theta.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+        const_cast<double*>(theta.data()), PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 1, shape, nullptr};
     check(api_->set_incumbent(self_, &t, &err_), "set the incumbent");
   }
 
@@ -283,7 +285,7 @@ class PluginEvaluator final : public Evaluator {
   std::vector<double> session_read() override {
     std::vector<double> theta(static_cast<std::size_t>(model_.num_parameters()));
     const int64_t shape[1] = {static_cast<int64_t>(theta.size())};
-    pp_tensor t{theta.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+    pp_tensor t{theta.data(), PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 1, shape, nullptr};
     check(api_->read_incumbent(self_, &t, &err_), "read the incumbent");
     return theta;
   }
@@ -319,7 +321,7 @@ class PluginEvaluator final : public Evaluator {
   }
 
   // Keeps the operations the session was handed (opts.host) alive as long as the session.
-  std::shared_ptr<const OperationTable> operations_;
+  std::unique_ptr<const SessionOperations> operations_;
   const pp_plugin* plugin_;
   const Model& model_;
   const Loss& loss_;
@@ -329,7 +331,7 @@ class PluginEvaluator final : public Evaluator {
   std::unique_ptr<SubspaceView> subspace_view_;  // the view the session was created with
   std::string path_;
   EvaluatorOptions options_;
-  int32_t device_ = 0;
+  DeviceRef device_;
   int threads_ = 1;
   Batch batch_;  // the last batch, kept when the subspace can rotate (a new session needs it)
   bool has_batch_ = false;
@@ -341,13 +343,14 @@ class PluginEvaluator final : public Evaluator {
 
 }  // namespace
 
-pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+pp_session_options to_pp_options(const EvaluatorOptions& options, const DeviceRef& device,
                                  const pp_subspace_view* subspace, const char* path,
                                  const pp_host_api* host) {
   pp_session_options o{};
   o.struct_size = sizeof(o);
   o.dtype = to_pp_dtype(options.dtype);
-  o.device = device;
+  o.device = device.type;
+  o.device_name = device.name.c_str();
   o.threads = options.threads;
   o.chunk_size = options.chunk_size;
   o.subspace = subspace;
@@ -360,7 +363,7 @@ pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device
 
 std::unique_ptr<Evaluator> make_plugin_evaluator(const pp_plugin* plugin, const Model& model,
                                                  const Loss& loss, const EvaluatorOptions& options,
-                                                 int32_t device, const Subspace* subspace,
+                                                 const DeviceRef& device, const Subspace* subspace,
                                                  const std::string& path,
                                                  std::shared_ptr<const OperationTable> operations) {
   return std::make_unique<PluginEvaluator>(plugin, model, loss, options, device, subspace, path,

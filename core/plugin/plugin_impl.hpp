@@ -25,7 +25,6 @@ struct SubspaceSettings;
 namespace polyprobe::detail {
 
 std::string dtype_label(int32_t dtype);
-std::string device_label(int32_t device);
 std::string component_label(int32_t component);
 int32_t to_pp_dtype(DType dtype);
 std::string error_text(const pp_error& err);
@@ -94,10 +93,16 @@ class SubspaceView {
 std::shared_ptr<const Layer> make_plugin_layer(const pp_layer_kind* kind, const std::string& plugin,
                                                const nlohmann::json& attrs, const Shape& input);
 
-// An Evaluator whose session lives in a plugin, on `device` (a pp_device_kind).
+// A device as a session is created for: its pp_device_type and its name.
+struct DeviceRef {
+  int32_t type = PP_DEVICE_TYPE_CPU;
+  std::string name = PP_DEVICE_NAME_CPU;
+};
+
+// An Evaluator whose session lives in a plugin, on `device`.
 std::unique_ptr<Evaluator> make_plugin_evaluator(
     const pp_plugin* plugin, const Model& model, const Loss& loss, const EvaluatorOptions& options,
-    int32_t device, const Subspace* subspace = nullptr, const std::string& path = {},
+    const DeviceRef& device, const Subspace* subspace = nullptr, const std::string& path = {},
     std::shared_ptr<const OperationTable> operations = {});
 
 // An Accumulator whose implementation lives in a plugin (created on first use per dtype).
@@ -116,8 +121,8 @@ std::unique_ptr<RadiusModel> make_plugin_radius_model(const pp_radius_model_kind
                                                       const std::string& plugin,
                                                       const pp_radius_config& config);
 
-// The ABI options; `subspace` and `path` (may be null) must outlive their use.
-pp_session_options to_pp_options(const EvaluatorOptions& options, int32_t device,
+// The ABI options; `device`, `subspace` and `path` (may be null) must outlive their use.
+pp_session_options to_pp_options(const EvaluatorOptions& options, const DeviceRef& device,
                                  const pp_subspace_view* subspace = nullptr,
                                  const char* path = nullptr, const pp_host_api* host = nullptr);
 

@@ -100,9 +100,9 @@ class PluginLayer final : public Layer {
     const int64_t in_shape[2] = {x.rows(), x.cols()};
     const int64_t out_shape[2] = {y.rows(), y.cols()};
     const int64_t p_shape[1] = {static_cast<int64_t>(params.size())};
-    pp_tensor tin{const_cast<S*>(x_data), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-    pp_tensor tp{const_cast<S*>(params.data()), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-    pp_tensor tout{y_data, dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+    pp_tensor tin{const_cast<S*>(x_data), dtype, PP_DEVICE_TYPE_CPU, 0, 2, in_shape, nullptr};
+    pp_tensor tp{const_cast<S*>(params.data()), dtype, PP_DEVICE_TYPE_CPU, 0, 1, p_shape, nullptr};
+    pp_tensor tout{y_data, dtype, PP_DEVICE_TYPE_CPU, 0, 2, out_shape, nullptr};
     pp_error err{};
     if (kind_->forward(self_, &tin, &tp, &tout, &err) != PP_OK)
       throw Error(where() + ": forward failed: " + error_text(err));

@@ -44,8 +44,9 @@ bool is_plugin_file(const fs::path& path) {
   return name.starts_with("libpolyprobe_") && path.extension() == ".so";
 }
 
-// The size of version 2 of pp_plugin: a descriptor must be at least this large.
-constexpr uint32_t kPluginV2Size =
+// The smallest descriptor of this API (through accumulator_create): the fields after it are
+// read only when struct_size covers them.
+constexpr uint32_t kPluginMinSize =
     static_cast<uint32_t>(offsetof(pp_plugin, accumulator_create) + sizeof(void*));
 
 bool valid_name(const char* name) {
@@ -56,6 +57,12 @@ bool valid_name(const char* name) {
 }
 
 std::string safe(const char* text) { return text == nullptr ? std::string() : std::string(text); }
+
+// The refusal of a plugin built for another API version.
+std::string wrong_api(uint32_t version) {
+  return "it was built against plugin API " + std::to_string(version) + "; this polyprobe is API " +
+         std::to_string(PP_PLUGIN_API_VERSION) + ": rebuild it against the installed package";
+}
 
 // The subspace kinds of a descriptor (none when it predates them).
 std::span<const pp_subspace_kind> subspace_kinds_of(const pp_plugin* desc) {
@@ -230,21 +237,35 @@ void PluginRegistry::load_library(const fs::path& requested) {
   } catch (...) {
     return record("its entry function threw an unknown exception");
   }
-  if (desc == nullptr)
+  if (desc == nullptr) {
+    // A plugin answers only the version it was built for: ask the older ones, to name it.
+    // Only api_version, the first field of every version's descriptor, is read.
+    for (uint32_t older = PP_PLUGIN_API_VERSION - 1; older >= 1; --older) {
+      const pp_plugin* old = nullptr;
+      try {
+        old = entry(older);
+      } catch (...) {
+        break;
+      }
+      if (old != nullptr && old->api_version == older) {
+        info.abi = older;
+        return record(wrong_api(older));
+      }
+    }
     return record("it declined this host's plugin API version " +
-                  std::to_string(PP_PLUGIN_API_VERSION) + ": rebuild it against this polyprobe");
+                  std::to_string(PP_PLUGIN_API_VERSION) +
+                  ": rebuild it against the installed package");
+  }
   info.abi = desc->api_version;
   if (desc->api_version != PP_PLUGIN_API_VERSION) {
-    const std::string reason = "it was built for plugin API " + std::to_string(desc->api_version) +
-                               " but this host speaks " + std::to_string(PP_PLUGIN_API_VERSION) +
-                               ": rebuild it against this polyprobe";
+    const std::string reason = wrong_api(desc->api_version);
     desc = nullptr;
     return record(reason);
   }
-  if (desc->struct_size < kPluginV2Size) {
+  if (desc->struct_size < kPluginMinSize) {
     const std::string reason =
         "its descriptor is too small (struct_size " + std::to_string(desc->struct_size) + " < " +
-        std::to_string(kPluginV2Size) + "): rebuild it against this polyprobe";
+        std::to_string(kPluginMinSize) + "): rebuild it against this polyprobe";
     desc = nullptr;
     return record(reason);
   }
@@ -280,9 +301,22 @@ void PluginRegistry::load_library(const fs::path& requested) {
   }
   for (int32_t i = 0; i < desc->n_caps; ++i) {
     const pp_capability& cap = desc->caps[i];
+    std::string device = device_name_of(cap.device, cap.device_name);
+    if (device.empty()) {
+      info.loaded = false;
+      const std::string reason =
+          "its capability #" + std::to_string(i) + " (" + safe(cap.name).substr(0, 64) +
+          ") has no valid device (type " + device_type_label(cap.device) + ", name '" +
+          (cap.device_name == nullptr ? std::string("NULL") : safe(cap.device_name).substr(0, 40)) +
+          "'): a name of lower case letters, digits, '_' and '-', at most 32, and \"cpu\" "
+          "exactly with PP_DEVICE_TYPE_CPU";
+      desc = nullptr;
+      return record(reason);
+    }
     CapabilityInfo c{detail::component_label(cap.component),
                      safe(cap.name),
-                     detail::device_label(cap.device),
+                     std::move(device),
+                     device_type_label(cap.device),
                      {},
                      safe(cap.summary),
                      {}};
@@ -314,7 +348,7 @@ void PluginRegistry::load_library(const fs::path& requested) {
       continue;
     }
     info.capabilities.push_back(
-        {"layer", kind.kind, "cpu", {"float32", "float64"}, safe(kind.summary), {}});
+        {"layer", kind.kind, "cpu", "cpu", {"float32", "float64"}, safe(kind.summary), {}});
   }
   // Subspace kinds and radius models: listed like layers, their declared capability (if
   // any) completed rather than repeated.
@@ -323,7 +357,7 @@ void PluginRegistry::load_library(const fs::path& requested) {
         info.capabilities.begin(), info.capabilities.end(),
         [&](const CapabilityInfo& c) { return c.component == component && c.name == name; });
     if (declared == info.capabilities.end())
-      info.capabilities.push_back({component, name, "cpu", {}, safe(summary), {}});
+      info.capabilities.push_back({component, name, "cpu", "cpu", {}, safe(summary), {}});
     else if (declared->summary.empty())
       declared->summary = safe(summary);
   };
@@ -380,7 +414,8 @@ void PluginRegistry::load_library(const fs::path& requested) {
                             : operations_->add(&op, info.name);
       if (!why.empty())
         notes += std::string(notes.empty() ? "" : "; ") + "operation " + safe(op.name) + " (" +
-                 detail::device_label(op.device) + ") not offered: " + why;
+                 (op.device_name == nullptr ? "cpu" : safe(op.device_name).substr(0, 40)) +
+                 ") not offered: " + why;
     }
   record(notes);
 }
@@ -431,8 +466,18 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
   sel = Selection{"evaluator", "", {}};
   const std::string& backend = request.backend;
   const bool automatic = backend.empty() || backend == "auto";
-  if (request.device != "cpu" && request.device != "cuda")
-    throw Error("unknown device '" + request.device + "' (use cpu or cuda)");
+  const std::vector<std::string> devices = device_names();
+  if (std::find(devices.begin(), devices.end(), request.device) == devices.end()) {
+    std::string known, not_loaded;
+    for (const std::string& d : devices) known += (known.empty() ? "" : ", ") + d;
+    for (const PluginInfo& info : infos_)
+      if (!info.loaded) not_loaded += (not_loaded.empty() ? "" : ", ") + info.path.string();
+    throw Error("unknown device '" + request.device + "' (known: " + known +
+                "): a device other than cpu is known when a loaded plugin declares it; load "
+                "the plugin for it with --plugin-dir DIR or POLYPROBE_PLUGIN_PATH" +
+                (not_loaded.empty() ? std::string() : " (these did not load: " + not_loaded + ")") +
+                "; `polyprobe plugins` lists what was found and why");
+  }
 
   if (backend == "reference") {
     if (request.device != "cpu")
@@ -442,6 +487,11 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     return make_reference_evaluator(model, loss, request.subspace, request.options);
   }
   if (!automatic && find(backend) == nullptr) {
+    // A library of that name that did not load (wrong API, no entry, ...): its reason.
+    for (const PluginInfo& info : infos_)
+      if (!info.loaded && (info.name == backend || info.name == "libpolyprobe_" + backend))
+        throw Error("backend '" + backend + "' (" + info.path.string() +
+                    ") is not loaded: " + info.reason);
     std::string known = "reference";
     for (const PluginInfo& info : infos_)
       if (info.loaded) known += ", " + info.name;
@@ -451,11 +501,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
 
   const detail::ModelView view(model);
   const detail::LossView loss_view(loss);
-  const int32_t device = request.device == "cuda" ? PP_DEVICE_CUDA : PP_DEVICE_CPU;
   const detail::SubspaceView subspace_view(request.subspace);
-  const pp_session_options options =
-      detail::to_pp_options(request.options, device, subspace_view.get(),
-                            request.path.empty() ? nullptr : request.path.c_str());
   const int32_t dtype = detail::to_pp_dtype(request.options.dtype);
   const CandidateDType autocast = request.options.candidate_dtype;
   uint32_t autocast_flag = 0;  // the capability flag a plugin must declare to be sent it
@@ -467,6 +513,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     int score;
     std::string name;
     const pp_plugin* desc;
+    detail::DeviceRef device;  // as the plugin declares the requested device
   };
   std::vector<Candidate> candidates;
   std::string explicit_reason;
@@ -491,9 +538,13 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
       continue;
     }
     bool device_ok = false, dtype_ok = false, autocast_ok = autocast_flag == 0;
+    detail::DeviceRef device{PP_DEVICE_TYPE_CPU, request.device};
     for (int32_t c = 0; c < desc->n_caps; ++c) {
       const pp_capability& cap = desc->caps[c];
-      if (cap.component != PP_COMPONENT_EVALUATOR || cap.device != device) continue;
+      if (cap.component != PP_COMPONENT_EVALUATOR ||
+          device_name_of(cap.device, cap.device_name) != request.device)
+        continue;
+      if (!device_ok) device.type = cap.device;
       device_ok = true;
       dtype_ok = dtype_ok || (cap.dtypes & PP_DTYPE_BIT(dtype)) != 0;
       autocast_ok = autocast_ok || (cap.flags & autocast_flag) != 0;
@@ -514,13 +565,15 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     if (desc->session_supports != nullptr) {
       pp_error why{};
       const char* path = request.path.empty() ? nullptr : request.path.c_str();
+      const pp_session_options options =
+          detail::to_pp_options(request.options, device, subspace_view.get(), path);
       if (desc->session_supports(path, view.get(), &loss_view.view, &options, &why) == 0) {
         decline(detail::error_text(why));
         continue;
       }
     }
     sel.reasons.push_back(info.name + ": can serve (score " + std::to_string(info.score) + ")");
-    candidates.push_back({info.score, info.name, desc});
+    candidates.push_back({info.score, info.name, desc, std::move(device)});
   }
 
   const Candidate* chosen = nullptr;
@@ -543,7 +596,7 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
                     ") for this model on " + request.device +
                     " (the cuda plugin offers it with --device cuda --dtype float32); "
                     "`polyprobe explain` says why each backend declined");
-      if (device != PP_DEVICE_CPU)
+      if (request.device != PP_DEVICE_NAME_CPU)
         throw Error("no plugin can evaluate on " + request.device +
                     "; `polyprobe plugins` lists what was found and why");
       sel.chosen = "reference";
@@ -555,8 +608,18 @@ std::unique_ptr<Evaluator> PluginRegistry::make_evaluator(const Model& model, co
     sel.reasons.push_back(chosen->name + ": chosen: highest score among those that can serve");
   }
   sel.chosen = chosen->name;
-  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, device,
+  return detail::make_plugin_evaluator(chosen->desc, model, loss, request.options, chosen->device,
                                        request.subspace, request.path, operations_);
+}
+
+std::vector<std::string> PluginRegistry::device_names() const {
+  std::vector<std::string> names = {PP_DEVICE_NAME_CPU, PP_DEVICE_NAME_CUDA};
+  for (const PluginInfo& info : infos_)
+    if (info.loaded)
+      for (const CapabilityInfo& c : info.capabilities) names.push_back(c.device);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  return names;
 }
 
 std::vector<NamedComponent> PluginRegistry::subspace_kinds() const {
@@ -734,7 +797,7 @@ std::unique_ptr<Accumulator> PluginRegistry::make_accumulator(const std::string&
     if (info.available && desc != nullptr && desc->accumulator_create != nullptr)
       for (int32_t c = 0; c < desc->n_caps; ++c)
         declared = declared || (desc->caps[c].component == PP_COMPONENT_ACCUMULATOR &&
-                                (!automatic || desc->caps[c].device == PP_DEVICE_CPU) &&
+                                (!automatic || desc->caps[c].device == PP_DEVICE_TYPE_CPU) &&
                                 strategy == safe(desc->caps[c].name));
     if (!declared) {
       sel.reasons.push_back(info.name + ": declined: no " + (automatic ? "cpu " : "") +

@@ -30,7 +30,7 @@ std::string unsupported_reason(const char* path, const pp_model_view& model,
                                const pp_loss_view& loss, const pp_session_options& options) {
   if (path != nullptr && std::string(path) != "auto" && std::string(path) != "materialised")
     return "unknown path '" + std::string(path) + "' (paths: auto, materialised)";
-  if (options.device != PP_DEVICE_CPU) return "it runs on the cpu only";
+  if (options.device != PP_DEVICE_TYPE_CPU) return "it runs on the cpu only";
   if (options.dtype != PP_DTYPE_F32 && options.dtype != PP_DTYPE_F64)
     return std::string("it computes in float32 or float64, not ") + pp::dtype_name(options.dtype);
   if (PP_HAS_FIELD(&options, pp_session_options, candidate_dtype) && options.candidate_dtype != 0)
@@ -198,9 +198,9 @@ class Session {
     const int64_t in_shape[2] = {rows_, n_in}, out_shape[2] = {rows_, n_out};
     const int64_t param_shape[1] = {layer.param_count};
     const int32_t dtype = pp::dtype_of<S>();
-    pp_tensor x{const_cast<S*>(in.data()), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-    pp_tensor p{layer_params_.data(), dtype, PP_DEVICE_CPU, 0, 1, param_shape, nullptr};
-    pp_tensor y{out.data(), dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+    pp_tensor x{const_cast<S*>(in.data()), dtype, PP_DEVICE_TYPE_CPU, 0, 2, in_shape, nullptr};
+    pp_tensor p{layer_params_.data(), dtype, PP_DEVICE_TYPE_CPU, 0, 1, param_shape, nullptr};
+    pp_tensor y{out.data(), dtype, PP_DEVICE_TYPE_CPU, 0, 2, out_shape, nullptr};
     pp_error err{};
     if (layer.host_forward(layer.host_layer, &x, &p, &y, &err) != PP_OK)
       throw std::runtime_error("layer " + std::to_string(i) + " (" + layer.kind +
@@ -282,7 +282,7 @@ int create(const pp_model_view* model, const pp_loss_view* loss, const pp_sessio
 
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_EVALUATOR, "materialised", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "materialised", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "each candidate's parameters materialised and run forward from the first layer it "
      "changes, the incumbent's activations cached"},
 };

@@ -8,6 +8,9 @@
 // duplicates a loaded name, or is unusable on this machine is recorded with its reason and
 // never aborts loading the others.
 //
+// Devices are named (--device cpu, cuda, rocm, ...): "cpu" and "cuda" always, any other
+// when a loaded plugin declares it with a capability (plugin/abi.h, pp_device_type).
+//
 // Selection, per component kind: an explicit user choice beats policy (the requested
 // device), policy beats score (the plugin's probe), and the name breaks ties. An explicit
 // choice that cannot serve is an error; automatic selection falls back to the core's
@@ -36,7 +39,8 @@ struct RadiusModelSettings;
 struct CapabilityInfo {
   std::string component;  // "evaluator", "accumulator", "layer", "subspace", "radius_model"
   std::string name;
-  std::string device;  // "cpu", "cuda"
+  std::string device;       // the device's name, as --device takes it: "cpu", "cuda", ...
+  std::string device_type;  // "cpu", "gpu" or "accelerator"
   std::vector<std::string> dtypes;
   std::string summary;
   // An evaluator's reduced candidate dtypes (candidate_autocast): "bf16", "fp16" or none.
@@ -126,8 +130,14 @@ class PluginRegistry {
   // sessions get them through pp_session_options.host.
   const OperationTable& operations() const { return *operations_; }
 
+  // The device names --device accepts: "cpu" and "cuda", and every device a loaded plugin
+  // declares with a capability; sorted, once each.
+  std::vector<std::string> device_names() const;
+
   // Chooses and creates an evaluator. Throws polyprobe::Error when an explicit backend
-  // cannot serve or does not exist. `selection` (optional) receives the reasons.
+  // cannot serve or does not exist, or when the device is none of device_names() (the
+  // message lists them and says how to load more plugins). `selection` (optional) receives
+  // the reasons.
   std::unique_ptr<Evaluator> make_evaluator(const Model& model, const Loss& loss,
                                             const EvaluatorRequest& request,
                                             Selection* selection = nullptr) const;

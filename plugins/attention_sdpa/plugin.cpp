@@ -52,11 +52,11 @@ const pp_sdpa_table kCudaTable{sizeof(pp_sdpa_table), &run_cuda};
 #endif
 
 const pp_operation kOperations[] = {
-    {sizeof(pp_operation), PP_OPERATION_SDPA, PP_DEVICE_CPU, kFloats, 10,
+    {sizeof(pp_operation), PP_OPERATION_SDPA, PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 10,
      "fused attention, online softmax (no L x L scores), argmax, causal; vectorised, oneTBB",
      &probe_cpu, &kCpuTable},
 #ifdef POLYPROBE_SDPA_CUDA
-    {sizeof(pp_operation), PP_OPERATION_SDPA, PP_DEVICE_CUDA, kFloats, 10,
+    {sizeof(pp_operation), PP_OPERATION_SDPA, PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 10,
      "fused attention on the GPU: one block per (problem, query tile), online softmax in "
      "shared memory, argmax, causal",
      &probe_cuda, &kCudaTable},
@@ -64,11 +64,11 @@ const pp_operation kOperations[] = {
 };
 
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_OPERATION, PP_OPERATION_SDPA, PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_OPERATION, PP_OPERATION_SDPA, PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "fused scaled-dot-product attention (online softmax, argmax, causal) for the host's "
      "self_attention and for evaluators"},
 #ifdef POLYPROBE_SDPA_CUDA
-    {PP_COMPONENT_OPERATION, PP_OPERATION_SDPA, PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_OPERATION, PP_OPERATION_SDPA, PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "fused scaled-dot-product attention on the GPU"},
 #endif
 };

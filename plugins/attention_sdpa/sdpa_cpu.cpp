@@ -451,7 +451,7 @@ std::string check_args(const pp_sdpa_args& a, int32_t device) {
 }
 
 void run_cpu(const pp_sdpa_args& args) {
-  if (std::string why = check_args(args, PP_DEVICE_CPU); !why.empty())
+  if (std::string why = check_args(args, PP_DEVICE_TYPE_CPU); !why.empty())
     throw std::invalid_argument(why);
   if (args.dtype == PP_DTYPE_F32)
     run_typed<float>(args);

@@ -112,7 +112,7 @@ void launch(const pp_sdpa_args& a) {
 }  // namespace
 
 void run_cuda(const pp_sdpa_args& args) {
-  if (std::string why = check_args(args, PP_DEVICE_CUDA); !why.empty())
+  if (std::string why = check_args(args, PP_DEVICE_TYPE_GPU); !why.empty())
     throw std::invalid_argument(why);
   if (args.head_dim > kMaxDim || args.v_dim > kMaxDim)
     throw std::invalid_argument("sdpa (cuda): head_dim and v_dim up to " + std::to_string(kMaxDim) +

@@ -90,9 +90,9 @@ void DeltaPath<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out
   std::copy(in, in + count, s.buffer.begin());
   const int32_t dtype = pp::dtype_of<S>();
   const int64_t shape[2] = {rows, width}, p_shape[1] = {0};
-  pp_tensor tin{s.buffer.data(), dtype, PP_DEVICE_CPU, 0, 2, shape, nullptr};
-  pp_tensor tp{s.buffer.data(), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{s.buffer_out.data(), dtype, PP_DEVICE_CPU, 0, 2, shape, nullptr};
+  pp_tensor tin{s.buffer.data(), dtype, PP_DEVICE_TYPE_CPU, 0, 2, shape, nullptr};
+  pp_tensor tp{s.buffer.data(), dtype, PP_DEVICE_TYPE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{s.buffer_out.data(), dtype, PP_DEVICE_TYPE_CPU, 0, 2, shape, nullptr};
   pp_error err{};
   if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
     throw std::runtime_error(std::string("layer '") + layer.view->kind + "': " + err.message);

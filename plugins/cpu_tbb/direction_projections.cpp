@@ -15,8 +15,8 @@ DirectionProjections<S>::DirectionProjections(const ModelPlan& plan,
     : directions_(directions), layers_(layers), by_operation_(directions.size(), 0) {
   const int32_t dtype = std::is_same_v<S, float> ? PP_DTYPE_F32 : PP_DTYPE_F64;
   if (host != nullptr && host->find_operation != nullptr && !directions.empty()) {
-    const pp_operation* op =
-        host->find_operation(host->ctx, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, dtype);
+    const pp_operation* op = host->find_operation(host->ctx, PP_OPERATION_FACTORED_CORRECTION,
+                                                  PP_DEVICE_TYPE_CPU, dtype);
     if (op != nullptr) {
       op_ = static_cast<const pp_factored_correction_table*>(op->table);
       provider_ = host->operation_provider(host->ctx, op);

@@ -365,7 +365,7 @@ template class EvaluatorImpl<double>;
 
 std::string unsupported_reason(const pp_model_view& model, const pp_loss_view& loss,
                                const pp_session_options& options) {
-  if (options.device != PP_DEVICE_CPU) return "it runs on the cpu only";
+  if (options.device != PP_DEVICE_TYPE_CPU) return "it runs on the cpu only";
   if (options.dtype != PP_DTYPE_F32 && options.dtype != PP_DTYPE_F64)
     return std::string("it computes in float32 or float64, not ") + pp::dtype_name(options.dtype);
   if (kernels::loss_kind(loss.name) == kernels::LossKind::unknown)

@@ -38,9 +38,10 @@ void forward_rows(const LayerPlan& layer, const S* in, int64_t rows, const S* pa
   const int32_t dtype = pp::dtype_of<S>();
   const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
                 p_shape[1] = {layer.count};
-  pp_tensor tin{const_cast<S*>(in), dtype, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
-  pp_tensor tp{const_cast<S*>(params + layer.offset), dtype, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{out, dtype, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+  pp_tensor tin{const_cast<S*>(in), dtype, PP_DEVICE_TYPE_CPU, 0, 2, in_shape, nullptr};
+  pp_tensor tp{
+      const_cast<S*>(params + layer.offset), dtype, PP_DEVICE_TYPE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{out, dtype, PP_DEVICE_TYPE_CPU, 0, 2, out_shape, nullptr};
   pp_error err{};
   if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
     throw std::runtime_error(std::string("layer '") + layer.view->kind + "': " + err.message);

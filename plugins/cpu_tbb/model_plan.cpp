@@ -121,10 +121,10 @@ std::string host_forward(const LayerPlan& layer, const std::vector<double>& x, i
   const int64_t in_shape[2] = {rows, layer.in}, out_shape[2] = {rows, layer.out},
                 p_shape[1] = {static_cast<int64_t>(params.size())};
   pp_tensor tin{
-      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, in_shape, nullptr};
+      const_cast<double*>(x.data()), PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 2, in_shape, nullptr};
   pp_tensor tp{
-      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, p_shape, nullptr};
-  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_CPU, 0, 2, out_shape, nullptr};
+      const_cast<double*>(params.data()), PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 1, p_shape, nullptr};
+  pp_tensor tout{y.data(), PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 2, out_shape, nullptr};
   pp_error err{};
   if (layer.view->host_forward(layer.view->host_layer, &tin, &tp, &tout, &err) != PP_OK)
     return std::string("its forward failed on the probe: ") + err.message;

@@ -75,27 +75,27 @@ int32_t probe(pp_error* why) {
 
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "full space: a particle's change propagates as a delta, sparse through elementwise layers, "
      "dense one affine layer later; ReLU kink tables"},
-    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "rank-one subspace coordinates (hybrid, factored) propagate as deltas"},
-    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "a particle in one conv1d/conv2d/self_attention layer: only the channels or heads it owns "
      "recomputed, the suffix batched over candidates"},
-    {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "changed layers materialised per candidate; later layers one GEMM per particle"},
-    {PP_COMPONENT_EVALUATOR, "inplace", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "inplace", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "apply, score, revert on one shared parameter copy; bounded memory"},
-    {PP_COMPONENT_EVALUATOR, "fallback", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "fallback", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "the whole forward of each materialised candidate; relies on no contract"},
-    {PP_COMPONENT_ACCUMULATOR, "sequential", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "sequential", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "one pass in input order on the calling thread; the reference's bits"},
-    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "atomic adds into the output; not deterministic"},
-    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "owner computes over a stable grouping by key; the reference's bits, any thread count"},
-    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU, kFloats, 0,
      "segment from 4 threads for rows of 64 bytes or more, else sequential (measured)"},
 };
 

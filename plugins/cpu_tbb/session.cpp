@@ -61,7 +61,8 @@ void Session::set_particles(const pp_particle_layout& layout) {
 }
 
 void Session::set_incumbent(const pp_tensor& theta) {
-  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_CPU || pp::numel(theta) != n_params_)
+  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_TYPE_CPU ||
+      pp::numel(theta) != n_params_)
     throw std::invalid_argument("set_incumbent: expected " + std::to_string(n_params_) +
                                 " float64 values in host memory");
   const auto values = pp::as_span<const double>(theta);
@@ -194,7 +195,8 @@ const char* Session::explain() {
 
 void Session::read_incumbent(pp_tensor& theta) const {
   if (!has_incumbent_) throw std::logic_error("read_incumbent before set_incumbent");
-  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_CPU || pp::numel(theta) != n_params_)
+  if (theta.dtype != PP_DTYPE_F64 || theta.device != PP_DEVICE_TYPE_CPU ||
+      pp::numel(theta) != n_params_)
     throw std::invalid_argument("read_incumbent: expected room for " + std::to_string(n_params_) +
                                 " float64 values in host memory");
   std::copy(incumbent_.begin(), incumbent_.end(), static_cast<double*>(theta.data));

@@ -533,9 +533,9 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
   if (why.empty() && L.kind == SiteLayer::Kind::attention && host != nullptr &&
       host->find_operation != nullptr) {
     const pp_operation* op =
-        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, dtype);
+        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_TYPE_CPU, dtype);
     const pp_operation* op64 =
-        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_CPU, PP_DTYPE_F64);
+        host->find_operation(host->ctx, PP_OPERATION_SDPA, PP_DEVICE_TYPE_CPU, PP_DTYPE_F64);
     if (op != nullptr && op64 != nullptr) {
       sdpa = static_cast<const pp_sdpa_table*>(op->table);
       sdpa_probe = static_cast<const pp_sdpa_table*>(op64->table);

@@ -137,30 +137,31 @@ constexpr uint32_t kAutocast = PP_EVALUATOR_AUTOCAST_BF16 | PP_EVALUATOR_AUTOCAS
 // One evaluator capability per path a session runs, so `polyprobe plugins` shows them all;
 // "auto" chooses among them per particle group (docs/evaluation.md, the GPU section).
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_CUDA, kFloats, kAutocast,
+    {PP_COMPONENT_EVALUATOR, "sparse", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, kAutocast,
      "full space: a particle's change corrects its layer's output sparsely; a fused tail (one "
      "thread per candidate and sample to the loss) where it applies, else layered"},
-    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_CUDA, kFloats, kAutocast,
+    {PP_COMPONENT_EVALUATOR, "subspace-delta", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats,
+     kAutocast,
      "rank-one subspace coordinates (hybrid, factored): the rows and columns they move "
      "correct the layer's output, the rest one cuBLAS GEMM over the chunk"},
-    {PP_COMPONENT_EVALUATOR, "layered", PP_DEVICE_CUDA, kFloats, kAutocast,
+    {PP_COMPONENT_EVALUATOR, "layered", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, kAutocast,
      "the delta paths without the fused tail: the changed layer's output corrected, then one "
      "cuBLAS GEMM per later layer over a chunk of candidates"},
-    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "site-local", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "a particle in one conv, self_attention, cheri_block or linear op recomputes only what "
      "it owns there (channels, a head, hidden units), batched over candidate and sample"},
-    {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "dense", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "each candidate's changed ops with its materialised parameters (layer norm, MoE, LIF, "
      "the Cheri block's products, particles across ops), later ops one launch over the chunk"},
-    {PP_COMPONENT_EVALUATOR, "materialised", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_EVALUATOR, "materialised", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "every op of every candidate from the inputs, nothing reused: the check path"},
-    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "scatter", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "atomic adds pre-aggregated within a warp (4-wide float atomics for wide rows); the bits "
      "may change run to run"},
-    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "segment", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "owner-computes: a stable radix sort groups rows by key, each key's owner adds them in "
      "input order (the reference's bits)"},
-    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_ACCUMULATOR, "auto", PP_DEVICE_TYPE_GPU, PP_DEVICE_NAME_CUDA, kFloats, 0,
      "the strategy measured faster for the shape (bench accumulate --bench-device cuda)"},
 };
 

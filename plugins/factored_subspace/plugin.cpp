@@ -72,21 +72,25 @@ const pp_factored_correction_table kCudaTable{sizeof(pp_factored_correction_tabl
 constexpr uint32_t kFloats = PP_DTYPE_BIT(PP_DTYPE_F32) | PP_DTYPE_BIT(PP_DTYPE_F64);
 
 const pp_operation kOperations[] = {
-    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, kFloats, 10,
+    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_TYPE_CPU, PP_DEVICE_NAME_CPU,
+     kFloats, 10,
      "x B^T for all of a layer's subspace directions: one GEMM per 64 samples (oneTBB)",
      &probe<&factored::cpu_unusable_reason>, &kCpuTable},
 #ifdef POLYPROBE_FACTORED_CUDA
-    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, kFloats, 10,
+    {sizeof(pp_operation), PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_TYPE_GPU,
+     PP_DEVICE_NAME_CUDA, kFloats, 10,
      "x B^T for all of a layer's subspace directions: one cuBLAS GEMM on the session's stream",
      &probe<&pp::cuda_unusable_reason>, &kCudaTable},
 #endif
 };
 
 const pp_capability kCaps[] = {
-    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, kFloats, 0,
+    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_TYPE_CPU,
+     PP_DEVICE_NAME_CPU, kFloats, 0,
      "the shared factor x B^T of a factored layer's candidates, for evaluators"},
 #ifdef POLYPROBE_FACTORED_CUDA
-    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA, kFloats, 0,
+    {PP_COMPONENT_OPERATION, PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_TYPE_GPU,
+     PP_DEVICE_NAME_CUDA, kFloats, 0,
      "the shared factor x B^T of a factored layer's candidates on the GPU"},
 #endif
 };

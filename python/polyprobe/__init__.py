@@ -39,7 +39,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AskTell", "MinimizeResult", "TRAIN_OPTIONS", "Model", "OptimizerConfig", "TrainResult", "evaluate",
-    "explain", "load_data", "load_model", "minimize", "plugin_dirs", "plugins",
+    "devices", "explain", "load_data", "load_model", "minimize", "plugin_dirs", "plugins",
     "read_safetensors", "recommended_minimize_config", "set_plugin_dirs", "train",
     "withhold_operations", "write_safetensors",
 ]
@@ -120,9 +120,18 @@ def plugin_dirs() -> List[str]:
 def plugins() -> List[Dict[str, Any]]:
     """Every plugin library found, as ``polyprobe plugins --json`` lists them: name,
     version, vendor, summary, path, abi, loaded, available, score, reason (why it is
-    unusable, empty when available) and capabilities (component, name, device, dtypes)."""
+    unusable, empty when available) and capabilities (component, name, device (its name, as
+    ``device=`` takes it), device_type (cpu, gpu or accelerator), dtypes)."""
     _ensure_plugins()
     return list(_core.plugins())
+
+
+def devices() -> List[str]:
+    """The device names ``device=`` accepts, sorted: ``cpu``, ``cuda`` and any device a
+    loaded plugin declares (a plugin folder added with :func:`set_plugin_dirs` or
+    ``POLYPROBE_PLUGIN_PATH`` can add more). Another name is an error that lists these."""
+    _ensure_plugins()
+    return list(_core.devices())
 
 
 class MinimizeResult:

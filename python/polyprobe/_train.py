@@ -34,7 +34,7 @@ TRAIN_OPTIONS: Dict[str, Tuple[Any, type, str]] = {
     "polytope": ("simplex", str, "simplex, orthoplex or cube"),
     "particle_dim": (2, int, "coordinates per particle"),
     "backend": ("auto", str, "auto, reference, or a plugin name from polyprobe.plugins()"),
-    "device": ("cpu", str, "cpu or cuda"),
+    "device": ("cpu", str, "cpu, cuda, or any device a loaded plugin declares"),
     "dtype": ("float32", str, "candidate compute precision: float32 or float64"),
     "candidate_dtype": ("same", str, "candidate_autocast: same, or bf16 / fp16 (cuda, float32)"),
     "threads": (0, int, "worker threads (0: all cores)"),

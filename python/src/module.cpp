@@ -23,6 +23,7 @@ py::dict plugin_dict(const PluginInfo& info) {
     d["component"] = c.component;
     d["name"] = c.name;
     d["device"] = c.device;
+    d["device_type"] = c.device_type;
     d["dtypes"] = c.dtypes;
     d["candidate_dtypes"] = c.candidate_dtypes;
     d["summary"] = c.summary;
@@ -151,6 +152,9 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "Every plugin library found: name, version, capabilities, and why any is unusable.");
+  m.def(
+      "devices", [] { return plugins().registry.device_names(); },
+      "The device names device= accepts: cpu, cuda and any a loaded plugin declares.");
   m.def(
       "layer_kinds",
       [] {

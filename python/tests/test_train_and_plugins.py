@@ -119,6 +119,10 @@ def test_plugins_listed_and_explain():
     assert ref["selection"]["chosen"] == "reference"
     with pytest.raises(RuntimeError, match="no_such_plugin"):
         polyprobe.explain(mlp(), backend="no_such_plugin")
+    devices = polyprobe.devices()
+    assert "cpu" in devices and "cuda" in devices, devices
+    with pytest.raises(RuntimeError, match=r"unknown device 'nosuchaccel' \(known: cpu, cuda"):
+        polyprobe.explain(mlp(), device="nosuchaccel")
     with pytest.raises(RuntimeError, match="already loaded"):
         polyprobe.set_plugin_dirs([])
 

@@ -131,7 +131,8 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
   REQUIRE(r.exit_code == 0);
   const auto j = nlohmann::json::parse(r.out);
   CHECK(j["plugin_api"] == PP_PLUGIN_API_VERSION);
-  bool cpu_available = false, wrong_abi_reason = false, not_library_reason = false;
+  bool cpu_available = false, wrong_abi_reason = false, api2_reason = false,
+       not_library_reason = false, fakeaccel_device = false;
   for (const auto& p : j["plugins"]) {
     for (const char* key :
          {"name", "version", "abi", "path", "available", "reason", "capabilities"})
@@ -140,14 +141,28 @@ TEST_CASE("plugins --json describes every plugin, broken ones with their reason"
     // A descriptor of another API version is not read past its version, so the plugin
     // is named by its file.
     if (p["path"].get<std::string>().ends_with("libpolyprobe_wrong_abi.so"))
-      wrong_abi_reason = p["reason"].get<std::string>().find(
-                             "built for plugin API 1 but this host speaks 2") != std::string::npos;
+      wrong_abi_reason =
+          p["reason"].get<std::string>().find(
+              "built against plugin API 1; this polyprobe is API 3") != std::string::npos;
+    // A plugin built for API 2 declines API 3 and is named by the version it answers.
+    if (p["path"].get<std::string>().ends_with("libpolyprobe_api2.so")) {
+      api2_reason = p["reason"] ==
+                    "it was built against plugin API 2; this polyprobe is API 3: rebuild it "
+                    "against the installed package";
+      CHECK(p["abi"] == 2);
+      CHECK_FALSE(p["available"].get<bool>());
+    }
+    if (p["name"] == "fixture_fakeaccel")
+      for (const auto& c : p["capabilities"])
+        fakeaccel_device = c["device"] == "fakeaccel" && c["device_type"] == "accelerator";
     if (p["path"].get<std::string>().ends_with("libpolyprobe_not_a_library.so"))
       not_library_reason = p["reason"] == "not a shared library (invalid ELF header)";
   }
   CHECK(cpu_available);
   CHECK(wrong_abi_reason);
+  CHECK(api2_reason);
   CHECK(not_library_reason);
+  CHECK(fakeaccel_device);
 }
 
 TEST_CASE("plugins lists subspace kinds and radius models, and train uses and explains them") {
@@ -225,13 +240,13 @@ TEST_CASE("plugins: the search path in the order applied, one line per layer, al
   }
   CHECK(rows >= 3);
   CHECK_THAT(r.out,
-             Catch::Contains("fixture_layer_caps_with_a_long_name  1.0.0-a-long-version  2"));
+             Catch::Contains("fixture_layer_caps_with_a_long_name  1.0.0-a-long-version  3"));
 }
 
 TEST_CASE("version names the plugin API") {
   const auto r = polyprobe("version");
   CHECK(r.exit_code == 0);
-  CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 2"));
+  CHECK_THAT(r.out, Catch::StartsWith("polyprobe ") && Catch::Contains("plugin API 3"));
 }
 
 TEST_CASE("an unknown --backend or an unservable --device fails with the reason, exit 1") {
@@ -243,6 +258,37 @@ TEST_CASE("an unknown --backend or an unservable --device fails with the reason,
   const auto device = polyprobe("train --device cuda --epochs 1 --quiet");
   CHECK(device.exit_code == 1);
   CHECK_THAT(device.err, Catch::Contains("no plugin can evaluate on cuda"));
+}
+
+TEST_CASE("train accepts any device a loaded plugin declares and lists the known ones for others") {
+  const std::string fixtures = " --plugin-dir " + std::string(POLYPROBE_FIXTURE_PLUGIN_DIR);
+  const auto table = polyprobe("plugins" + fixtures);
+  REQUIRE(table.exit_code == 0);
+  CHECK_THAT(table.out,
+             Catch::Contains("evaluator fixture [accelerator/fakeaccel; float32,float64]"));
+  CHECK_THAT(table.out, Catch::Contains("evaluator fixture [gpu/cuda; float64]"));
+  CHECK_THAT(table.out, Catch::Contains("[cpu/cpu; float32,float64]"));
+  CHECK_THAT(table.out, Catch::Contains("built against plugin API 2; this polyprobe is API 3: "
+                                        "rebuild it against the installed package"));
+  // The fixture's evaluator is chosen for its device, and says so from session_create.
+  const auto accel = polyprobe("train --epochs 1 --quiet --device fakeaccel" + fixtures);
+  CHECK(accel.exit_code == 1);
+  CHECK_THAT(accel.err,
+             Catch::Contains("fixture_fakeaccel reached with device accelerator/fakeaccel"));
+  const auto unknown = polyprobe("train --epochs 1 --quiet --device nosuchaccel" + fixtures);
+  CHECK(unknown.exit_code == 1);
+  CHECK_THAT(unknown.err,
+             Catch::Contains("unknown device 'nosuchaccel' (known: cpu, cuda, fakeaccel)") &&
+                 Catch::Contains("--plugin-dir") && Catch::Contains("POLYPROBE_PLUGIN_PATH"));
+  // Without the fixture folder the device is not known.
+  const auto without = polyprobe("train --epochs 1 --quiet --device fakeaccel");
+  CHECK(without.exit_code == 1);
+  CHECK_THAT(without.err, Catch::Contains("unknown device 'fakeaccel' (known: cpu, cuda"));
+  // A plugin built for API 2, chosen by name, is refused with its version.
+  const auto api2 = polyprobe("train --epochs 1 --quiet --backend api2" + fixtures);
+  CHECK(api2.exit_code == 1);
+  CHECK_THAT(api2.err, Catch::Contains("built against plugin API 2; this polyprobe is API 3: "
+                                       "rebuild it against the installed package"));
 }
 
 #if POLYPROBE_HAVE_NLOPT

@@ -41,7 +41,8 @@ const PluginRegistry& registry(bool with_sdpa) {
 }
 
 const pp_sdpa_table& sdpa(int32_t dtype) {
-  const OperationTable::Entry* e = registry(true).operations().find("sdpa", PP_DEVICE_CPU, dtype);
+  const OperationTable::Entry* e =
+      registry(true).operations().find("sdpa", PP_DEVICE_NAME_CPU, dtype);
   REQUIRE(e != nullptr);
   CHECK(e->provider == "attention_sdpa");
   return *static_cast<const pp_sdpa_table*>(e->op->table);
@@ -186,8 +187,8 @@ double max_rel(const Matrix<S>& a, const Matrix<S>& b) {
 
 TEST_CASE("self_attention: the same output with the sdpa operation as explicitly",
           "[attention_sdpa]") {
-  REQUIRE(factory(true).operations()->find("sdpa", PP_DEVICE_CPU, PP_DTYPE_F32) != nullptr);
-  REQUIRE(factory(false).operations()->find("sdpa", PP_DEVICE_CPU, PP_DTYPE_F32) == nullptr);
+  REQUIRE(factory(true).operations()->find("sdpa", PP_DEVICE_NAME_CPU, PP_DTYPE_F32) != nullptr);
+  REQUIRE(factory(false).operations()->find("sdpa", PP_DEVICE_NAME_CPU, PP_DTYPE_F32) == nullptr);
   std::mt19937_64 rng(11);
   auto pick = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);

@@ -25,7 +25,7 @@ const pp_sdpa_table& cuda_sdpa(int32_t dtype) {
   const PluginInfo* info = registry->find("attention_sdpa");
   if (info == nullptr || !info->available)
     FAIL("the attention_sdpa plugin is not available (build the attention_sdpa target)");
-  const OperationTable::Entry* e = registry->operations().find("sdpa", PP_DEVICE_CUDA, dtype);
+  const OperationTable::Entry* e = registry->operations().find("sdpa", PP_DEVICE_NAME_CUDA, dtype);
   if (e == nullptr) {
     std::cerr << "skipped: attention_sdpa offers no CUDA sdpa here (" << info->reason << ")\n";
     std::exit(77);

@@ -25,7 +25,7 @@ const PluginRegistry& registry_without_correction() {
 
 const pp_factored_correction_table& correction(int32_t dtype) {
   const OperationTable::Entry* e =
-      cpu_registry().operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, dtype);
+      cpu_registry().operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_NAME_CPU, dtype);
   if (e == nullptr) {
     const PluginInfo* info = cpu_registry().find("factored_subspace");
     FAIL("no CPU factored_correction operation: "
@@ -169,8 +169,8 @@ TEST_CASE("factored_correction: bad arguments are refused with the reason",
 TEST_CASE("factored_correction: withheld, the plugin says so and nothing offers it",
           "[factored][operation]") {
   const PluginRegistry& without = registry_without_correction();
-  CHECK(without.operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CPU, PP_DTYPE_F32) ==
-        nullptr);
+  CHECK(without.operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_NAME_CPU,
+                                  PP_DTYPE_F32) == nullptr);
   const PluginInfo* info = without.find("factored_subspace");
   REQUIRE(info != nullptr);
   CHECK(info->available);  // the subspace kind stays

@@ -459,8 +459,9 @@ TEST_CASE("cuda: attention through the sdpa operation and through the plugin's k
   const PluginInfo* sdpa = backends().registry.find("attention_sdpa");
   REQUIRE(sdpa != nullptr);
   REQUIRE(sdpa->available);
-  REQUIRE(backends().registry.operations().find("sdpa", PP_DEVICE_CUDA, PP_DTYPE_F32) != nullptr);
-  REQUIRE(registry_without_sdpa().operations().find("sdpa", PP_DEVICE_CUDA, PP_DTYPE_F32) ==
+  REQUIRE(backends().registry.operations().find("sdpa", PP_DEVICE_NAME_CUDA, PP_DTYPE_F32) !=
+          nullptr);
+  REQUIRE(registry_without_sdpa().operations().find("sdpa", PP_DEVICE_NAME_CUDA, PP_DTYPE_F32) ==
           nullptr);
   std::mt19937_64 rng(31);
   for (const std::string weighting : {"softmax", "argmax"})
@@ -918,8 +919,8 @@ Case wide_case(std::mt19937_64& rng) {
 TEST_CASE("cuda: a factored subspace through the factored_correction operation and without it",
           "[cuda]") {
   require_device();
-  REQUIRE(backends().registry.operations().find(PP_OPERATION_FACTORED_CORRECTION, PP_DEVICE_CUDA,
-                                                PP_DTYPE_F32) != nullptr);
+  REQUIRE(backends().registry.operations().find(PP_OPERATION_FACTORED_CORRECTION,
+                                                PP_DEVICE_NAME_CUDA, PP_DTYPE_F32) != nullptr);
   std::mt19937_64 rng(41);
   int served = 0;
   for (int trial = 0; trial < 24; ++trial) {

@@ -21,8 +21,8 @@ host="$work/prefix/bin/polyprobe"
 export POLYPROBE_PLUGIN_PATH="$work/example/lib/polyprobe/plugins"
 echo "== the installed host finds both its own plugin and the new one"
 "$host" plugins | tee "$work/plugins.txt"
-grep -E '^example_layers +1\.0\.0 +2 +available' "$work/plugins.txt"
-grep -E '^cpu_tbb +[^ ]+ +2 +available' "$work/plugins.txt"
+grep -E '^example_layers +1\.0\.0 +3 +available' "$work/plugins.txt"
+grep -E '^cpu_tbb +[^ ]+ +3 +available' "$work/plugins.txt"
 grep -E 'layer triangle_wave' "$work/plugins.txt"
 grep -E 'layer feature_scale' "$work/plugins.txt"
 
@@ -50,7 +50,7 @@ cmake --build "$doc/build" >/dev/null
 # Installed beside the host's own plugins, it is found with no search path at all.
 cmake --install "$doc/build" --prefix "$work/prefix" >/dev/null
 POLYPROBE_PLUGIN_PATH= "$host" plugins | tee "$work/doc_plugins.txt"
-grep -E '^softsign +1\.0\.0 +2 +available' "$work/doc_plugins.txt"
+grep -E '^softsign +1\.0\.0 +3 +available' "$work/doc_plugins.txt"
 grep -E 'layer softsign' "$work/doc_plugins.txt"
 POLYPROBE_PLUGIN_PATH= "$host" train --model "$doc/model.json" --quiet --seed 1 | tee "$work/doc_train.txt"
 tail -n 1 "$work/doc_train.txt" | grep -E 'test accuracy: [0-9.]+%'
@@ -66,8 +66,8 @@ cmake -S "$backend" -B "$backend/build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Rel
 cmake --build "$backend/build" >/dev/null
 backend_dir="$backend/build/lib/polyprobe/plugins"
 POLYPROBE_PLUGIN_PATH="$backend_dir" "$host" plugins | tee "$work/backend_plugins.txt"
-grep -E '^example_evaluator +1\.0\.0 +2 +available' "$work/backend_plugins.txt"
-grep -E '^    evaluator materialised \[cpu; float32,float64\]: ' "$work/backend_plugins.txt"
+grep -E '^example_evaluator +1\.0\.0 +3 +available' "$work/backend_plugins.txt"
+grep -E '^    evaluator materialised \[cpu/cpu; float32,float64\]: ' "$work/backend_plugins.txt"
 POLYPROBE_PLUGIN_PATH="$backend_dir" "$host" train --backend example_evaluator --hidden 8 \
   --epochs 1 --time-limit 3 --seed 1 --explain 2>&1 | tee "$work/backend_train.txt"
 grep -F 'example_evaluator: chosen: requested with --backend' "$work/backend_train.txt"
@@ -101,7 +101,7 @@ cmake -S "$src/examples/radius_model_plugin" -B "$work/plateau" "${generator[@]}
 cmake --build "$work/plateau" >/dev/null
 plateau_dir="$work/plateau/lib/polyprobe/plugins"
 POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" plugins | tee "$work/plateau_plugins.txt"
-grep -E '^plateau +1\.0\.0 +2 +available' "$work/plateau_plugins.txt"
+grep -E '^plateau +1\.0\.0 +3 +available' "$work/plateau_plugins.txt"
 grep -E '^    radius_model plateau: ' "$work/plateau_plugins.txt"
 grep -E '^radius models \(--radius-model\): .*plateau \(plateau\)' "$work/plateau_plugins.txt"
 POLYPROBE_PLUGIN_PATH="$plateau_dir" "$host" train --quiet --seed 1 --epochs 2 \
@@ -116,7 +116,7 @@ fi
 grep -F "radius model 'plateau' (plugin plateau) refuses this configuration: plateau: patience must be at least 1" "$work/plateau_err.txt"
 
 echo "== the factored subspace is a plugin of the install; without it everything else works"
-"$host" plugins | grep -E '^factored_subspace +1\.0\.0 +2 +available'
+"$host" plugins | grep -E '^factored_subspace +1\.0\.0 +3 +available'
 "$host" train --quiet --seed 1 --epochs 1 --subspace factored --subspace-rank 4 | tee "$work/factored.txt"
 grep -E '^model: .*; subspace factored \([0-9]+ coordinates\)' "$work/factored.txt"
 rm "$work/prefix/lib/polyprobe/plugins/libpolyprobe_factored_subspace.so"

@@ -69,7 +69,11 @@ TEST_CASE("every broken plugin is recorded with its reason and the others still 
     const char* reason_part;
   };
   const Case cases[] = {
-      {"wrong_abi", "built for plugin API 1 but this host speaks 2: rebuild it"},
+      {"wrong_abi", "built against plugin API 1; this polyprobe is API 3: rebuild it"},
+      {"api2",
+       "it was built against plugin API 2; this polyprobe is API 3: rebuild it against the "
+       "installed package"},
+      {"bad_device", "has no valid device (type gpu, name 'Not A Name')"},
       {"declines", "declined this host's plugin API version"},
       {"throws", "entry function threw: fixture entry exploded"},
       {"no_device", "unusable on this machine: no CUDA device is present"},
@@ -262,11 +266,35 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
     CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
                       Catch::Contains("no plugin can evaluate on cuda"));
   }
-  SECTION("an unknown device is an error") {
+  SECTION("an unknown device is an error that lists the known ones") {
     EvaluatorRequest request;
     request.device = "tpu";
     CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
-                      Catch::Contains("unknown device"));
+                      Catch::Contains("unknown device 'tpu' (known: cpu, cuda, fakeaccel)") &&
+                          Catch::Contains("--plugin-dir DIR or POLYPROBE_PLUGIN_PATH"));
+    PluginRegistry empty;
+    CHECK_THROWS_WITH(empty.make_evaluator(model, *loss, request),
+                      Catch::Contains("unknown device 'tpu' (known: cpu, cuda)"));
+  }
+  SECTION("a device a plugin declares reaches that plugin's evaluator, with type and name") {
+    EvaluatorRequest request;
+    request.device = "fakeaccel";
+    Selection sel;
+    CHECK_THROWS_WITH(
+        fixtures().make_evaluator(model, *loss, request, &sel),
+        Catch::Contains("fixture_fakeaccel reached with device accelerator/fakeaccel"));
+    CHECK(sel.chosen == "fixture_fakeaccel");
+    // The reference runs on the cpu only.
+    request.backend = "reference";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("runs on the cpu"));
+  }
+  SECTION("a plugin built for API 2, chosen by name, is refused with its version") {
+    EvaluatorRequest request;
+    request.backend = "api2";
+    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+                      Catch::Contains("built against plugin API 2; this polyprobe is API 3: "
+                                      "rebuild it against the installed package"));
   }
   SECTION("candidate_autocast is refused by every backend that does not declare it") {
     EvaluatorRequest request;

@@ -68,7 +68,7 @@ TEST_CASE("the session helper turns a class into the session table, errors into 
 
   double theta_value = 1.5;
   const int64_t shape[1] = {1};
-  pp_tensor theta{&theta_value, PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+  pp_tensor theta{&theta_value, PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 1, shape, nullptr};
   CHECK(api.set_incumbent(self, &theta, &err) == PP_OK);
   const double move = 0.25;
   CHECK(api.move_incumbent(self, &move, &err) == PP_OK);
@@ -92,12 +92,12 @@ TEST_CASE("the session helper turns a class into the session table, errors into 
   CHECK(std::string(err.message) == "explicit sets only");
 
   double read = 0;
-  pp_tensor out{&read, PP_DTYPE_F64, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+  pp_tensor out{&read, PP_DTYPE_F64, PP_DEVICE_TYPE_CPU, 0, 1, shape, nullptr};
   CHECK(api.read_incumbent(self, &out, &err) == PP_OK);
   CHECK(read == 1.75);
   // A tensor of the wrong dtype is a reason, not a crash.
   float wrong = 0;
-  pp_tensor bad{&wrong, PP_DTYPE_F32, PP_DEVICE_CPU, 0, 1, shape, nullptr};
+  pp_tensor bad{&wrong, PP_DTYPE_F32, PP_DEVICE_TYPE_CPU, 0, 1, shape, nullptr};
   CHECK(api.read_incumbent(self, &bad, &err) == PP_FAILED);
   CHECK(std::string(err.message) == "tensor has dtype float32, expected float64");
 

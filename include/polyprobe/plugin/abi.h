@@ -11,10 +11,15 @@
  * Versioning: a struct that may grow starts with struct_size; new fields are only
  * appended, and a reader checks struct_size before touching a field past the first
  * version. PP_PLUGIN_API_VERSION changes only when an existing field changes meaning.
- * API 2 (this one) replaced API 1's per-call evaluator, which sent the incumbent and the
- * particle structure with every call, by evaluator sessions (pp_session_api) and typed
- * operations for the built-in layer kinds (ops.h). Layer kinds (pp_layer_kind) are
- * unchanged: a layer plugin only needs rebuilding.
+ * API 3 (this one) names devices instead of enumerating them: a device is a type
+ * (pp_device_type: cpu, gpu, accelerator) and a name ("cpu", "cuda", "rocm", ...) that a
+ * plugin declares with each capability, operation and session; and every attribute
+ * struct of ops.h starts with struct_size. A plugin built for API 2 is refused with the
+ * version it was built against: rebuilding it against this header is all a layer plugin
+ * needs; a backend also fills in the device names (docs/plugins.md, "What breaks in API 3").
+ *
+ * The entry function is a pure function of host_api_version: the host may call it again
+ * with older versions, only to name the version a plugin that declined was built against.
  */
 #ifndef POLYPROBE_PLUGIN_ABI_H
 #define POLYPROBE_PLUGIN_ABI_H
@@ -29,7 +34,7 @@
 extern "C" {
 #endif
 
-#define PP_PLUGIN_API_VERSION 2u
+#define PP_PLUGIN_API_VERSION 3u
 #define PP_ENTRY_SYMBOL "polyprobe_plugin_entry"
 
 /* Status codes. */
@@ -49,13 +54,31 @@ typedef enum pp_dtype {
 } pp_dtype;
 #define PP_DTYPE_BIT(t) (1u << (t))
 
-typedef enum pp_device_kind { PP_DEVICE_CPU = 0, PP_DEVICE_CUDA = 1 } pp_device_kind;
+/* Devices. A device is a type and a name. The name is what users choose with --device
+ * ("cpu", "cuda", "rocm", "metal", "sycl", ...: an open set, any name a loaded plugin
+ * declares with a capability); the type says what kind of processor and memory it is, so
+ * the host and other plugins know whether a pointer is host memory. "cpu" is the one
+ * device of type PP_DEVICE_TYPE_CPU: the host's processors and memory. Names are lower
+ * case letters, digits, '_' and '-', at most 32 characters. */
+typedef enum pp_device_type {
+  PP_DEVICE_TYPE_CPU = 0,        /* the host's processors and memory (the device "cpu") */
+  PP_DEVICE_TYPE_GPU = 1,        /* a GPU with memory of its own: "cuda", "rocm", "metal", ... */
+  PP_DEVICE_TYPE_ACCELERATOR = 2 /* any other processor with memory of its own (an NPU, ...) */
+} pp_device_type;
+#define PP_DEVICE_NAME_CPU "cpu"
+#define PP_DEVICE_NAME_CUDA "cuda"
+/* The types of the devices "cpu" and "cuda", for code that compares a tensor's or a
+ * session's device type (a CUDA backend only ever receives its own device's work). */
+#define PP_DEVICE_CPU PP_DEVICE_TYPE_CPU
+#define PP_DEVICE_CUDA PP_DEVICE_TYPE_GPU
 
 /* A strided view of memory owned by the caller. Strides count elements, not bytes. */
 typedef struct pp_tensor {
   void* data;
   int32_t dtype;  /* pp_dtype */
-  int32_t device; /* pp_device_kind */
+  int32_t device; /* pp_device_type of the memory: PP_DEVICE_TYPE_CPU = host memory; any
+                     other type = the memory of the device the call is on (the session's,
+                     the accumulator's, the operation's) */
   int32_t device_index;
   int32_t ndim;
   const int64_t* shape;
@@ -74,12 +97,14 @@ typedef enum pp_component {
 
 /* One declared capability. */
 typedef struct pp_capability {
-  int32_t component;   /* pp_component */
-  const char* name;    /* path, strategy, layer kind, ... */
-  int32_t device;      /* pp_device_kind */
-  uint32_t dtypes;     /* OR of PP_DTYPE_BIT(...) */
-  uint32_t flags;      /* component-specific; 0 for now */
-  const char* summary; /* one line for `polyprobe plugins` */
+  int32_t component;       /* pp_component */
+  const char* name;        /* path, strategy, layer kind, ... */
+  int32_t device;          /* pp_device_type of the device it runs on */
+  const char* device_name; /* the device's name, as in --device ("cpu", "cuda", "rocm", ...);
+                              NULL = "cpu", only with PP_DEVICE_TYPE_CPU */
+  uint32_t dtypes;         /* OR of PP_DTYPE_BIT(...) */
+  uint32_t flags;          /* component-specific; 0 for now */
+  const char* summary;     /* one line for `polyprobe plugins` */
 } pp_capability;
 
 /* Layer contracts: what a layer lets evaluators exploit (docs/design.md section 1). A false
@@ -215,18 +240,21 @@ typedef struct pp_subspace_view {
 /* Fixed for a session: what it is created with. */
 typedef struct pp_session_options {
   uint32_t struct_size;
-  int32_t dtype;  /* compute dtype, pp_dtype */
-  int32_t device; /* pp_device_kind */
+  int32_t dtype;           /* compute dtype, pp_dtype */
+  int32_t device;          /* pp_device_type of the device the session runs on */
+  const char* device_name; /* that device's name, one the plugin declared for an evaluator
+                              capability ("cpu", "cuda", "rocm", ...); never NULL */
   int32_t device_index;
   int32_t threads;                  /* CPU threads; 0 = all the process may use */
   int64_t chunk_size;               /* candidates held at once; 0 = automatic */
   const pp_subspace_view* subspace; /* (optional) NULL = particles move raw parameters */
   const char* path; /* (optional) force one evaluation path; NULL or "auto" = choose */
-  void* stream;     /* (optional) the backend's native queue the session runs on (a
-                       cudaStream_t for CUDA; a hipStream_t, an MTLCommandQueue or a
-                       sycl::queue* for other backends), passed through unread; NULL = the
-                       session makes its own. The host never synchronises it: every call that
-                       returns results to host memory has completed its work. */
+  void* stream;     /* (optional) the native queue of the session's device, whatever that
+                       device's API queues work on: a cudaStream_t for "cuda", a hipStream_t
+                       for a ROCm backend, an id<MTLCommandQueue> for Metal, a sycl::queue*
+                       for SYCL; NULL on the cpu. The host passes it through unread; NULL =
+                       the session makes its own. The host never synchronises it: every call
+                       that returns results to host memory has completed its work. */
   /* --- appended: named operations (operations.h) --- */
   const pp_host_api* host; /* (optional) the host's operations; valid for the session's life */
   /* --- appended: candidate_autocast --- */
@@ -352,7 +380,7 @@ typedef struct pp_transport_request {
   double* weights;            /* (optional) [P * V], the transport plan's rows; NULL = not wanted */
 } pp_transport_request;
 
-/* An evaluator session (plugin API 2): created once per (model structure, loss, subspace,
+/* An evaluator session: created once per (model structure, loss, subspace,
  * options); it keeps the batch, the particle layout and the incumbent, on its device, so
  * what is fixed for a run crosses once and what changes per step is small. Calls on one
  * session come from one host thread at a time; sessions are independent of each other.
@@ -556,7 +584,7 @@ typedef struct pp_plugin {
   /* (optional) creates an accumulator of `strategy`. */
   int (*accumulator_create)(const char* strategy, int32_t dtype, void** self,
                             const pp_accumulator_api** api, pp_error* err);
-  /* Appended after API 2's first descriptor (read when struct_size covers them): */
+  /* Appended after accumulator_create (read when struct_size covers them): */
   const pp_subspace_kind* subspaces; /* (optional) the subspace kinds it adds */
   int32_t n_subspaces;
   const pp_radius_model_kind* radius_models; /* (optional) the radius models it adds */

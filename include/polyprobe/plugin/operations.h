@@ -1,12 +1,12 @@
 /* Named operations: the kernel registry of the plugin ABI.
  *
  * A plugin may offer operations (pp_operation) besides evaluators and layers: a kernel with
- * a well-known name ("sdpa", ...), for one device and a set of dtypes, behind a C function
- * table whose layout the name fixes. The host collects the operations of every available
- * plugin and hands out the best one for (name, device, dtype): to its own layers and to
- * evaluator sessions through pp_session_options.host. So an evaluator uses a fused
- * attention without knowing which plugin provides it, and a model works the same when no
- * plugin offers one (the caller then computes the operation itself).
+ * a well-known name ("sdpa", ...), for one device (a type and a name, as in abi.h) and a set
+ * of dtypes, behind a C function table whose layout the name fixes. The host collects the
+ * operations of every available plugin and hands out the best one for (name, device name,
+ * dtype): to its own layers and to evaluator sessions through pp_session_options.host. So an
+ * evaluator uses a fused attention without knowing which plugin provides it, and a model works the
+ * same when no plugin offers one (the caller then computes the operation itself).
  *
  * Choice, for each (name, device, dtype): the highest score, then the plugin's name. An
  * operation's own probe (optional) can make it unusable on this machine (no GPU) while the
@@ -30,11 +30,13 @@ struct pp_error;
 /* One operation a plugin offers. */
 typedef struct pp_operation {
   uint32_t struct_size;
-  const char* name;    /* well-known name; fixes what `table` points to (PP_OPERATION_SDPA, ...) */
-  int32_t device;      /* pp_device_kind of the tensors it takes */
-  uint32_t dtypes;     /* OR of PP_DTYPE_BIT(...) */
-  int32_t score;       /* > 0; the host prefers the highest among those that serve */
-  const char* summary; /* one line for `polyprobe plugins` and --explain */
+  const char* name; /* well-known name; fixes what `table` points to (PP_OPERATION_SDPA, ...) */
+  int32_t device;   /* pp_device_type of the tensors it takes */
+  const char* device_name; /* their device's name ("cpu", "cuda", ...); NULL = "cpu", only
+                              with PP_DEVICE_TYPE_CPU */
+  uint32_t dtypes;         /* OR of PP_DTYPE_BIT(...) */
+  int32_t score;           /* > 0; the host prefers the highest among those that serve */
+  const char* summary;     /* one line for `polyprobe plugins` and --explain */
   /* (optional) 0 = unusable on this machine, with the reason in *why; else usable. */
   int32_t (*probe)(struct pp_error* why);
   const void* table; /* the function table named by `name`, e.g. a pp_sdpa_table */
@@ -45,7 +47,10 @@ typedef struct pp_host_api {
   uint32_t struct_size;
   const void* ctx; /* the host's; pass it back */
   /* The best usable operation `name` for (device, dtype), or NULL when none is loaded (the
-   * caller computes it itself). The result lives as long as the process. */
+   * caller computes it itself). `device` is a pp_device_type: PP_DEVICE_TYPE_CPU asks for
+   * the device "cpu" (host memory), the session's own type for the session's device (the
+   * name it was created with); any other type finds nothing. The result lives as long as
+   * the process. */
   const pp_operation* (*find_operation)(const void* ctx, const char* name, int32_t device,
                                         int32_t dtype);
   /* The plugin that provides `op` (for messages and --explain), never NULL. */
@@ -91,8 +96,9 @@ typedef struct pp_sdpa_args {
   int64_t out_strides[4];
   int32_t threads; /* CPU: 1 = the calling thread only; 0 = the operation may use all the
                       process may use (callers already inside a parallel loop pass 1) */
-  void* stream;    /* CUDA: the cudaStream_t to run on (NULL = the default stream); the call
-                      returns once the work is queued */
+  void* stream;    /* a device's native queue to run on, as pp_session_options.stream (a
+                      cudaStream_t for "cuda"; NULL = the device's default queue, and NULL on
+                      the cpu); the call returns once the work is queued */
 } pp_sdpa_args;
 
 typedef struct pp_sdpa_table {
@@ -129,8 +135,9 @@ typedef struct pp_factored_project_args {
   void* out; /* [n_dirs, samples], row stride out_stride >= samples; must not overlap x, dirs */
   int64_t out_stride;
   int32_t threads; /* CPU: 1 = the calling thread only; 0 = all the process may use */
-  void* stream;    /* CUDA: the cudaStream_t to run on (NULL = the default stream); the call
-                      returns once the work is queued */
+  void* stream;    /* a device's native queue to run on, as pp_session_options.stream (a
+                      cudaStream_t for "cuda"; NULL = the device's default queue, and NULL on
+                      the cpu); the call returns once the work is queued */
 } pp_factored_project_args;
 
 typedef struct pp_factored_correction_table {

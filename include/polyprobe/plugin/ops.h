@@ -1,12 +1,17 @@
-/* The core's built-in layer kinds as typed operations (plugin API 2).
+/* The core's built-in layer kinds as typed operations.
  *
  * Each built-in kind reaches evaluators as an op id (pp_layer_view.op) and one of the plain
  * attribute structs below (pp_layer_view.op_attrs), filled by the host from the layer it
  * built, so a backend never parses the model file's JSON and never calls back into the host
  * for a kind it implements. Shapes are per sample, without the batch dimension, as in
  * pp_layer_view; parameters are in PyTorch's order (the layer's pp_param_spec list).
- * New kinds get new ids; new attributes are appended to a struct (its readers check
- * nothing: the host always sends the struct of its own API version).
+ *
+ * Versioning, as for the structs of abi.h: each struct starts with struct_size, which the
+ * host sets to the size of the struct it sends. New kinds get new ids; new attributes are
+ * only appended to a struct, and a plugin reads a field past those it was built with only
+ * when struct_size covers it (PP_HAS_FIELD, abi.h), so a plugin built against an older
+ * header of this API reads what it knows, and one built against a newer header can tell
+ * what an older host did not send.
  */
 #ifndef POLYPROBE_PLUGIN_OPS_H
 #define POLYPROBE_PLUGIN_OPS_H
@@ -41,6 +46,7 @@ typedef enum pp_transform {
 
 /* y = x Q(W)^T + Qb(b) over the last dimension; params W [out, in] then b [out]. */
 typedef struct pp_linear_attrs {
+  uint32_t struct_size;
   int64_t in_features, out_features;
   int32_t bias;             /* 0 or 1 */
   int32_t weight_transform; /* pp_transform */
@@ -60,12 +66,14 @@ typedef enum pp_activation {
 
 /* y[i] = f(x[i]); the formulas are kernels/activations.hpp. */
 typedef struct pp_activation_attrs {
+  uint32_t struct_size;
   int32_t fn;  /* pp_activation */
   double step; /* PP_ACT_STAIRCASE */
 } pp_activation_attrs;
 
 /* Normalises each sample's last `normalized_dims` dimensions (group_size values). */
 typedef struct pp_layer_norm_attrs {
+  uint32_t struct_size;
   int64_t group_size;
   int32_t affine; /* weight [group_size] */
   int32_t bias;   /* bias [group_size] (only with affine) */
@@ -75,6 +83,7 @@ typedef struct pp_layer_norm_attrs {
 /* nn.Conv1d/2d on [C, L] or [C, H, W]; a 1-D conv is a 2-D one of height 1 (index 0 of each
  * pair is the height). Weight [out, in / groups, (kh,) kw], then bias [out]. */
 typedef struct pp_conv_attrs {
+  uint32_t struct_size;
   int32_t dims; /* 1 or 2 */
   int64_t in_channels, out_channels, groups;
   int64_t in_size[2], out_size[2];
@@ -84,6 +93,7 @@ typedef struct pp_conv_attrs {
 
 /* nn.MaxPool / nn.AvgPool (count_include_pad) on [C, L] or [C, H, W]. */
 typedef struct pp_pool_attrs {
+  uint32_t struct_size;
   int32_t dims;    /* 1 or 2 */
   int32_t average; /* 0 = max, 1 = average */
   int64_t channels;
@@ -94,6 +104,7 @@ typedef struct pp_pool_attrs {
 /* nn.MultiheadAttention(E, heads, batch_first) with q = k = v = x on [L, E]; params
  * in_proj_weight [3E, E], in_proj_bias [3E], out_proj.weight [E, E], out_proj.bias [E]. */
 typedef struct pp_attention_attrs {
+  uint32_t struct_size;
   int64_t length, embed, heads;
   int32_t bias;
   int32_t argmax; /* 1: one-hot of each row's first largest score instead of softmax */
@@ -103,11 +114,13 @@ typedef struct pp_attention_attrs {
 /* Hard top-1 mixture over the last dimension: router [E, D] + [E], then per expert
  * weight [out, D] and bias [out]. */
 typedef struct pp_moe_attrs {
+  uint32_t struct_size;
   int64_t in_features, out_features, experts;
 } pp_moe_attrs;
 
 /* Leaky integrate-and-fire over `steps` steps, elementwise on the sample. */
 typedef struct pp_lif_attrs {
+  uint32_t struct_size;
   int64_t steps;
   double beta, threshold;
   int32_t reset_to_zero; /* 0 = subtract the threshold */
@@ -117,6 +130,7 @@ typedef struct pp_lif_attrs {
  * [3, C], LayerNorm over the (L, C) plane (eps 1e-3, no affine), Linear C -> e C, GELU
  * (tanh), Linear e C -> C, both without bias, residual x + 0.15 MLP. */
 typedef struct pp_cheri_attrs {
+  uint32_t struct_size;
   int64_t length, channels, expansion, dilation;
 } pp_cheri_attrs;
 

@@ -89,7 +89,7 @@ std::span<T> as_span(const pp_tensor& t) {
   if (t.dtype != dtype_of<std::remove_const_t<T>>())
     throw std::invalid_argument(std::string("tensor has dtype ") + dtype_name(t.dtype) +
                                 ", expected " + dtype_name(dtype_of<std::remove_const_t<T>>()));
-  if (t.device != PP_DEVICE_CPU) throw std::invalid_argument("tensor is not in CPU memory");
+  if (t.device != PP_DEVICE_TYPE_CPU) throw std::invalid_argument("tensor is not in CPU memory");
   if (t.strides != nullptr) {
     int64_t expected = 1;
     for (int32_t i = t.ndim - 1; i >= 0; --i) {
