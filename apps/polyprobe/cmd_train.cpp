@@ -731,8 +731,8 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       << count(result.evaluations, "candidate") << ") in " << std::fixed << std::setprecision(1)
       << result.seconds << " s";
   // Where the time went, so a slow run says whether the steps, the records or validation cost.
-  out << " (steps " << result.seconds_in.step << " s, minibatch records " << result.seconds_in.record
-      << " s, validation " << result.seconds_in.validation << " s)";
+  out << " (steps " << result.seconds_in.step << " s, minibatch records "
+      << result.seconds_in.record << " s, validation " << result.seconds_in.validation << " s)";
   if (result.stopped_early)
     out << "; stopped early (no validation gain for --patience validations)";
   if (result.reached_time_limit) out << "; reached --time-limit";
