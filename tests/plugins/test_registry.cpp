@@ -261,9 +261,12 @@ TEST_CASE("evaluator selection: automatic, explicit, unknown and unable") {
     CHECK_THAT(sel.reasons.back(), Catch::Contains("no plugin can serve"));
   }
   SECTION("cuda with no plugin that serves it is an error, not a silent cpu run") {
+    // The fixtures alone: the shipped cuda plugin would serve it on a machine with a GPU.
+    PluginRegistry fixtures_only;
+    fixtures_only.load_directories({POLYPROBE_FIXTURE_PLUGIN_DIR});
     EvaluatorRequest request;
     request.device = "cuda";
-    CHECK_THROWS_WITH(fixtures().make_evaluator(model, *loss, request),
+    CHECK_THROWS_WITH(fixtures_only.make_evaluator(model, *loss, request),
                       Catch::Contains("no plugin can evaluate on cuda"));
   }
   SECTION("an unknown device is an error that lists the known ones") {
