@@ -6,6 +6,7 @@
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -149,12 +150,19 @@ void EvaluatorImpl<S>::run_groups(const Candidates& c, double* losses) {
         [&](const tbb::blocked_range<std::size_t>& range) {
           for (std::size_t t = range.begin(); t != range.end(); ++t) {
             const auto start = Clock::now();
-            Scratch& s = scratch_.local();
-            for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i) {
-              const Group& g = planner_.groups()[planner_.selected()[i]];
-              if (g.path != Path::inplace) evaluate_group(c, g, s, losses);
-            }
-            delta_.finish_task(s, losses);
+            // A host layer's forward may run its own parallel loop (self_attention's sdpa
+            // operation does). While this thread waits for that loop, TBB may hand it any
+            // task of this arena, among them another of these tasks, which would take the
+            // same Scratch mid-group (its touched parameters, coefficients, stacked rows and
+            // parameter copy). Isolated, the wait runs only the inner loop's own tasks.
+            tbb::this_task_arena::isolate([&] {
+              Scratch& s = scratch_.local();
+              for (std::size_t i = tasks_[t].first; i != tasks_[t].second; ++i) {
+                const Group& g = planner_.groups()[planner_.selected()[i]];
+                if (g.path != Path::inplace) evaluate_group(c, g, s, losses);
+              }
+              delta_.finish_task(s, losses);
+            });
             TaskTimes& times = task_ms_.local();
             const double ms = ms_since(start);
             times.busy += ms;
