@@ -2,19 +2,25 @@
 // random models, particles and displacements. A backend that declines a case reports
 // "not supported" with its reason instead of failing (after ggml's test-backend-ops).
 #include <polyprobe/error.hpp>
+#include <polyprobe/layer.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
 #include <polyprobe/registry.hpp>
 #include <polyprobe/subspaces.hpp>
 
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <thread>
 
 using namespace polyprobe;
 
@@ -382,6 +388,82 @@ TEST_CASE("every cpu evaluator backend gives bit-identical losses for any thread
         INFO(name << " threads " << threads << ": " << c.description);
         CHECK(losses == first);
       }
+    }
+  }
+}
+
+// y = x * w, one parameter per feature, with the rows split over the threads by the layer's
+// own parallel loop, as the self_attention layer's forward does through the sdpa operation.
+// Each row sleeps a little, so that other threads take some rows while the caller waits.
+class ParallelScale final : public LayerBase<ParallelScale> {
+ public:
+  explicit ParallelScale(int64_t features) : shape_{{features}} {}
+  std::string kind() const override { return "parallel_scale"; }
+  std::vector<ParamSpec> parameters() const override { return {{"weight", {shape_.numel()}}}; }
+  const Shape& input_shape() const override { return shape_; }
+  const Shape& output_shape() const override { return shape_; }
+  void initialize(std::span<double> params, std::mt19937_64& rng) const override {
+    std::uniform_real_distribution<double> u(0.5, 1.5);
+    for (double& p : params) p = u(rng);
+  }
+  template <class S>
+  void forward_impl(ConstMatrixRef<S> x, std::span<const S> params, MatrixRef<S> y) const {
+    tbb::parallel_for(tbb::blocked_range<Eigen::Index>(0, x.rows(), 1), [&](const auto& rows) {
+      for (Eigen::Index r = rows.begin(); r != rows.end(); ++r)
+        for (Eigen::Index i = 0; i < x.cols(); ++i)
+          y(r, i) = x(r, i) * params[static_cast<std::size_t>(i)];
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    });
+  }
+
+ private:
+  Shape shape_;
+};
+
+// A thread of the backend that waits inside a host layer's parallel loop may be handed
+// another of the backend's own tasks meanwhile; that task must not share the waiting one's
+// working memory. With more threads than cores (global_control lifts TBB's limit of one
+// worker per core), every thread count must give the one thread's losses, bit for bit.
+TEST_CASE("every cpu evaluator backend keeps its losses when a host layer runs a parallel loop") {
+  constexpr int kThreads = 8;
+  const tbb::global_control allow(tbb::global_control::max_allowed_parallelism, kThreads);
+  const LayerFactory& f = backends().factory;
+  Model model{Shape{{4}}};
+  model.add(f.create("linear", {{"out_features", 8}}, model.output_shape()));
+  model.add(std::make_shared<const ParallelScale>(8));
+  model.add(f.create("tanh", {}, model.output_shape()));
+  model.add(f.create("linear", {{"out_features", 3}}, model.output_shape()));
+  model.initialize(17);
+  std::mt19937_64 rng(23);
+  std::normal_distribution<double> normal;
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const int d = 2;
+  Case c{model, nullptr, {}, ParticleMap::contiguous(model.num_parameters(), d), {}, {}, {}};
+  c.batch.inputs = Matrix<double>::NullaryExpr(8, 4, [&] { return normal(rng); });
+  for (int r = 0; r < 8; ++r) c.batch.targets.labels.push_back(r % 3);
+  for (int64_t p = 0; p < c.particles.count(); ++p)
+    for (int k = 0; k < 3; ++k) {
+      c.particle.push_back(p);
+      for (int j = 0; j < d; ++j) c.displacement.push_back(0.3 * normal(rng));
+    }
+  for (const std::string& name : backends().evaluator_plugins()) {
+    std::vector<double> first;
+    for (int trial = 0; trial < 20; ++trial) {
+      EvaluatorRequest request;
+      request.backend = name;
+      request.options.dtype = DType::f32;
+      request.options.threads = trial == 0 ? 1 : kThreads;
+      std::unique_ptr<Evaluator> evaluator;
+      try {
+        evaluator = backends().registry.make_evaluator(c.model, *loss, request);
+      } catch (const Error& e) {
+        WARN(name << ": not supported: " << e.what());
+        break;
+      }
+      const auto losses = run(*evaluator, c);
+      if (first.empty()) first = losses;
+      INFO(name << " trial " << trial);
+      CHECK(max_relative_error(losses, first) == 0.0);
     }
   }
 }
