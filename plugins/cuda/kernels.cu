@@ -76,14 +76,17 @@ __global__ void deltas_kernel(CandidateSource src, ParticleTable t, int64_t coun
   }
 }
 
+// One warp per candidate, as the objective: a dense subspace direction moves thousands of
+// parameters, which one thread would sum alone while the rest of the GPU waits.
 __global__ void l2_kernel(CandidateSource src, ParticleTable t, int64_t count,
                           const double* l2_terms, double* l2) {
-  for (int64_t c = thread_index(); c < count; c += thread_stride()) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t c = thread_index() / 32; c < count; c += warps) {
     const int64_t p = particle_of(src, c);
     const int64_t n = t.elem_begin[p + 1] - t.elem_begin[p];
-    double sum = 0.0;
-    for (int64_t e = 0; e < n; ++e) sum += l2_terms[c * t.elem_max + e];
-    l2[c] = sum;
+    const double sum = owner_warp_sum(l2_terms + c * t.elem_max, n, lane);
+    if (lane == 0) l2[c] = sum;
   }
 }
 
@@ -198,7 +201,7 @@ void launch_deltas(CandidateSource src, ParticleTable table, int64_t count, cons
   deltas_kernel<S><<<launch::blocks(count * table.elem_max), kThreads, 0, stream>>>(
       src, table, count, theta, ops, eff, dq, q_new, l2_terms);
   launch::check_last("candidate deltas kernel");
-  l2_kernel<<<launch::blocks(count), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
+  l2_kernel<<<launch::blocks(count * 32), kThreads, 0, stream>>>(src, table, count, l2_terms, l2);
   launch::check_last("l2 kernel");
 }
 
