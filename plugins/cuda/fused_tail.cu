@@ -17,9 +17,19 @@ constexpr int kTailThreads = 128;
 
 unsigned grid_for(int64_t n) { return launch::blocks(n, kTailThreads); }
 
+// The activations other than ReLU, out of line: inlined, every one of them (erf, tanh, a
+// division) would be copied into each of the unrolled per-candidate loops below, which then
+// no longer fit the instruction cache.
 template <class S>
-__device__ S chain(const ActivationChain& f, S v) {
-  for (int32_t i = 0; i < f.n; ++i) v = activate<S>(f.fn[i], v, static_cast<S>(f.step[i]));
+__device__ __noinline__ S activate_out_of_line(int32_t fn, S v, S step) {
+  return activate<S>(fn, v, step);
+}
+
+template <class S>
+__device__ __forceinline__ S chain(const ActivationChain& f, S v) {
+  for (int32_t i = 0; i < f.n; ++i)
+    v = f.fn[i] == PP_ACT_RELU ? (v > S(0) ? v : S(0))
+                               : activate_out_of_line<S>(f.fn[i], v, static_cast<S>(f.step[i]));
   return v;
 }
 
@@ -128,8 +138,8 @@ __device__ S register_loss(const FusedTail<S>& t, const S* x, int64_t b) {
   }
 }
 
-// kMode 0: no hidden op after l (hidden <= 0); 1: a hidden op, sparse changes only; 2: a
-// hidden op, dense changes (the whole dh of op l held per thread). kOut >= outputs.
+// kMode 0: no hidden op after l (hidden <= 0); 1: a hidden op, sparse changes only.
+// kOut >= outputs.
 template <class S, int kMode, int kOut>
 __global__ void __launch_bounds__(kTailThreads)
     fused_tail_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
@@ -186,11 +196,10 @@ __global__ void __launch_bounds__(kTailThreads)
     } else {
       // A hidden op m1 between op l and the output: dh at op l's units, then m1's units
       // streamed, each added to the logits as soon as it is known.
-      constexpr int kHeld = kMode == 2 ? kFusedMaxDense : kFusedMaxTerms;
       int64_t units[kFusedMaxTerms];
-      S dh[kHeld];
+      S dh[kFusedMaxTerms];
       int n_units = 0;
-      if constexpr (kMode == 1) {
+      {
         S dz = S(0);
 #pragma unroll
         for (int e = 0; e < kFusedMaxTerms; ++e) {
@@ -218,35 +227,23 @@ __global__ void __launch_bounds__(kTailThreads)
           const S dh1 = chain(t.f2, z1 + dz1) - chain(t.f2, z1);
           if (dh1 != S(0)) add_column<S, kOut>(logits, t.w_m2_t + q * t.outputs, 1, dh1, t.outputs);
         }
-      } else {
-        for (int64_t o = 0; o < t.out_l; ++o) {
-          const S dz = dense_change(t, first, n_terms, scaled, o);
-          const S z = t.z_t[o * t.batch + b];
-          dh[o] = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
-        }
-        for (int64_t q = 0; q < t.width_m1; ++q) {
-          const S* row = t.w_m1 + q * t.out_l;
-          S dz1 = S(0);
-          for (int64_t o = 0; o < t.out_l; ++o) dz1 += row[o] * dh[o];
-          if (dz1 == S(0)) continue;
-          const S z1 = t.z1_t[q * t.batch + b];
-          const S dh1 = chain(t.f2, z1 + dz1) - chain(t.f2, z1);
-          if (dh1 != S(0)) add_column<S, kOut>(logits, t.w_m2_t + q * t.outputs, 1, dh1, t.outputs);
-        }
       }
     }
     per[i] = register_loss<S, kOut>(t, logits, b);
   }
 }
 
-// Mode 4: mode 1 for particles that change at most kHiddenUnits units of op l, with each
-// thread carrying kHiddenGroup consecutive candidates on one sample. The candidates of a
-// group share every read of m1's output and of m2's weights and the activation of the
-// incumbent's m1 unit, which mode 1 repeats per candidate; each candidate's arithmetic is
-// mode 1's, in the same order, so the losses are the same bits.
-template <class S, int kOut>
+// Modes 4 and 5: particles that change at most kHiddenUnits units of op l, each thread
+// carrying kHiddenGroup consecutive candidates on one sample, so the candidates of a group
+// share every read of the incumbent (its logits, m1's output, m2's or m1's weights) and
+// interleave their independent chains of loads, which one candidate per thread leaves the
+// SM waiting on. kHidden 1 (mode 4): m1 hidden and m2 the output, as mode 1; 0 (mode 5): m1
+// the output, as mode 0; -1 (mode 5): op l the output. Each candidate's arithmetic is that
+// of mode 1 or 0 in the same order, except that a unit whose change is zero adds w * 0, which
+// leaves a finite logit as it was: branch-free, the group's updates pipeline.
+template <class S, int kOut, int kHidden>
 __global__ void __launch_bounds__(kTailThreads)
-    fused_hidden_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
+    fused_group_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* per) {
   constexpr int G = kHiddenGroup, U = kHiddenUnits;
   const int64_t groups = (count + G - 1) / G;
   const int64_t total = groups * t.batch;
@@ -270,14 +267,17 @@ __global__ void __launch_bounds__(kTailThreads)
       const int64_t p = particle_of(src, c);
       const int64_t first = t.term_begin[p];
       const int64_t n_terms = t.term_begin[p + 1] - first;
-      // Terms sorted by unit: one change per distinct unit, as mode 1.
+      // Terms sorted by unit: one change per distinct unit, as modes 0 and 1.
       S dz = S(0);
       for (int64_t e = 0; e < n_terms; ++e) {
         const FusedTerm& term = t.terms[first + e];
         dz += scaled_term(src, t, term, c, b);
         if (e + 1 == n_terms || t.terms[first + e + 1].unit != term.unit) {
-          const S z = t.z_t[term.unit * t.batch + b];
-          const S change = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+          S change = dz;  // op l is the output: its change is the logits'
+          if constexpr (kHidden >= 0) {
+            const S z = t.z_t[term.unit * t.batch + b];
+            change = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+          }
           if (change != S(0)) {
 #pragma unroll
             for (int u = 0; u < U; ++u)
@@ -288,22 +288,42 @@ __global__ void __launch_bounds__(kTailThreads)
         }
       }
     }
-    bool any = false;
+    if constexpr (kHidden < 1) {
+      // Each changed unit's column of m1 (or, for op l the output, the unit itself).
 #pragma unroll
-    for (int r = 0; r < G; ++r) any = any || n_units[r] > 0;
-    for (int64_t q = 0; any && q < t.width_m1; ++q) {
-      const S z1 = t.z1_t[q * t.batch + b];
-      const S base = chain(t.f2, z1);
-      const S* w2 = t.w_m2_t + q * t.outputs;
+      for (int r = 0; r < G; ++r)
 #pragma unroll
-      for (int r = 0; r < G; ++r) {
-        S dz1 = S(0);
+        for (int u = 0; u < U; ++u) {
+          if (u >= n_units[r]) continue;
+          if constexpr (kHidden == 0) {
+            add_column<S, kOut>(logits[r], t.w_m1 + units[r][u], t.out_l, dh[r][u], t.outputs);
+          } else {
 #pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (u < n_units[r]) dz1 += t.w_m1_t[units[r][u] * t.width_m1 + q] * dh[r][u];
-        if (dz1 == S(0)) continue;
-        const S dh1 = chain(t.f2, z1 + dz1) - base;
-        if (dh1 != S(0)) add_column<S, kOut>(logits[r], w2, 1, dh1, t.outputs);
+            for (int k = 0; k < kOut; ++k)
+              if (k == units[r][u]) logits[r][k] += dh[r][u];
+          }
+        }
+    } else {
+      bool any = false;
+#pragma unroll
+      for (int r = 0; r < G; ++r) any = any || n_units[r] > 0;
+      for (int64_t q = 0; any && q < t.width_m1; ++q) {
+        const S z1 = t.z1_t[q * t.batch + b];
+        const S base = chain(t.f2, z1);
+        S w2[kOut];
+#pragma unroll
+        for (int k = 0; k < kOut; ++k) w2[k] = k < t.outputs ? t.w_m2_t[q * t.outputs + k] : S(0);
+#pragma unroll
+        for (int r = 0; r < G; ++r) {
+          S dz1 = S(0);
+#pragma unroll
+          for (int u = 0; u < U; ++u)
+            if (u < n_units[r]) dz1 += t.w_m1_t[units[r][u] * t.width_m1 + q] * dh[r][u];
+          // z1 + 0 is z1: a zero change gives dh1 = 0 exactly, with no branch.
+          const S dh1 = chain(t.f2, z1 + dz1) - base;
+#pragma unroll
+          for (int k = 0; k < kOut; ++k) logits[r][k] += w2[k] * dh1;
+        }
       }
     }
 #pragma unroll
@@ -382,6 +402,53 @@ __global__ void __launch_bounds__(kTailThreads)
   }
 }
 
+// Mode 2, first launch: dh[c, b, o] = f1(z + dz) - f1(z) at every unit o of op l, a thread
+// per value (a dense change moves all of them).
+template <class S>
+__global__ void dense_change_kernel(CandidateSource src, FusedTail<S> t, int64_t count, S* dh) {
+  const int64_t total = count * t.batch * t.out_l;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t o = i % t.out_l, row = i / t.out_l;
+    const int64_t c = row / t.batch, b = row % t.batch;
+    const int64_t p = particle_of(src, c);
+    const int64_t first = t.term_begin[p];
+    const int64_t n_terms = t.term_begin[p + 1] - first;
+    S scaled[kFusedMaxTerms];
+#pragma unroll
+    for (int e = 0; e < kFusedMaxTerms; ++e) {
+      scaled[e] = S(0);
+      if (e >= n_terms) continue;
+      scaled[e] = scaled_term(src, t, t.terms[first + e], c, b);
+    }
+    const S dz = dense_change(t, first, n_terms, scaled, o);
+    const S z = t.z_t[o * t.batch + b];
+    dh[i] = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
+  }
+}
+
+// Mode 2, last launch: from dz1 = dh W_m1^T ([count * B, width_m1], one GEMM), m1's units
+// streamed into the logits as mode 1 does, then the loss.
+template <class S, int kOut>
+__global__ void __launch_bounds__(kTailThreads)
+    hidden_change_kernel(FusedTail<S> t, int64_t count, const S* dz1, S* per) {
+  const int64_t total = count * t.batch;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t b = i % t.batch;
+    S logits[kOut];
+#pragma unroll
+    for (int k = 0; k < kOut; ++k) logits[k] = k < t.outputs ? t.logits_t[k * t.batch + b] : S(0);
+    const S* row = dz1 + i * t.width_m1;
+    for (int64_t q = 0; q < t.width_m1; ++q) {
+      const S z1 = t.z1_t[q * t.batch + b];
+      const S dh1 = chain(t.f2, z1 + row[q]) - chain(t.f2, z1);
+      add_column<S, kOut>(logits, t.w_m2_t + q * t.outputs, 1, dh1, t.outputs);
+    }
+    per[i] = register_loss<S, kOut>(t, logits, b);
+  }
+}
+
 template <class S>
 __global__ void transpose_kernel(const S* in, int64_t rows, int64_t width, S* out) {
   const int64_t total = rows * width;
@@ -414,10 +481,14 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
   const unsigned blocks = grid_for(count * tail.batch);
   auto run = [&](auto out) {
     constexpr int kOut = decltype(out)::value;
-    if (mode == 4) {
-      const int64_t groups = (count + kHiddenGroup - 1) / kHiddenGroup;
-      fused_hidden_kernel<S, kOut>
-          <<<grid_for(groups * tail.batch), kTailThreads, 0, stream>>>(src, tail, count, per);
+    if (mode == 4 || mode == 5) {
+      const unsigned grid = grid_for((count + kHiddenGroup - 1) / kHiddenGroup * tail.batch);
+      if (tail.hidden == 1)
+        fused_group_kernel<S, kOut, 1><<<grid, kTailThreads, 0, stream>>>(src, tail, count, per);
+      else if (tail.hidden == 0)
+        fused_group_kernel<S, kOut, 0><<<grid, kTailThreads, 0, stream>>>(src, tail, count, per);
+      else
+        fused_group_kernel<S, kOut, -1><<<grid, kTailThreads, 0, stream>>>(src, tail, count, per);
     } else if (mode == 3) {
       const int threads =
           static_cast<int>(std::min<int64_t>(kTailThreads, (tail.batch + 31) / 32 * 32));
@@ -428,13 +499,13 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
           src, tail, count, tiles, per);
     } else if (mode == 0)
       fused_tail_kernel<S, 0, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
-    else if (mode == 1)
-      fused_tail_kernel<S, 1, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
     else
-      fused_tail_kernel<S, 2, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
+      fused_tail_kernel<S, 1, kOut><<<blocks, kTailThreads, 0, stream>>>(src, tail, count, per);
   };
   if (tail.outputs <= 4)
     run(std::integral_constant<int, 4>{});
+  else if (tail.outputs <= 10)  // ten classes: no padded logits
+    run(std::integral_constant<int, 10>{});
   else if (tail.outputs <= 16)
     run(std::integral_constant<int, 16>{});
   else if (tail.outputs <= 32)
@@ -442,6 +513,29 @@ void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, in
   else
     run(std::integral_constant<int, kFusedMaxOutputs>{});
   launch::check_last("fused tail kernel");
+}
+
+template <class S>
+void launch_dense_change(CandidateSource src, FusedTail<S> tail, int64_t count, S* dh,
+                         cudaStream_t stream) {
+  dense_change_kernel<S><<<grid_for(count * tail.batch * tail.out_l), kTailThreads, 0, stream>>>(
+      src, tail, count, dh);
+  launch::check_last("dense change kernel");
+}
+
+template <class S>
+void launch_hidden_change(FusedTail<S> tail, int64_t count, const S* dz1, S* per,
+                          cudaStream_t stream) {
+  auto run = [&](auto out) {
+    constexpr int kOut = decltype(out)::value;
+    hidden_change_kernel<S, kOut>
+        <<<grid_for(count * tail.batch), kTailThreads, 0, stream>>>(tail, count, dz1, per);
+  };
+  if (tail.outputs <= 16)
+    run(std::integral_constant<int, 16>{});
+  else
+    run(std::integral_constant<int, kFusedMaxOutputs>{});
+  launch::check_last("hidden change kernel");
 }
 
 template <class S>
@@ -458,11 +552,13 @@ void launch_dense_v(const double* basis, const int64_t* v_offsets, int64_t n_v, 
   launch::check_last("dense v kernel");
 }
 
-#define POLYPROBE_CUDA_INSTANTIATE(S)                                                        \
-  template void launch_fused_tail<S>(CandidateSource, FusedTail<S>, int64_t, int32_t, S*,    \
-                                     cudaStream_t);                                          \
-  template void launch_transpose<S>(const S*, int64_t, int64_t, S*, cudaStream_t);           \
-  template void launch_dense_v<S>(const double*, const int64_t*, int64_t, const S*, int64_t, \
+#define POLYPROBE_CUDA_INSTANTIATE(S)                                                             \
+  template void launch_fused_tail<S>(CandidateSource, FusedTail<S>, int64_t, int32_t, S*,         \
+                                     cudaStream_t);                                               \
+  template void launch_dense_change<S>(CandidateSource, FusedTail<S>, int64_t, S*, cudaStream_t); \
+  template void launch_hidden_change<S>(FusedTail<S>, int64_t, const S*, S*, cudaStream_t);       \
+  template void launch_transpose<S>(const S*, int64_t, int64_t, S*, cudaStream_t);                \
+  template void launch_dense_v<S>(const double*, const int64_t*, int64_t, const S*, int64_t,      \
                                   int64_t, S*, cudaStream_t);
 POLYPROBE_CUDA_INSTANTIATE(float)
 POLYPROBE_CUDA_INSTANTIATE(double)

@@ -28,10 +28,9 @@ namespace polyprobe::cuda {
 
 inline constexpr int kFusedMaxOutputs = 64;  // logits held per thread
 inline constexpr int kFusedMaxChain = 4;     // activations between two linear ops
-inline constexpr int kFusedMaxDense = 512;   // units of a dense change held per thread
 inline constexpr int kFusedMaxTerms = 16;    // rank-one terms of one particle
-inline constexpr int kHiddenUnits = 2;       // mode 4: units of op l one particle changes
-inline constexpr int kHiddenGroup = 4;       // mode 4: candidates one thread carries
+inline constexpr int kHiddenUnits = 2;       // modes 4, 5: units of op l one particle changes
+inline constexpr int kHiddenGroup = 4;       // modes 4, 5: candidates one thread carries
 
 // Activations applied in order (flatten and identity included as identity).
 struct ActivationChain {
@@ -88,14 +87,25 @@ inline std::size_t fused_dense_shared_bytes(int64_t out_l, int64_t outputs, std:
 }
 
 // per[c * batch + b] = the loss of candidate c of the chunk on sample b. mode 0: no hidden
-// op after l; 1: a hidden op and sparse changes; 2: a hidden op and dense changes (op l
-// at most kFusedMaxDense units); 3: no hidden op and dense changes, staged in shared memory
-// (subspace terms only: no weight transform); 4: mode 1 for particles that change at most
-// kHiddenUnits units, kHiddenGroup candidates per thread sharing m1's and m2's reads (the
-// same losses, bit for bit).
+// op after l; 1: a hidden op and sparse changes; 3: no hidden op and dense changes, staged
+// in shared memory
+// (subspace terms only: no weight transform); 4: mode 1 and 5: mode 0, for particles that
+// change at most kHiddenUnits units, kHiddenGroup candidates per thread sharing the
+// incumbent's reads (the same arithmetic; a zero change adds w * 0 instead of nothing).
 template <class S>
 void launch_fused_tail(CandidateSource src, FusedTail<S> tail, int64_t count, int32_t mode, S* per,
                        cudaStream_t stream);
+
+// Mode 2, a hidden op and dense changes, runs as three launches, the dense product as a
+// GEMM: launch_dense_change writes dh [count * batch, out_l] (op l's activation change);
+// the caller computes dz1 = dh W_m1^T [count * batch, width_m1]; launch_hidden_change
+// streams m1's units into the logits and writes per as launch_fused_tail does.
+template <class S>
+void launch_dense_change(CandidateSource src, FusedTail<S> tail, int64_t count, S* dh,
+                         cudaStream_t stream);
+template <class S>
+void launch_hidden_change(FusedTail<S> tail, int64_t count, const S* dz1, S* per,
+                          cudaStream_t stream);
 
 // out[j * rows + r] = in[r * width + j]: a [rows, width] matrix transposed.
 template <class S>

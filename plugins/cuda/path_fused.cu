@@ -94,7 +94,19 @@ void DeviceSession<T>::run_fused_chunk(const CandidateSource& src, int64_t count
   t.loss = static_cast<int32_t>(plan_.loss);
   t.labels = labels_d_.data();
   t.targets = targets_d_.data();
-  launch_fused_tail<T>(src, t, count, mode, per_.data(), s);
+  if (mode == 2) {
+    // dh of op l per (candidate, sample), its product with m1's weights as one GEMM, then
+    // m1's units into the logits.
+    const int64_t rows = count * batch_;
+    buf_a_.reserve(sz(rows * plan_.max_width));
+    buf_b_.reserve(sz(rows * plan_.max_width));
+    launch_dense_change<T>(src, t, count, buf_a_.data(), s);
+    gemm<T>(blas_.get(), static_cast<int>(t.width_m1), static_cast<int>(rows),
+            static_cast<int>(t.out_l), t.w_m1, buf_a_.data(), buf_b_.data());
+    launch_hidden_change<T>(t, count, buf_b_.data(), per_.data(), s);
+  } else {
+    launch_fused_tail<T>(src, t, count, mode, per_.data(), s);
+  }
   const double* l2_delta = nullptr;
   if (plan_.l2 != 0.0) {
     // The raw parameters' l2 change, as the general path computes it.

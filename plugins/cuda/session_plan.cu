@@ -213,8 +213,7 @@ void DeviceSession<T>::build_fused_terms() {
       mine.push_back(term);
     }
     const TailPlan* tail = op >= 0 ? &tails_[sz(op)] : nullptr;
-    ok = ok && tail != nullptr && !mine.empty() && mine.size() <= sz(kFusedMaxTerms) &&
-         (!is_dense || tail->hidden < 1 || plan_.ops[sz(op)].out <= kFusedMaxDense);
+    ok = ok && tail != nullptr && !mine.empty() && mine.size() <= sz(kFusedMaxTerms);
     if (ok) {
       std::stable_sort(mine.begin(), mine.end(),
                        [](const FusedTerm& a, const FusedTerm& b) { return a.unit < b.unit; });
@@ -225,18 +224,21 @@ void DeviceSession<T>::build_fused_terms() {
       int64_t units = 0;
       for (std::size_t e = 0; e < mine.size(); ++e)
         units += e == 0 || mine[e].unit != mine[e - 1].unit ? 1 : 0;
-      fused_mode_[sz(p)] = tail->hidden < 1        ? (is_dense && staged ? 3 : 0)
-                           : is_dense              ? 2
-                           : units <= kHiddenUnits ? 4
-                                                   : 1;
+      const bool few = !is_dense && units <= kHiddenUnits;
+      fused_mode_[sz(p)] = tail->hidden < 1 ? (is_dense && staged ? 3
+                                               : few              ? 5
+                                                                  : 0)
+                           : is_dense       ? 2
+                           : few            ? 4
+                                            : 1;
       dense[sz(p)] = is_dense ? 1 : 0;
     }
     begin.push_back(static_cast<int64_t>(terms.size()));
   }
   if (forced_dense_) std::fill(fused_mode_.begin(), fused_mode_.end(), -1);
-  // A hidden tail of dense changes (mode 2: a subspace's dense directions) streams the
-  // whole hidden layer per candidate in float32: with autocast that layer runs as a
-  // reduced-precision GEMM over the chunk instead. Sparse changes (mode 1: a few units)
+  // A hidden tail of dense changes (mode 2: a subspace's dense directions) multiplies the
+  // whole hidden layer per candidate, a float32 GEMM over the chunk: with autocast that
+  // product runs in the reduced precision instead. Sparse changes (mode 1: a few units)
   // stay fused: their rank-one update costs less than any GEMM (measured: routing them
   // to the GEMMs made mlp256-full's evaluation 1.3x slower on the H200).
   if (autocast_ != 0)

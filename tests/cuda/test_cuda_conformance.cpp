@@ -58,7 +58,7 @@ Case random_case(std::mt19937_64& rng, bool discontinuous, int max_width = 9) {
   std::vector<std::string> losses = {"cross_entropy", "mse", "hinge"};
   if (discontinuous) losses.push_back("zero_one");
 
-  const int inputs = pick(2, 7), outputs = pick(2, 4), hidden_layers = pick(1, 3);
+  const int inputs = pick(2, 7), outputs = pick(2, 12), hidden_layers = pick(1, 3);
   Case c{Model(Shape{{inputs}}), nullptr, {}, "in " + std::to_string(inputs)};
   for (int h = 0; h <= hidden_layers; ++h) {
     const bool last = h == hidden_layers;
