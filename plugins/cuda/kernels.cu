@@ -142,6 +142,59 @@ __global__ void correct_kernel(CandidateSource src, ParticleTable t, int64_t cou
   }
 }
 
+// The order of a particle's elements (session.cu keeps them sorted by raw parameter): by
+// op, then an op's weights row-major, then its biases by row.
+__device__ inline bool element_before(const ParticleTable& t, int64_t e, int32_t op, int32_t bias,
+                                      int32_t row) {
+  const int32_t eo = t.elem_op[e];
+  if (eo != op) return eo < op;
+  const int32_t eb = t.elem_col[e] < 0 ? 1 : 0;
+  if (eb != bias) return eb < bias;
+  return t.elem_row[e] < row;
+}
+
+// The first element of [lo, hi) not before (op, bias, row).
+__device__ inline int64_t first_element(const ParticleTable& t, int64_t lo, int64_t hi, int32_t op,
+                                        int32_t bias, int32_t row) {
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (element_before(t, mid, op, bias, row))
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// correct_kernel for particles of many elements (a dense subspace direction moves a whole
+// row or column): one thread per (candidate, sample, output) finds that output's elements
+// by bisection and adds them in element order, so each z[c, b, o] gets the same additions in
+// the same order as there, with all of the GPU at work.
+template <class S>
+__global__ void correct_rows_kernel(CandidateSource src, ParticleTable t, int64_t count, int32_t op,
+                                    const S* dq, const S* x, int64_t x_stride, int64_t in, S* z,
+                                    int64_t out, int64_t rows) {
+  const int64_t total = count * rows * out;
+  for (int64_t i = thread_index(); i < total; i += thread_stride()) {
+    const int64_t o = i % out, row = i / out;
+    const int64_t c = row / rows, b = row % rows;
+    const int64_t p = particle_of(src, c);
+    const int64_t begin = t.elem_begin[p], end = t.elem_begin[p + 1];
+    const S* xr = x + c * x_stride + b * in;
+    const auto unit = static_cast<int32_t>(o);
+    S zo = z[i];
+    for (int32_t bias = 0; bias < 2; ++bias)
+      for (int64_t e = first_element(t, begin, end, op, bias, unit);
+           e < end && t.elem_op[e] == op && (t.elem_col[e] < 0) == (bias == 1) &&
+           t.elem_row[e] == unit;
+           ++e) {
+        const S change = dq[c * t.elem_max + (e - begin)];
+        zo += bias == 1 ? change : change * xr[t.elem_col[e]];
+      }
+    z[i] = zo;
+  }
+}
+
 template <class S>
 __global__ void bias_kernel(S* y, const S* bias, int64_t width, int64_t total) {
   for (int64_t i = thread_index(); i < total; i += thread_stride()) y[i] += bias[i % width];
@@ -232,12 +285,20 @@ void launch_broadcast(const S* zinc, int64_t rows, int64_t width, int64_t count,
   launch::check_last("broadcast kernel");
 }
 
+constexpr int64_t kRowsPerElementLoop = 32;
+
 template <class S>
 void launch_correct(CandidateSource src, ParticleTable table, int64_t count, int32_t op,
                     const S* dq, const S* x, int64_t x_stride, int64_t in, S* z, int64_t out,
                     int64_t rows, cudaStream_t stream) {
-  correct_kernel<S><<<launch::blocks(count * rows), kThreads, 0, stream>>>(
-      src, table, count, op, dq, x, x_stride, in, z, out, rows);
+  // A thread per row loops over a particle's elements; past a few dozen of them, a thread
+  // per output (same sums, same order) keeps the GPU busy instead.
+  if (table.elem_max > kRowsPerElementLoop)
+    correct_rows_kernel<S><<<launch::blocks(count * rows * out), kThreads, 0, stream>>>(
+        src, table, count, op, dq, x, x_stride, in, z, out, rows);
+  else
+    correct_kernel<S><<<launch::blocks(count * rows), kThreads, 0, stream>>>(
+        src, table, count, op, dq, x, x_stride, in, z, out, rows);
   launch::check_last("delta correction kernel");
 }
 
