@@ -17,11 +17,17 @@ DeviceSession<T>::DeviceSession(const pp_model_view& model, const pp_loss_view& 
   forced_ = path != nullptr && std::string_view(path) != "auto";
   path_ = parse_path(path);
   // Models with the layer_ops.cuh kinds run on the dense path (or the materialised one).
-  if (plan_.layered_kinds && path_ != PathKind::materialised) path_ = PathKind::dense;
+  // So does the 0-1 loss, which rounding decides: where the reference's recomputed outputs
+  // tie exactly (quantised weights make that common), an incremental change (the fused
+  // tail, the layered correction, a site's carried change) can leave a residue that picks
+  // another output; the dense path recomputes each changed layer from its input.
+  const bool zero_one = plan_.loss == kernels::LossKind::zero_one;
+  if ((plan_.layered_kinds || zero_one) && path_ != PathKind::materialised)
+    path_ = PathKind::dense;
   forced_dense_ = path_ != PathKind::automatic;
   // The site-local path serves the particles of conv, attention and Cheri ops that it can
   // (site_local.cuh) unless a path was forced; the rest of such a model runs densely.
-  site_local_ = plan_.layered_kinds && !forced_ && subspace_ == nullptr;
+  site_local_ = plan_.layered_kinds && !forced_ && subspace_ == nullptr && !zero_one;
   if (site_local_) {
     plan_carries();
     plan_conv_tails();
