@@ -22,8 +22,7 @@ DeviceSession<T>::DeviceSession(const pp_model_view& model, const pp_loss_view& 
   // tail, the layered correction, a site's carried change) can leave a residue that picks
   // another output; the dense path recomputes each changed layer from its input.
   const bool zero_one = plan_.loss == kernels::LossKind::zero_one;
-  if ((plan_.layered_kinds || zero_one) && path_ != PathKind::materialised)
-    path_ = PathKind::dense;
+  if ((plan_.layered_kinds || zero_one) && path_ != PathKind::materialised) path_ = PathKind::dense;
   forced_dense_ = path_ != PathKind::automatic;
   // The site-local path serves the particles of conv, attention and Cheri ops that it can
   // (site_local.cuh) unless a path was forced; the rest of such a model runs densely.
