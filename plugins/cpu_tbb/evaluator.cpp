@@ -53,7 +53,8 @@ template <class S>
 EvaluatorImpl<S>::EvaluatorImpl(const pp_model_view& model, const pp_loss_view& loss,
                                 const pp_session_options& options)
     : ctx_(model, loss, options),
-      planner_(ctx_.plan, ctx_.coordinate_index(), forced_path(options)),
+      planner_(ctx_.plan, ctx_.coordinate_index(), forced_path(options),
+               ctx_.loss == kernels::LossKind::zero_one),
       delta_(ctx_),
       materialised_(ctx_),
       site_local_(ctx_) {

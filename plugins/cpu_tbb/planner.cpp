@@ -43,6 +43,9 @@ const char* decline_text(Decline why) {
              "not rank one";
     case Decline::across_host:
       return "delta declined: the particle changes layers on both sides of a host layer";
+    case Decline::zero_one_loss:
+      return "delta declined: the 0-1 loss is decided by rounding, and an incremental change can "
+             "break an exact tie between outputs that a recomputation keeps";
     case Decline::forced:
       return "delta not used: another path was requested";
     case Decline::site_not_declared:
@@ -65,8 +68,9 @@ const char* decline_text(Decline why) {
   return "?";
 }
 
-GroupPlanner::GroupPlanner(const ModelPlan& plan, CoordinateIndex index, std::string forced)
-    : plan_(plan), index_(index), forced_(std::move(forced)) {
+GroupPlanner::GroupPlanner(const ModelPlan& plan, CoordinateIndex index, std::string forced,
+                           bool recompute)
+    : plan_(plan), index_(index), forced_(std::move(forced)), recompute_(recompute) {
   const auto n_layers = static_cast<int32_t>(plan_.layers.size());
   first_host_from_.assign(static_cast<std::size_t>(n_layers) + 1, n_layers);
   for (int32_t l = n_layers - 1; l >= 0; --l)
@@ -141,7 +145,7 @@ Decline GroupPlanner::build_terms(const Candidates& c, int64_t particle, std::ve
 bool GroupPlanner::takes_delta(Decline why, bool has_terms) const {
   const bool force_delta = forced_ == "sparse" || forced_ == "subspace-delta";
   return has_terms && plan_.no_prefix_reuse.empty() && (forced_.empty() || force_delta) &&
-         why == Decline::none;
+         why == Decline::none && !recompute_;
 }
 
 void GroupPlanner::count_layout(const Candidates& c) {
@@ -205,6 +209,9 @@ void GroupPlanner::plan(const Candidates& c, int64_t chunk, bool inplace_for_den
                                       : Path::fallback;
       if (g.why == Decline::none) g.why = Decline::forced;
       g.site_why = site_decline(g, true);
+    } else if (recompute_) {
+      g.path = inplace_for_dense ? Path::inplace : Path::dense;
+      if (g.why == Decline::none) g.why = Decline::zero_one_loss;
     } else if (takes_delta(g.why, true)) {
       g.path = Path::delta;
     } else {

@@ -31,6 +31,7 @@ enum class Decline : int {
   not_affine,          // a moved coordinate belongs to a layer not verified affine
   subspace_transform,  // a subspace coordinate moves a transformed weight (not rank one)
   across_host,         // the particle changes layers on both sides of a host layer
+  zero_one_loss,       // the 0-1 loss, which rounding decides (model-wide)
   forced,              // another path was requested
   // why a group whose particle lies in a site-local layer did not take the site-local path
   site_not_declared,  // a layer of the particle does not declare the site-local contract
@@ -80,7 +81,10 @@ struct CoordinateIndex {
 class GroupPlanner {
  public:
   // `plan` and the index's tables outlive the planner. `forced` is "" (auto) or a path name.
-  GroupPlanner(const ModelPlan& plan, CoordinateIndex index, std::string forced);
+  // `recompute`: every changed layer is recomputed (the dense or inplace path), never
+  // carried as an incremental change (the 0-1 loss: a change's rounding residue can break an
+  // exact tie between outputs that the reference's recomputation keeps).
+  GroupPlanner(const ModelPlan& plan, CoordinateIndex index, std::string forced, bool recompute);
 
   // Whether a group can take the site-local path: Decline::none, else why not. Called with
   // the group's terms already in terms(); `other_forced` says another path was requested.
@@ -132,6 +136,7 @@ class GroupPlanner {
   const ModelPlan& plan_;
   CoordinateIndex index_;
   std::string forced_;
+  bool recompute_ = false;
   std::vector<int32_t> first_host_from_;  // first host layer index >= l (n_layers if none)
   std::vector<Group> groups_;
   std::vector<Term> terms_;

@@ -529,3 +529,42 @@ TEST_CASE("every device evaluator backend agrees with the reference (skipped wit
     }
   }
 }
+
+// The 0-1 loss with sign weights at the output: rows of equal signs give outputs that tie
+// exactly, and a candidate that moves a sign can make two rows equal. The reference
+// recomputes the outputs, so a tie stays a tie and the first output wins; a backend must
+// not let an incremental change's rounding residue pick another.
+TEST_CASE("every cpu evaluator backend keeps exact ties of the 0-1 loss") {
+  const LayerFactory& f = backends().factory;
+  const auto loss = make_loss("zero_one", 1e-3);
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    Model model{Shape{{5}}};
+    model.add(f.create("linear", {{"out_features", 7}}, model.output_shape()));
+    model.add(f.create("gelu", {}, model.output_shape()));
+    model.add(f.create("linear", {{"out_features", 5}}, model.output_shape()));
+    model.add(f.create("linear",
+                       {{"out_features", 8}, {"bias", false}, {"weight_transform", "sign"}},
+                       model.output_shape()));
+    model.initialize(seed);
+    std::mt19937_64 rng(seed + 100);
+    std::normal_distribution<double> normal;
+    const int d = 5;
+    Case c{model, nullptr, {}, ParticleMap::contiguous(model.num_parameters(), d), {}, {}, {}};
+    c.batch.inputs = Matrix<double>::NullaryExpr(40, 5, [&] { return normal(rng); });
+    for (int r = 0; r < 40; ++r) c.batch.targets.labels.push_back(r % 8);
+    for (int64_t p = 0; p < c.particles.count(); ++p)
+      for (int k = 0; k < d + 1; ++k) {
+        c.particle.push_back(p);
+        for (int j = 0; j < d; ++j) c.displacement.push_back(0.3 * normal(rng));
+      }
+    for (const std::string& name : backends().evaluator_plugins()) {
+      EvaluatorRequest request;
+      request.backend = name;
+      request.options.dtype = DType::f64;
+      auto evaluator = backends().registry.make_evaluator(c.model, *loss, request);
+      auto reference = make_reference_evaluator(c.model, *loss, nullptr, {DType::f64});
+      INFO(name << " seed " << seed);
+      CHECK(max_relative_error(run(*evaluator, c), run(*reference, c)) <= 1e-12);
+    }
+  }
+}
