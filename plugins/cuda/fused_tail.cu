@@ -51,6 +51,23 @@ __device__ S scaled_term(const CandidateSource& src, const FusedTail<S>& t, cons
   return theta * s;
 }
 
+// theta_t s_t of every term of candidate c's particle on sample b, zero past the last; the
+// particle's first term and number of terms.
+template <class S>
+__device__ void scaled_terms(const CandidateSource& src, const FusedTail<S>& t, int64_t c,
+                             int64_t b, S (&scaled)[kFusedMaxTerms], int64_t& first,
+                             int64_t& n_terms) {
+  const int64_t p = particle_of(src, c);
+  first = t.term_begin[p];
+  n_terms = t.term_begin[p + 1] - first;
+#pragma unroll
+  for (int e = 0; e < kFusedMaxTerms; ++e) {
+    scaled[e] = S(0);
+    if (e >= n_terms) continue;
+    scaled[e] = scaled_term(src, t, t.terms[first + e], c, b);
+  }
+}
+
 // dz at unit o of op l for a dense change: the terms in order.
 template <class S>
 __device__ S dense_change(const FusedTail<S>& t, int64_t first, int64_t n_terms, const S* scaled,
@@ -148,20 +165,14 @@ __global__ void __launch_bounds__(kTailThreads)
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t c = i / t.batch, b = i % t.batch;
     const int64_t p = particle_of(src, c);
-    const int64_t first = t.term_begin[p];
-    const int64_t n_terms = t.term_begin[p + 1] - first;
     S logits[kOut];
 #pragma unroll
     for (int k = 0; k < kOut; ++k) logits[k] = k < t.outputs ? t.logits_t[k * t.batch + b] : S(0);
 
     // theta_t s_t for every term (full space: the effective weight change).
     S scaled[kFusedMaxTerms];
-#pragma unroll
-    for (int e = 0; e < kFusedMaxTerms; ++e) {
-      scaled[e] = S(0);
-      if (e >= n_terms) continue;
-      scaled[e] = scaled_term(src, t, t.terms[first + e], c, b);
-    }
+    int64_t first = 0, n_terms = 0;
+    scaled_terms(src, t, c, b, scaled, first, n_terms);
 
     if constexpr (kMode == 0) {
       // A unit of op l changed by dz, then (through f1 and m1) the logits.
@@ -411,16 +422,9 @@ __global__ void dense_change_kernel(CandidateSource src, FusedTail<S> t, int64_t
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t o = i % t.out_l, row = i / t.out_l;
     const int64_t c = row / t.batch, b = row % t.batch;
-    const int64_t p = particle_of(src, c);
-    const int64_t first = t.term_begin[p];
-    const int64_t n_terms = t.term_begin[p + 1] - first;
     S scaled[kFusedMaxTerms];
-#pragma unroll
-    for (int e = 0; e < kFusedMaxTerms; ++e) {
-      scaled[e] = S(0);
-      if (e >= n_terms) continue;
-      scaled[e] = scaled_term(src, t, t.terms[first + e], c, b);
-    }
+    int64_t first = 0, n_terms = 0;
+    scaled_terms(src, t, c, b, scaled, first, n_terms);
     const S dz = dense_change(t, first, n_terms, scaled, o);
     const S z = t.z_t[o * t.batch + b];
     dh[i] = dz == S(0) ? S(0) : chain(t.f1, z + dz) - chain(t.f1, z);
