@@ -123,9 +123,16 @@ void Evaluator::score(const PolytopeProbe& probe, std::span<double> losses,
   const int64_t P = particles_.count(), V = polytope_.rows();
   const int32_t d = particles_.d;
   if (V == 0) throw Error("score: the bound particles have no polytope");
-  if (static_cast<int64_t>(probe.directions.size()) != P * V * d)
+  if (probe.stream != nullptr) {
+    if (!draws_rotations(d))
+      throw Error("score: evaluator " + name() + " does not draw rotations of dimension " +
+                  std::to_string(d) + "; send the directions");
+    if (!probe.directions.empty() || !probe.rotations.empty())
+      throw Error("score: a probe drawn from the rotation stream carries no directions");
+  } else if (static_cast<int64_t>(probe.directions.size()) != P * V * d) {
     throw Error("score: " + std::to_string(probe.directions.size()) +
                 " direction values, expected P V d = " + std::to_string(P * V * d));
+  }
   if (static_cast<int64_t>(losses.size()) != P * V * probes_ &&
       !(losses.empty() && solves_transport()))
     throw Error("score: the loss buffer holds " + std::to_string(losses.size()) +

@@ -4,6 +4,7 @@
 #include <polyprobe/error.hpp>
 #include <polyprobe/geometry.hpp>
 #include <polyprobe/plugin/kernels/philox.hpp>
+#include <polyprobe/plugin/kernels/plane_rotation.hpp>
 
 #include <Eigen/LU>
 #include <Eigen/QR>
@@ -116,17 +117,15 @@ void particle_normals(const RotationStream& stream, int64_t particle, std::span<
 }
 
 // SO(2) is the circle: a uniform angle is its Haar law, so one uniform (block 0 of the
-// stream) and one cosine and sine replace a factorisation; they are taken for all of the
-// call's particles in one vector pass (vector_math.hpp). A biased particle's rotation is
-// fixed by its first column.
+// stream) and one cosine and sine replace a factorisation (kernels/plane_rotation.hpp, which a
+// device backend computes too); they are taken for all of the call's particles in one vector
+// pass (vector_math.hpp). A biased particle's rotation is fixed by its first column.
 void draw_plane(const RotationStream& stream, int64_t first, int64_t count,
                 std::span<double> rotations, std::span<const double> bias) {
   const auto n = static_cast<std::size_t>(count);
   std::vector<double> turns(n), c(n), s(n);
   for (std::size_t p = 0; p < n; ++p) {
-    const kernels::PhiloxWords r = kernels::particle_random_block(
-        stream.seed, stream.step, static_cast<uint64_t>(first) + p, 0);
-    turns[p] = kernels::philox_uniform(r.w[0], r.w[1]);
+    turns[p] = kernels::plane_rotation_turn(stream.seed, stream.step, static_cast<uint64_t>(first) + p);
   }
   detail::cos_sin_turns(turns.data(), c.data(), s.data(), count);
   for (int64_t p = 0; p < count; ++p) {

@@ -454,6 +454,13 @@ std::vector<OptimizerOption> make_table() {
                     "let a backend that offers it (cuda) solve the cost matrix, transport and "
                     "move where the losses are; off: on the host (same formulas)"},
                    [](S s) -> bool& { return s.optimizer.device_transport; }));
+  t.push_back(flag({"device-rotations", transport,
+                    "with the transport on the device: let a backend that offers it (cuda, "
+                    "particles of d = 2) draw each step's rotations itself, the host's bits, so "
+                    "nothing per particle is sent; off: the host draws and sends them"},
+                   [](S s) -> bool& { return s.optimizer.device_rotations; }));
+  needs(t.back(), "--device-transport on",
+        [](const OptimizerSettings& s) { return s.optimizer.device_transport; });
   t.push_back(flag({"sharded-finish", transport,
                     "under mpirun, each rank computes the cost rows, transport and move of its "
                     "own particles only, exchanging partial sums and moves instead of every "

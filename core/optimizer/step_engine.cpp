@@ -217,7 +217,8 @@ StepInfo StepEngine::scored_info() const {
   return info;
 }
 
-void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> only) {
+void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> only,
+                      bool leave_rotations) {
   if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
   key_ = objective_key;
   epsilon_ = schedule_.at(step_);
@@ -233,10 +234,21 @@ void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> onl
   if (shaped) sheared_.resize(idx(P * V * d_));
   const bool may_reuse = config_.adaptive_probes && key_ == cache_key_ &&
                          step_r_plan_ == cache_step_r_ && probe_r_ == cache_probe_r_;
-  const RotationStream stream{config_.seed, static_cast<uint64_t>(step_)};
-  const ParticleRange every{0, P};
-  for (const ParticleRange& range : only.empty() ? std::span<const ParticleRange>(&every, 1) : only)
-    plan_particles(stream, may_reuse, range);
+  stream_ = RotationStream{config_.seed, static_cast<uint64_t>(step_)};
+  if (leave_rotations) {
+    if (!only.empty() || may_reuse || shaped || config_.biased_rotation)
+      throw Error(
+          "StepEngine::plan: only a whole step of plain rotations (no bias, reuse or metric) "
+          "can be left to the evaluator");
+    std::fill(reused_.begin(), reused_.end(), 0);
+    drawn_ = false;
+  } else {
+    const ParticleRange every{0, P};
+    for (const ParticleRange& range :
+         only.empty() ? std::span<const ParticleRange>(&every, 1) : only)
+      plan_particles(stream_, may_reuse, range);
+    drawn_ = true;
+  }
   displacements_ready_ = false;
   screened_ = false;
   planned_ = true;
@@ -244,9 +256,7 @@ void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> onl
 
 void StepEngine::plan_particles(const RotationStream& stream, bool may_reuse,
                                 const ParticleRange& range) {
-  const auto V = vertices_;
   const int64_t dd = int64_t{d_} * d_;
-  const bool shaped = config_.metric == MetricKind::bfgs;
   threads_.for_chunks(range.last - range.first, kParticleGrain, [&](int64_t, int64_t b, int64_t e) {
     const int64_t begin = range.first + b, end = range.first + e, n = e - b;
     draw_rotations(stream, begin, n, d_, rotation_method_,
@@ -267,16 +277,50 @@ void StepEngine::plan_particles(const RotationStream& stream, bool may_reuse,
                       rotations_.begin() + static_cast<std::ptrdiff_t>(i * dd));
         }
       }
-      Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * dd, d_, d_);
-      Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
-      dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
-      if (shaped) {
-        Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * dd, d_, d_);
-        Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
-        sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
-      }
     }
+    direct_particles(begin, end);
   });
+}
+
+void StepEngine::direct_particles(int64_t begin, int64_t end) const {
+  const auto V = vertices_;
+  const int64_t dd = int64_t{d_} * d_;
+  const bool shaped = config_.metric == MetricKind::bfgs;
+  for (int64_t i = begin; i < end; ++i) {
+    Eigen::Map<const Matrix<double>> rot(rotations_.data() + i * dd, d_, d_);
+    Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d_, V, d_);
+    dir.noalias() = template_ * rot.transpose();  // row v = (R t_v)^T
+    if (shaped) {
+      Eigen::Map<const Matrix<double>> factor(metric_factor_.data() + i * dd, d_, d_);
+      Eigen::Map<Matrix<double>> sheared(sheared_.data() + i * V * d_, V, d_);
+      sheared.noalias() = dir * factor.transpose();  // row v = (L R t_v)^T
+    }
+  }
+}
+
+void StepEngine::draw_left_rotations() const {
+  if (drawn_) return;
+  // plan() left them to the evaluator and someone reads them after all: the bits plan() would
+  // have drawn (no bias, reuse or metric, which a left plan never has).
+  const int64_t dd = int64_t{d_} * d_;
+  threads_.for_chunks(particles_, kParticleGrain, [&](int64_t, int64_t begin, int64_t end) {
+    draw_rotations(stream_, begin, end - begin, d_, rotation_method_,
+                   std::span<double>(rotations_).subspan(idx(begin * dd), idx((end - begin) * dd)),
+                   std::span<const double>());
+    direct_particles(begin, end);
+  });
+  drawn_ = true;
+}
+
+std::span<const double> StepEngine::rotations() const {
+  draw_left_rotations();
+  return rotations_;
+}
+
+std::span<const double> StepEngine::probe_directions() const {
+  draw_left_rotations();
+  return config_.metric == MetricKind::bfgs ? std::span<const double>(sheared_)
+                                            : std::span<const double>(directions_);
 }
 
 std::span<const double> StepEngine::displacements() const {
@@ -319,6 +363,7 @@ const std::vector<char>& StepEngine::screen(std::span<const double> screen_losse
   if (static_cast<int64_t>(screen_losses.size()) != P * V)
     throw Error("screen: expected " + std::to_string(P * V) + " losses, got " +
                 std::to_string(screen_losses.size()));
+  draw_left_rotations();
   screen_losses_.assign(screen_losses.begin(), screen_losses.end());
   keep_.assign(idx(P * V), 0);
   const bool antithetic = config_.polytope == PolytopeKind::orthoplex;
@@ -441,6 +486,7 @@ StepInfo StepEngine::finish(std::span<const double> losses, std::span<const doub
     throw Error(
         "finish: a step with screening, adaptive probes or a metric cannot be finished "
         "sharded");
+  draw_left_rotations();  // the host's solve reads the directions
   bool reviewed = false;
   incumbents = check_finish(incumbents, moves, reviewed);
   const auto P = particles_, V = vertices_;

@@ -71,7 +71,17 @@ class StepEngine {
   // With `only` (ascending, disjoint ranges; empty: every particle), only those particles'
   // rotations and directions are drawn (processes that share the step, StepShard): each is
   // the bits it would be in a whole plan, and the others keep stale values nobody may read.
-  void plan(uint64_t objective_key, std::span<const ParticleRange> only = {});
+  // With `leave_rotations` (a whole plan of plain rotations: no `only`, bias, adaptive reuse
+  // or metric), the rotations and directions are not drawn: the evaluator draws them from
+  // rotation_stream() (Evaluator::draws_rotations). Reading rotations(), probe_directions()
+  // or displacements(), screening or finishing on the host draws them here after all, the
+  // same bits.
+  void plan(uint64_t objective_key, std::span<const ParticleRange> only = {},
+            bool leave_rotations = false);
+  // The counter-based stream of the planned step's rotations.
+  const RotationStream& rotation_stream() const { return stream_; }
+  // Whether plan() left this step's rotations to the evaluator and nobody has drawn them since.
+  bool rotations_left() const { return !drawn_; }
   // [P V K d], expanded from the probe directions on first use (the one-call polytope form
   // of VectorSearch never needs it).
   std::span<const double> displacements() const;
@@ -79,14 +89,11 @@ class StepEngine {
   const std::vector<char>& reused() const { return reused_; }
   // The unit-radius probe directions of the planned step [P V d]: displacement (i, v, k) is
   // planned_probe_radius() * k / (K + 1) times row (i, v), bit for bit.
-  std::span<const double> probe_directions() const {
-    return config_.metric == MetricKind::bfgs ? std::span<const double>(sheared_)
-                                              : std::span<const double>(directions_);
-  }
+  std::span<const double> probe_directions() const;
   double planned_probe_radius() const { return probe_r_; }
   // The rotations of the step in flight or just finished [P d d], and the transport weights
   // of the last finished step [P V] (for tests and diagnostics).
-  std::span<const double> rotations() const { return rotations_; }
+  std::span<const double> rotations() const;
   const Matrix<double>& weights() const { return weights_; }
 
   // Phase 0 of a scored step when reviews_steps(): the loss of the current point (the last
@@ -149,6 +156,10 @@ class StepEngine {
   // convergence; the closed-form rules report 0 and converged).
   // plan()'s draws and directions for the particles of `range`.
   void plan_particles(const RotationStream& stream, bool may_reuse, const ParticleRange& range);
+  // Directions (and sheared directions) of particles [begin, end) from their rotations.
+  void direct_particles(int64_t begin, int64_t end) const;
+  // The rotations and directions a plan() left to the evaluator, when something reads them.
+  void draw_left_rotations() const;
   // With `shard`, only this process's rows (and the exchanges of their partials).
   TransportResult solve_block(const BlockRange& block, double temperature, StepShard* shard);
   StepInfo begin_info() const;
@@ -213,9 +224,12 @@ class StepEngine {
   bool planned_ = false;
   uint64_t key_ = 0;
   double epsilon_ = 0, probe_r_ = 0, step_r_plan_ = 0;
-  std::vector<double> rotations_;   // [P d d]
-  std::vector<double> directions_;  // [P V d]: R_i t_v
-  std::vector<double> sheared_;     // [P V d]: L_i R_i t_v (metric = bfgs)
+  RotationStream stream_;
+  // Drawn by plan() or, when it left them to the evaluator, on first read (hence mutable).
+  mutable bool drawn_ = true;
+  mutable std::vector<double> rotations_;   // [P d d]
+  mutable std::vector<double> directions_;  // [P V d]: R_i t_v
+  mutable std::vector<double> sheared_;     // [P V d]: L_i R_i t_v (metric = bfgs)
   std::vector<double> gradients_;   // [P d]: the quadratic fit's gradient in template space
   mutable std::vector<double> displacements_;  // [P V K d], valid when displacements_ready_
   mutable bool displacements_ready_ = false;

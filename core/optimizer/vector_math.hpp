@@ -59,48 +59,10 @@ inline double vector_exp(double x) {
   return x < -708.0 ? 0.0 : (x > 709.0 ? std::numeric_limits<double>::infinity() : y);
 }
 
-// cos and sin of 2 pi u for u in [0, 1) (a uniform draw's angle): u's quadrant is exact in
-// binary, so the polynomials only ever see |angle| <= pi / 4.
-struct CosSin {
-  double c, s;
-};
-inline CosSin vector_cos_sin_turn(double u) {
-  constexpr double kHalfPi = 1.5707963267948966192;
-  constexpr double kShift = 0x1.8p52;  // as in vector_exp: rounds, keeps the integer's bits
-  const double q = u * 4.0;            // exact
-  const double t = q + kShift;
-  const double a = (q - (t - kShift)) * kHalfPi, a2 = a * a;  // |a| <= pi / 4
-  // Taylor to a^15 (sin) and a^16 (cos): remainders below 5e-17 and 2e-18.
-  double ps = -1.0 / 1307674368000.0;  // -1/15!
-  ps = ps * a2 + 1.0 / 6227020800.0;
-  ps = ps * a2 - 1.0 / 39916800.0;
-  ps = ps * a2 + 1.0 / 362880.0;
-  ps = ps * a2 - 1.0 / 5040.0;
-  ps = ps * a2 + 1.0 / 120.0;
-  ps = ps * a2 - 1.0 / 6.0;
-  const double sin_a = a + a * a2 * ps;
-  double pc = 1.0 / 20922789888000.0;  // 1/16!
-  pc = pc * a2 - 1.0 / 87178291200.0;
-  pc = pc * a2 + 1.0 / 479001600.0;
-  pc = pc * a2 - 1.0 / 3628800.0;
-  pc = pc * a2 + 1.0 / 40320.0;
-  pc = pc * a2 - 1.0 / 720.0;
-  pc = pc * a2 + 1.0 / 24.0;
-  pc = pc * a2 - 0.5;
-  const double cos_a = 1.0 + a2 * pc;
-  // Quarter turns k (mod 4) map (cos a, sin a) to (cos, sin) of the angle: k = 1 gives
-  // (-sin a, cos a), k = 2 (-cos a, -sin a), k = 3 (sin a, -cos a).
-  const uint64_t k = std::bit_cast<uint64_t>(t) - std::bit_cast<uint64_t>(kShift);
-  const bool swap = (k & 1U) != 0;
-  const uint64_t flip_c = ((k + 1U) & 2U) << 62U, flip_s = (k & 2U) << 62U;
-  const double c = std::bit_cast<double>(std::bit_cast<uint64_t>(swap ? sin_a : cos_a) ^ flip_c);
-  const double s = std::bit_cast<double>(std::bit_cast<uint64_t>(swap ? cos_a : sin_a) ^ flip_s);
-  return {c, s};
-}
-
 // x[i] = vector_exp(x[i]) for i < n.
 void exp_in_place(double* x, std::ptrdiff_t n);
-// (c[i], s[i]) = vector_cos_sin_turn(u[i]) for i < n; the arrays do not overlap.
+// (c[i], s[i]) = kernels::cos_sin_turn(u[i]) for i < n (kernels/plane_rotation.hpp, shared
+// with device backends that draw rotations); the arrays do not overlap.
 void cos_sin_turns(const double* u, double* c, double* s, std::ptrdiff_t n);
 
 }  // namespace polyprobe::detail

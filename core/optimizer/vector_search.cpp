@@ -127,10 +127,17 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
       !config_.adaptive_probes && config_.metric == MetricKind::identity &&
       !(config_.device_transport && evaluator.solves_transport()))
     shard = processes;
+  // An evaluator that solves the transport and draws the rotations itself (the host's bits)
+  // gets none: a whole step of plain rotations is left to it, and nothing per particle is sent.
+  const bool leave_rotations =
+      processes == nullptr && config_.device_rotations && config_.device_transport &&
+      !config_.multifidelity_screen && !config_.adaptive_probes && !config_.biased_rotation &&
+      config_.metric == MetricKind::identity && evaluator.solves_transport() &&
+      evaluator.draws_rotations(d);
   auto start = Clock::now();
   planned_.clear();
   if (shard != nullptr) planned_ = shard->planned_particles(P);
-  engine_.plan(objective_key, planned_);
+  engine_.plan(objective_key, planned_, leave_rotations);
   const double plan_ms = since(start);
   start = Clock::now();
   const auto& reused = engine_.reused();
@@ -216,8 +223,12 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     offload =
         config_.device_transport && evaluator.solves_transport() && engine_.transport_offloadable();
     if (processes != nullptr) processes->gather_losses(shard == nullptr);
-    const PolytopeProbe probe{engine_.probe_directions(), engine_.planned_probe_radius(), active_,
-                              rotated ? engine_.rotations() : std::span<const double>()};
+    const bool from_stream = offload && engine_.rotations_left();
+    const PolytopeProbe probe{
+        from_stream ? std::span<const double>() : engine_.probe_directions(),
+        engine_.planned_probe_radius(), active_,
+        rotated && !from_stream ? engine_.rotations() : std::span<const double>(),
+        from_stream ? &engine_.rotation_stream() : nullptr};
     // Offloaded, the losses stay with the backend for its transport solve.
     evaluator.score(probe, offload ? std::span<double>() : std::span<double>(losses_),
                     score_incumbent ? &incumbent : nullptr);

@@ -107,6 +107,11 @@ class PluginEvaluator final : public Evaluator {
     return PP_HAS_FIELD(api_, pp_session_api, transport) && api_->transport != nullptr;
   }
 
+  bool draws_rotations(int32_t d) const override {
+    return solves_transport() && PP_HAS_FIELD(api_, pp_session_api, draws_rotations) &&
+           api_->draws_rotations != nullptr && api_->draws_rotations(self_, d) != 0;
+  }
+
   void solve_transport(const TransportStepRequest& request,
                        std::span<TransportBlockResult> blocks) override {
     if (!solves_transport()) Evaluator::solve_transport(request, blocks);
@@ -266,6 +271,12 @@ class PluginEvaluator final : public Evaluator {
     r.active =
         probe.active.empty() ? nullptr : reinterpret_cast<const uint8_t*>(probe.active.data());
     r.rotations = probe.rotations.empty() ? nullptr : probe.rotations.data();
+    if (probe.stream != nullptr) {
+      r.directions = nullptr;
+      r.rotations_from_stream = 1;
+      r.rotation_seed = probe.stream->seed;
+      r.rotation_step = probe.stream->step;
+    }
     // An empty span asks the session to keep the losses for solve_transport().
     check(api_->score(self_, &r, losses.empty() ? nullptr : losses.data(), incumbent_loss, &err_),
           "score a step");

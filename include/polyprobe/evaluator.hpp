@@ -23,6 +23,7 @@
 
 #include <polyprobe/batch.hpp>
 #include <polyprobe/candidates.hpp>
+#include <polyprobe/geometry.hpp>
 #include <polyprobe/step_shard.hpp>
 #include <polyprobe/tensor.hpp>
 #include <polyprobe/transport.hpp>
@@ -66,6 +67,10 @@ struct PolytopeProbe {
   // [P d d] row-major R_i, directions[i, v, :] = R_i t_v, or empty when a metric shapes the
   // directions; a device backend may send these (per particle) instead of the directions.
   std::span<const double> rotations;
+  // Not null (only for an evaluator whose draws_rotations(d) is true): directions and
+  // rotations are empty, and R_i is particle i's rotation of this stream (draw_rotations),
+  // which the evaluator draws itself.
+  const RotationStream* stream = nullptr;
 };
 
 // The transport half of a step, for a backend that solves it where its losses are
@@ -150,6 +155,13 @@ class Evaluator {
   // its device. When it does, score(probe, {}, ...) with an empty loss span keeps the losses
   // there for the solve_transport() call that must follow. The default: no.
   virtual bool solves_transport() const { return false; }
+  // Whether this evaluator, one that solves_transport(), draws a step's rotations of particles
+  // of dimension d itself, with the host's bits (PolytopeProbe::stream): the step then sends
+  // nothing per particle. The default: no.
+  virtual bool draws_rotations(int32_t d) const {
+    (void)d;
+    return false;
+  }
   // Solves the step just scored; `blocks` has one entry per block. Throws when the
   // evaluator does not solve transports.
   virtual void solve_transport(const TransportStepRequest& request,

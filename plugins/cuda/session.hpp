@@ -4,6 +4,7 @@
 
 #include <polyprobe/plugin/abi.h>
 
+#include <cstdint>
 #include <memory>
 
 namespace polyprobe::cuda {
@@ -18,6 +19,9 @@ class Session {
   // losses == NULL (polytope form): they stay on the device for transport(), next.
   virtual void score(const pp_score_request& request, double* losses, double* incumbent_loss) = 0;
   virtual void transport(const pp_transport_request& request) = 0;
+  // Whether score() draws rotations of particles of dimension d from the optimizer's stream
+  // itself (pp_score_request::rotations_from_stream): those of d = 2, the host's bits.
+  bool draws_rotations(int32_t d) const { return d == 2; }
   virtual void read_incumbent(pp_tensor& theta) = 0;
   virtual const char* explain() = 0;
 };

@@ -34,7 +34,20 @@ void DeviceSession<T>::score(const pp_score_request& request, double* losses,
     active_is_all_ = all;
     const double* rotations =
         PP_HAS_FIELD(&request, pp_score_request, rotations) ? request.rotations : nullptr;
-    if (rotations != nullptr) {
+    const bool from_stream = PP_HAS_FIELD(&request, pp_score_request, rotation_step) &&
+                             request.rotations_from_stream != 0;
+    if (from_stream) {
+      // Drawn here from the optimizer's stream: nothing per particle comes up.
+      if (!draws_rotations(d_))
+        throw std::invalid_argument("score: rotations of dimension " + std::to_string(d_) +
+                                    " are not drawn on the device; send them");
+      rot_d_.reserve(sz(particles_ * d_ * d_));
+      launch_plane_rotations(request.rotation_seed, request.rotation_step, particles_,
+                             rot_d_.data(), s);
+      dir_d_.reserve(sz(particles_ * vertices_ * d_));
+      launch_directions(rot_d_.data(), polytope_d_.data(), particles_, vertices_, d_, dir_d_.data(),
+                        s);
+    } else if (rotations != nullptr) {
       // Per particle [P d d] up, the [P V d] directions built here.
       rot_d_.upload(rotations, sz(particles_ * d_ * d_), s);
       step_bytes_up_ += sz(particles_ * d_ * d_) * sizeof(double);

@@ -7,6 +7,8 @@
 #include "common.cuh"
 #include "transport.cuh"
 
+#include <polyprobe/plugin/kernels/plane_rotation.hpp>
+
 #include <cooperative_groups.h>
 
 #include <cmath>
@@ -68,6 +70,12 @@ __global__ void directions_kernel(const double* rotations, const double* polytop
       directions[iv * d + j] = s;
     }
   }
+}
+
+__global__ void plane_rotations_kernel(uint64_t seed, uint64_t step, int64_t particles,
+                                       double* rotations) {
+  for (int64_t i = launch::thread_index(); i < particles; i += launch::thread_stride())
+    kernels::plane_rotation(seed, step, static_cast<uint64_t>(i), rotations + i * 4);
 }
 
 // Where one transport block is solved: by one thread block (BlockScope, the rows strided over
@@ -425,6 +433,14 @@ void launch_directions(const double* rotations, const double* polytope, int64_t 
   directions_kernel<<<launch::blocks(n, 256), 256, 0, stream>>>(rotations, polytope, particles,
                                                                 vertices, d, directions);
   launch::check_last("directions kernel");
+}
+
+void launch_plane_rotations(uint64_t seed, uint64_t step, int64_t particles, double* rotations,
+                            cudaStream_t stream) {
+  if (particles == 0) return;
+  plane_rotations_kernel<<<launch::blocks(particles, 256), 256, 0, stream>>>(seed, step, particles,
+                                                                           rotations);
+  launch::check_last("plane rotations kernel");
 }
 
 void launch_transport(const TransportProblem& problem, cudaStream_t stream) {

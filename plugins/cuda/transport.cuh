@@ -21,6 +21,11 @@ inline constexpr int32_t kTransportMaxDim = 16;
 void launch_directions(const double* rotations, const double* polytope, int64_t particles,
                        int32_t vertices, int32_t d, double* directions, cudaStream_t stream);
 
+// rotations [P 2 2] row-major: particle i's plane rotation at `step` of the optimizer's
+// stream under `seed` (kernels/plane_rotation.hpp), the host's bits.
+void launch_plane_rotations(uint64_t seed, uint64_t step, int64_t particles, double* rotations,
+                            cudaStream_t stream);
+
 // What one launch solves: P particles of dimension d with V vertices and K probes, the losses
 // [P V K] and directions [P V d] already on the device.
 struct TransportProblem {

@@ -792,6 +792,54 @@ TEST_CASE("cuda: the transport solved on the device follows the host's", "[cuda]
     }
 }
 
+// Particles of d = 2 whose rotations the session draws from the optimizer's stream follow
+// the trajectory of the same session sent the host's rotations, bit for bit, and the step
+// sends nothing per particle up.
+TEST_CASE("cuda: rotations drawn on the device are the host's, bit for bit", "[cuda]") {
+  require_device();
+  std::mt19937_64 rng(63);
+  for (int trial = 0; trial < 6; ++trial) {
+    const Case c = random_case(rng, false, 12);
+    const TransportSetting& set = transport_settings()[static_cast<std::size_t>(trial) %
+                                                       transport_settings().size()];
+    INFO("trial " << trial << ": " << c.description);
+    OptimizerConfig config;
+    config.seed = 400 + static_cast<uint64_t>(trial);
+    config.solver = set.solver;
+    config.cost_scaling = set.scaling;
+    config.radius.kind = set.radius;
+    config.blocks = set.blocks;
+    config.num_probe = set.probes;
+    config.particle_dim = 2;
+    std::vector<std::vector<double>> finals;
+    std::vector<std::vector<StepInfo>> infos(2);
+    std::vector<nlohmann::json> explained;
+    for (const bool drawn : {false, true}) {
+      Model model = c.model;
+      auto evaluator =
+          backends().registry.make_evaluator(model, *c.loss, cuda_request(DType::f64, nullptr));
+      REQUIRE(evaluator->draws_rotations(2));
+      config.device_rotations = drawn;
+      PolytopeOptimizer opt(model, config);
+      opt.register_evaluator(*evaluator, c.batch);
+      for (int step = 0; step < 8; ++step) infos[drawn ? 1 : 0].push_back(opt.step());
+      finals.emplace_back(model.parameters().begin(), model.parameters().end());
+      explained.push_back(evaluator->explain()["plugin"]);
+    }
+    for (std::size_t step = 0; step < infos[0].size(); ++step) {
+      INFO("step " << step);
+      CHECK(infos[1][step].mean_cost == infos[0][step].mean_cost);
+      CHECK(infos[1][step].move_norm == infos[0][step].move_norm);
+    }
+    CHECK(finals[1] == finals[0]);
+    const std::size_t P = explained[1]["last_candidates"].get<std::size_t>() /
+                          (3 * static_cast<std::size_t>(set.probes));
+    CHECK(explained[0]["step_bytes_to_device"].get<std::size_t>() -
+              explained[1]["step_bytes_to_device"].get<std::size_t>() ==
+          P * 4 * sizeof(double));
+  }
+}
+
 // A monolithic block of thousands of particles (as a full-space step over every particle
 // gives) follows the host's solve too: the sums over many rows in the device's order stay
 // within rounding of the host's.

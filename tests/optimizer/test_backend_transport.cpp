@@ -5,6 +5,7 @@
 // device_transport = false). This runs everywhere; the cuda plugin's kernels have their own
 // test against the host (tests/cuda).
 #include <polyprobe/evaluator.hpp>
+#include <polyprobe/geometry.hpp>
 #include <polyprobe/loss.hpp>
 #include <polyprobe/model.hpp>
 #include <polyprobe/optimizer.hpp>
@@ -32,7 +33,11 @@ class SolvingEvaluator final : public DecoratingEvaluator {
                             "SolvingEvaluator") {}
   std::string name() const override { return "solving"; }
   bool solves_transport() const override { return true; }
-  int solved = 0;
+  // Draws the rotations of particles of d = 2 itself, as a device backend would (here with
+  // the core's draw_rotations, so the bits are the host's by construction).
+  bool draws_rotations(int32_t d) const override { return draws && d == 2; }
+  bool draws = false;
+  int solved = 0, drawn = 0;
 
   void solve_transport(const TransportStepRequest& r,
                        std::span<TransportBlockResult> blocks) override {
@@ -106,14 +111,35 @@ class SolvingEvaluator final : public DecoratingEvaluator {
   void session_score(const PolytopeProbe& probe, std::span<double> losses,
                      double* incumbent_loss) override {
     if (!losses.empty()) {
+      REQUIRE(probe.stream == nullptr);  // rotations are left only to a step solved here
       Evaluator::session_score(probe, losses, incumbent_loss);
       return;
     }
     // Asked to keep them: score into our own buffer, for the solve that follows.
-    const int64_t n = bound_particles().count() * bound_polytope().rows() * bound_probes();
+    const int64_t P = bound_particles().count(), V = bound_polytope().rows();
+    const int32_t d = bound_particles().d;
+    const int64_t n = P * V * bound_probes();
     losses_.assign(static_cast<std::size_t>(n), 0.0);
-    directions_.assign(probe.directions.begin(), probe.directions.end());
-    Evaluator::session_score(probe, losses_, incumbent_loss);
+    if (probe.stream != nullptr) {
+      REQUIRE(draws_rotations(d));
+      CHECK(probe.directions.empty());
+      std::vector<double> rotations(static_cast<std::size_t>(P * d * d));
+      draw_rotations(*probe.stream, 0, P, d, RotationMethod::automatic, rotations);
+      directions_.resize(static_cast<std::size_t>(P * V * d));
+      for (int64_t i = 0; i < P; ++i) {
+        Eigen::Map<const Matrix<double>> rot(rotations.data() + i * d * d, d, d);
+        Eigen::Map<Matrix<double>> dir(directions_.data() + i * V * d, V, d);
+        dir.noalias() = bound_polytope() * rot.transpose();
+      }
+      PolytopeProbe drawn_probe = probe;
+      drawn_probe.directions = directions_;
+      drawn_probe.stream = nullptr;
+      ++drawn;
+      Evaluator::session_score(drawn_probe, losses_, incumbent_loss);
+    } else {
+      directions_.assign(probe.directions.begin(), probe.directions.end());
+      Evaluator::session_score(probe, losses_, incumbent_loss);
+    }
     kept_ = true;
   }
 
@@ -177,4 +203,61 @@ TEST_CASE("steps the backend cannot solve stay on the host", "[optimizer]") {
   opt.register_evaluator(evaluator, batch);
   for (int step = 0; step < 3; ++step) opt.step();
   CHECK(evaluator.solved == 0);
+}
+
+TEST_CASE("rotations drawn by the backend give the host's trajectory, bit for bit",
+          "[optimizer]") {
+  const Batch batch = random_batch(8);
+  const auto loss = make_loss("cross_entropy", 1e-3);
+  const std::vector<polyprobe::testing::TransportSetting> settings =
+      polyprobe::testing::transport_settings();
+  for (std::size_t k = 0; k < settings.size(); ++k) {
+    OptimizerConfig config;
+    settings[k].apply(config);
+    config.num_probe = k % 2 == 0 ? 1 : 2;
+    config.particle_dim = 2;
+    config.seed = 9;
+    std::vector<std::vector<double>> finals;
+    for (const bool on_backend : {false, true}) {
+      Model model = small_mlp(3);
+      SolvingEvaluator evaluator(model, *loss);
+      evaluator.draws = true;
+      config.device_rotations = on_backend;
+      PolytopeOptimizer opt(model, config);
+      opt.register_evaluator(evaluator, batch);
+      for (int step = 0; step < 6; ++step) opt.step();
+      CHECK(evaluator.solved == 6);
+      CHECK(evaluator.drawn == (on_backend ? 6 : 0));
+      finals.emplace_back(model.parameters().begin(), model.parameters().end());
+    }
+    INFO("setting " << k);
+    CHECK(finals[1] == finals[0]);
+  }
+}
+
+TEST_CASE("rotations stay on the host where the step needs them there", "[optimizer]") {
+  const Batch batch = random_batch(9);
+  const auto loss = make_loss("cross_entropy", 0);
+  OptimizerConfig base;
+  base.particle_dim = 2;
+  // Each needs the host's rotations (or the host's transport): the evaluator draws none.
+  std::vector<std::pair<std::string, OptimizerConfig>> cases;
+  cases.emplace_back("d = 3", base);
+  cases.back().second.particle_dim = 3;
+  cases.emplace_back("biased rotations", base);
+  cases.back().second.biased_rotation = true;
+  cases.emplace_back("transport on the host", base);
+  cases.back().second.device_transport = false;
+  cases.emplace_back("adaptive probes", base);
+  cases.back().second.adaptive_probes = true;
+  for (const auto& [what, config] : cases) {
+    INFO(what);
+    Model model = small_mlp(4);
+    SolvingEvaluator evaluator(model, *loss);
+    evaluator.draws = true;
+    PolytopeOptimizer opt(model, config);
+    opt.register_evaluator(evaluator, batch);
+    for (int step = 0; step < 3; ++step) opt.step();
+    CHECK(evaluator.drawn == 0);
+  }
 }

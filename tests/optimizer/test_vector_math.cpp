@@ -2,13 +2,15 @@
 // double's, in units in the last place of the double result, over their whole domains.
 #include "optimizer/vector_math.hpp"
 
+#include <polyprobe/plugin/kernels/plane_rotation.hpp>
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <limits>
 #include <random>
 
-using polyprobe::detail::vector_cos_sin_turn;
+using polyprobe::kernels::cos_sin_turn;
 using polyprobe::detail::vector_exp;
 
 namespace {
@@ -50,13 +52,13 @@ TEST_CASE("vector_exp is within 2 ulp of exp over its domain, with its stated ed
   }
 }
 
-TEST_CASE("vector_cos_sin_turn is within 2 ulp of cos and sin of 2 pi u, on the unit circle") {
+TEST_CASE("cos_sin_turn is within 2 ulp of cos and sin of 2 pi u, on the unit circle") {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> draw(0.0, 1.0);
   const long double two_pi = 2.0L * 3.141592653589793238462643383279502884L;
   double worst = 0, worst_norm = 0;
   auto check = [&](double u) {
-    const auto [c, s] = vector_cos_sin_turn(u);
+    const auto [c, s] = cos_sin_turn(u);
     // Far from the axes only: near a zero of sin or cos an ulp of the result is tiny, and
     // the angle 2 pi u itself carries an error of an ulp of u.
     const long double angle = two_pi * static_cast<long double>(u);
@@ -74,10 +76,10 @@ TEST_CASE("vector_cos_sin_turn is within 2 ulp of cos and sin of 2 pi u, on the 
   INFO("worst error " << worst << " ulp, worst |c^2 + s^2 - 1| " << worst_norm);
   CHECK(worst <= 2.0);
   CHECK(worst_norm <= 4 * std::numeric_limits<double>::epsilon());
-  const auto [c0, s0] = vector_cos_sin_turn(0.0);
+  const auto [c0, s0] = cos_sin_turn(0.0);
   CHECK(c0 == 1.0);
   CHECK(s0 == 0.0);
-  const auto [c1, s1] = vector_cos_sin_turn(0.25);
+  const auto [c1, s1] = cos_sin_turn(0.25);
   CHECK(c1 == 0.0);
   CHECK(s1 == 1.0);
 }

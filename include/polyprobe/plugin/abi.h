@@ -319,6 +319,15 @@ typedef struct pp_score_request {
    * itself instead of uploading [P V d]. NULL when the directions are not plain rotations of
    * the template (a metric shapes them): then read `directions`. */
   const double* rotations;
+  /* --- appended: rotations the session draws itself --- */
+  /* (optional, PP_CANDIDATES_POLYTOPE; only to a session whose draws_rotations(self, d)
+   * returned nonzero) Nonzero: directions and rotations are NULL, and R_i is particle i's
+   * rotation at step rotation_step of the optimizer's counter-based stream under
+   * rotation_seed, which the session computes itself with the same bits as the host
+   * (kernels/plane_rotation.hpp for d = 2); directions[i, v, :] = R_i t_v as above. */
+  int32_t rotations_from_stream;
+  uint64_t rotation_seed;
+  uint64_t rotation_step;
 } pp_score_request;
 
 /* The transport half of an optimizer step (docs/plugins.md, "Which kernels of a step a
@@ -413,6 +422,11 @@ typedef struct pp_session_api {
    * that offers it accepts losses == NULL in a PP_CANDIDATES_POLYTOPE score call: the losses
    * then stay on its device for this call, which must come next. */
   int (*transport)(void* self, const pp_transport_request* request, pp_error* err);
+  /* (optional) Nonzero when the session draws the rotations of particles of dimension d from
+   * the optimizer's stream itself (pp_score_request::rotations_from_stream), so a step sends
+   * no per-particle data up. Only asked of a session that offers transport: the host then
+   * never needs the step's directions. */
+  int (*draws_rotations)(void* self, int32_t d);
 } pp_session_api;
 
 typedef struct pp_accumulator_api {

@@ -209,6 +209,7 @@ constexpr pp_layer_kind make_layer_kind(const char* kind, const char* summary) {
 // and optionally
 //   const char* explain();                           // JSON, valid until the next call
 //   void transport(const pp_transport_request& request);
+//   bool draws_rotations(int32_t d);                 // (with transport) may be const
 // make_session_api<S>() turns it into the ABI's pp_session_api (the optional members are
 // NULL when S lacks them), and hand_over_session() gives a created session to the host.
 template <class S>
@@ -244,6 +245,14 @@ struct SessionAdapter {
   static int transport(void* self, const pp_transport_request* request, pp_error* err) {
     return guard(err, [&] { session(self).transport(*request); });
   }
+  // A question, not a call that can fail: an exception reads as "no".
+  static int draws_rotations(void* self, int32_t d) noexcept {
+    try {
+      return session(self).draws_rotations(d) ? 1 : 0;
+    } catch (...) {
+      return 0;
+    }
+  }
   static void destroy(void* self) noexcept { delete static_cast<S*>(self); }
 };
 
@@ -264,6 +273,10 @@ constexpr pp_session_api make_session_api() {
     api.explain = &SessionAdapter<S>::explain;
   if constexpr (requires(S & s, const pp_transport_request& r) { s.transport(r); })
     api.transport = &SessionAdapter<S>::transport;
+  if constexpr (requires(S & s, int32_t d) {
+                  { s.draws_rotations(d) } -> std::convertible_to<bool>;
+                })
+    api.draws_rotations = &SessionAdapter<S>::draws_rotations;
   return api;
 }
 
