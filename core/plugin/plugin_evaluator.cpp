@@ -257,6 +257,13 @@ class PluginEvaluator final : public Evaluator {
   }
 
   void session_move(std::span<const double> moves) override {
+    // Through a subspace every coordinate's move touches a whole rank-one direction of a
+    // weight: the mirror, already moved (usually a copy of the optimizer's moved parameters),
+    // goes over instead of the session repeating that arithmetic.
+    if (subspace_ != nullptr) {
+      session_incumbent();
+      return;
+    }
     check(api_->move_incumbent(self_, moves.data(), &err_), "move the incumbent");
   }
 

@@ -234,6 +234,7 @@ void DeviceSession<T>::set_incumbent(const pp_tensor& theta) {
   const auto* data = static_cast<const double*>(theta.data);
   theta_h_.assign(data, data + plan_.n_params);
   theta_d_.upload(theta_h_.data(), theta_h_.size(), stream_.get());
+  step_bytes_up_ += theta_h_.size() * sizeof(double);  // a step's move through a subspace
   incumbent_changed();
 }
 
