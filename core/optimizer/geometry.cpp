@@ -144,7 +144,9 @@ void draw_plane(const RotationStream& stream, int64_t first, int64_t count,
 
 void draw_qr(const RotationStream& stream, int64_t first, int64_t count, int32_t d,
              std::span<double> rotations, std::span<const double> bias) {
-  MatD g(d, d);
+  // One factorisation and one Q reused for every particle: no allocation per rotation.
+  MatD g(d, d), q(d, d);
+  Eigen::HouseholderQR<MatD> qr(d, d);
   std::vector<double> normals(static_cast<std::size_t>(d) * static_cast<std::size_t>(d));
   for (int64_t p = 0; p < count; ++p) {
     particle_normals(stream, first + p, normals);
@@ -155,8 +157,8 @@ void draw_qr(const RotationStream& stream, int64_t first, int64_t count, int32_t
     double norm = 0;
     if (usable_bias(bias, p, d, norm))
       for (int32_t i = 0; i < d; ++i) g(i, 0) = bias[static_cast<std::size_t>(p * d + i)] / norm;
-    Eigen::HouseholderQR<MatD> qr(g);
-    MatD q = qr.householderQ();
+    qr.compute(g);
+    q = qr.householderQ();
     const MatD& r = qr.matrixQR();
     for (int32_t j = 0; j < d; ++j)
       if (r(j, j) < 0) q.col(j) *= -1;
