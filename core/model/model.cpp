@@ -3,6 +3,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <type_traits>
+#include <vector>
+
 namespace polyprobe {
 
 Model::Model(Shape input_shape, DType dtype) : input_shape_(std::move(input_shape)), dtype_(dtype) {
@@ -43,6 +46,19 @@ void Model::initialize(uint64_t seed) {
 
 template <class S>
 Matrix<S> Model::forward(ConstMatrixRef<S> x, std::span<const double> params) const {
+  if (static_cast<int64_t>(params.size()) != num_parameters())
+    throw Error("parameter vector has " + std::to_string(params.size()) + " entries, model has " +
+                std::to_string(num_parameters()));
+  if constexpr (std::is_same_v<S, double>) {
+    return forward_converted<S>(x, params);
+  } else {
+    const std::vector<S> converted(params.begin(), params.end());
+    return forward_converted<S>(x, converted);
+  }
+}
+
+template <class S>
+Matrix<S> Model::forward_converted(ConstMatrixRef<S> x, std::span<const S> params) const {
   if (x.cols() != input_shape_.numel())
     throw Error("model input has " + std::to_string(x.cols()) + " features, expected " +
                 std::to_string(input_shape_.numel()) + " (shape " + input_shape_.str() + ")");
@@ -50,21 +66,22 @@ Matrix<S> Model::forward(ConstMatrixRef<S> x, std::span<const double> params) co
     throw Error("parameter vector has " + std::to_string(params.size()) + " entries, model has " +
                 std::to_string(num_parameters()));
   Matrix<S> current = x;
-  std::vector<S> layer_params;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = *layers_[i];
     const auto count = static_cast<std::size_t>(layer.parameter_count());
     const auto offset = static_cast<std::size_t>(layer_offsets_[i]);
-    layer_params.assign(params.begin() + static_cast<std::ptrdiff_t>(offset),
-                        params.begin() + static_cast<std::ptrdiff_t>(offset + count));
     Matrix<S> next(current.rows(), layer.output_shape().numel());
-    layer.forward(current, layer_params, next);
+    layer.forward(current, params.subspan(offset, count), next);
     current.swap(next);
   }
   return current;
 }
 
 template Matrix<float> Model::forward<float>(ConstMatrixRef<float>, std::span<const double>) const;
+template Matrix<float> Model::forward_converted<float>(ConstMatrixRef<float>,
+                                                       std::span<const float>) const;
+template Matrix<double> Model::forward_converted<double>(ConstMatrixRef<double>,
+                                                         std::span<const double>) const;
 template Matrix<double> Model::forward<double>(ConstMatrixRef<double>,
                                                std::span<const double>) const;
 

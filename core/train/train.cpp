@@ -56,12 +56,15 @@ EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Matrix<
   const int64_t first_row = first * chunk_rows;
   const int64_t end_row =
       std::min(rows, offsets[static_cast<std::size_t>(mine) + 1] / 2 * chunk_rows);
-  // Layers' forwards are const and may run concurrently (as evaluators already run them).
+  // Layers' forwards are const and may run concurrently (as evaluators already run them);
+  // the parameters are converted once for every chunk.
+  const std::vector<S> params = model.params_as<S>();
   threads.for_chunks(
       std::max<int64_t>(0, end_row - first_row), chunk_rows, [&](int64_t c, int64_t b, int64_t e) {
         const int64_t chunk = first + c, begin = first_row + b, end = first_row + e;
         const Matrix<S> outputs =
-            model.forward<S>(inputs.middleRows(begin, end - begin).template cast<S>());
+            model.forward_converted<S>(inputs.middleRows(begin, end - begin).template cast<S>(),
+                                       params);
         std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
         loss.per_sample(outputs, targets, begin, per);
         double sum = 0;

@@ -63,6 +63,15 @@ class Model {
   Matrix<S> forward(ConstMatrixRef<S> x) const {
     return forward<S>(x, params_);
   }
+  // The same, with the flat parameters already in S (params_as<S>()): many forwards of one
+  // state (the chunks of an evaluation) convert them once rather than once each.
+  template <class S>
+  Matrix<S> forward_converted(ConstMatrixRef<S> x, std::span<const S> params) const;
+  // The flat parameters converted to S.
+  template <class S>
+  std::vector<S> params_as() const {
+    return std::vector<S>(params_.begin(), params_.end());
+  }
 
  private:
   Shape input_shape_;
