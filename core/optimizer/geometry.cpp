@@ -125,7 +125,8 @@ void draw_plane(const RotationStream& stream, int64_t first, int64_t count,
   const auto n = static_cast<std::size_t>(count);
   std::vector<double> turns(n), c(n), s(n);
   for (std::size_t p = 0; p < n; ++p) {
-    turns[p] = kernels::plane_rotation_turn(stream.seed, stream.step, static_cast<uint64_t>(first) + p);
+    turns[p] =
+        kernels::plane_rotation_turn(stream.seed, stream.step, static_cast<uint64_t>(first) + p);
   }
   detail::cos_sin_turns(turns.data(), c.data(), s.data(), count);
   for (int64_t p = 0; p < count; ++p) {

@@ -230,7 +230,7 @@ class StepEngine {
   mutable std::vector<double> rotations_;   // [P d d]
   mutable std::vector<double> directions_;  // [P V d]: R_i t_v
   mutable std::vector<double> sheared_;     // [P V d]: L_i R_i t_v (metric = bfgs)
-  std::vector<double> gradients_;   // [P d]: the quadratic fit's gradient in template space
+  std::vector<double> gradients_;           // [P d]: the quadratic fit's gradient in template space
   mutable std::vector<double> displacements_;  // [P V K d], valid when displacements_ready_
   mutable bool displacements_ready_ = false;
   Matrix<double> scaled_;     // [P V] solve_block's scaled costs (rows of its block), kept

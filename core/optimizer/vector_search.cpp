@@ -129,11 +129,11 @@ StepInfo VectorSearch::step(std::span<double> params, Evaluator& evaluator, Eval
     shard = processes;
   // An evaluator that solves the transport and draws the rotations itself (the host's bits)
   // gets none: a whole step of plain rotations is left to it, and nothing per particle is sent.
-  const bool leave_rotations =
-      processes == nullptr && config_.device_rotations && config_.device_transport &&
-      !config_.multifidelity_screen && !config_.adaptive_probes && !config_.biased_rotation &&
-      config_.metric == MetricKind::identity && evaluator.solves_transport() &&
-      evaluator.draws_rotations(d);
+  const bool leave_rotations = processes == nullptr && config_.device_rotations &&
+                               config_.device_transport && !config_.multifidelity_screen &&
+                               !config_.adaptive_probes && !config_.biased_rotation &&
+                               config_.metric == MetricKind::identity &&
+                               evaluator.solves_transport() && evaluator.draws_rotations(d);
   auto start = Clock::now();
   planned_.clear();
   if (shard != nullptr) planned_ = shard->planned_particles(P);

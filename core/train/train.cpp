@@ -62,9 +62,8 @@ EvaluationResult evaluate_in(const Model& model, const Loss& loss, const Matrix<
   threads.for_chunks(
       std::max<int64_t>(0, end_row - first_row), chunk_rows, [&](int64_t c, int64_t b, int64_t e) {
         const int64_t chunk = first + c, begin = first_row + b, end = first_row + e;
-        const Matrix<S> outputs =
-            model.forward_converted<S>(inputs.middleRows(begin, end - begin).template cast<S>(),
-                                       params);
+        const Matrix<S> outputs = model.forward_converted<S>(
+            inputs.middleRows(begin, end - begin).template cast<S>(), params);
         std::vector<S> per(static_cast<std::size_t>(outputs.rows()));
         loss.per_sample(outputs, targets, begin, per);
         double sum = 0;

@@ -439,7 +439,7 @@ void launch_plane_rotations(uint64_t seed, uint64_t step, int64_t particles, dou
                             cudaStream_t stream) {
   if (particles == 0) return;
   plane_rotations_kernel<<<launch::blocks(particles, 256), 256, 0, stream>>>(seed, step, particles,
-                                                                           rotations);
+                                                                             rotations);
   launch::check_last("plane rotations kernel");
 }
 

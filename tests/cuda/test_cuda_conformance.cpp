@@ -800,8 +800,8 @@ TEST_CASE("cuda: rotations drawn on the device are the host's, bit for bit", "[c
   std::mt19937_64 rng(63);
   for (int trial = 0; trial < 6; ++trial) {
     const Case c = random_case(rng, false, 12);
-    const TransportSetting& set = transport_settings()[static_cast<std::size_t>(trial) %
-                                                       transport_settings().size()];
+    const TransportSetting& set =
+        transport_settings()[static_cast<std::size_t>(trial) % transport_settings().size()];
     INFO("trial " << trial << ": " << c.description);
     OptimizerConfig config;
     config.seed = 400 + static_cast<uint64_t>(trial);

@@ -205,8 +205,7 @@ TEST_CASE("steps the backend cannot solve stay on the host", "[optimizer]") {
   CHECK(evaluator.solved == 0);
 }
 
-TEST_CASE("rotations drawn by the backend give the host's trajectory, bit for bit",
-          "[optimizer]") {
+TEST_CASE("rotations drawn by the backend give the host's trajectory, bit for bit", "[optimizer]") {
   const Batch batch = random_batch(8);
   const auto loss = make_loss("cross_entropy", 1e-3);
   const std::vector<polyprobe::testing::TransportSetting> settings =

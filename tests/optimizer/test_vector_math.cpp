@@ -10,8 +10,8 @@
 #include <limits>
 #include <random>
 
-using polyprobe::kernels::cos_sin_turn;
 using polyprobe::detail::vector_exp;
+using polyprobe::kernels::cos_sin_turn;
 
 namespace {
 
