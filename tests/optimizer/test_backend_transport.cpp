@@ -239,6 +239,7 @@ TEST_CASE("rotations stay on the host where the step needs them there", "[optimi
   const auto loss = make_loss("cross_entropy", 0);
   OptimizerConfig base;
   base.particle_dim = 2;
+  base.device_rotations = true;
   // Each needs the host's rotations (or the host's transport): the evaluator draws none.
   std::vector<std::pair<std::string, OptimizerConfig>> cases;
   cases.emplace_back("d = 3", base);
