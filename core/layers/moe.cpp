@@ -28,6 +28,11 @@ class HardMixture final : public LayerBase<HardMixture> {
   }
 
   std::string kind() const override { return "moe"; }
+  LayerContract contract() const override {
+    LayerContract c;
+    c.site_local = true;  // each position is routed and computed on its own
+    return c;
+  }
   nlohmann::json attributes() const override {
     return {{"num_experts", experts_}, {"out_features", out_}};
   }

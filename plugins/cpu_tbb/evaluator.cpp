@@ -313,10 +313,7 @@ const char* EvaluatorImpl<S>::explain() {
     if (!layer.probe_note.empty()) entry["contract_not_trusted"] = layer.probe_note;
     if (site_local_.layer(l).declared)
       entry["site_local"] = site_local_.layer(l).usable()
-                                ? "yes (probed)" + site_local_.layer(l).attention +
-                                      (site_local_.layer(l).kind == SiteLayer::Kind::conv
-                                           ? "; " + site_local_.layer(l).tail.note
-                                           : "")
+                                ? "yes (probed)" + site_local_.layer(l).detail
                                 : site_local_.layer(l).note;
     layers.push_back(entry);
   }

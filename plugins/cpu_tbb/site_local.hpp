@@ -1,6 +1,6 @@
 // The layers the site-local path knows (site_local_path.cpp): their geometry, parsed from
-// the layer's kind and attributes, and whether the plugin's per-site computation matched the
-// layer's own forward on a probe.
+// the layer's typed op, and whether the plugin's per-site computation matched the layer's own
+// forward on a probe.
 #pragma once
 
 #include "channel_tail.hpp"
@@ -16,7 +16,7 @@
 namespace polyprobe::cpu_tbb {
 
 struct SiteLayer {
-  enum class Kind { none, conv, attention };
+  enum class Kind { none, conv, attention, moe };
   Kind kind = Kind::none;
   bool declared = false;  // the layer declares PP_CONTRACT_SITE_LOCAL
   bool probed = false;    // the per-site computation matched host_forward on a probe
@@ -48,11 +48,32 @@ struct SiteLayer {
   int64_t out_weight_offset() const { return 3 * embed * embed + (bias ? 3 * embed : 0); }
 
   // attention: the host's "sdpa" operation for this dtype (operations.h), or null for the
-  // explicit attention; `attention` says which, for explain.
+  // explicit attention.
   const pp_sdpa_table* sdpa = nullptr;
-  std::string attention;
+
+  // moe (hard top-1 mixture) on [tokens, expert_in]: router.weight [experts, expert_in],
+  // router.bias [experts], then per expert weight [expert_out, expert_in] and bias
+  // [expert_out]. A moved expert row changes that output column of the tokens routed to the
+  // expert; a moved router entry may reroute tokens, whose whole rows are then recomputed.
+  int64_t tokens = 0, expert_in = 0, expert_out = 0, experts = 0;
+  int64_t expert_offset(int64_t e) const {
+    return experts * (expert_in + 1) + e * expert_out * (expert_in + 1);
+  }
+  // The verified elementwise layers after the moe (flatten aside) up to the affine layer
+  // they feed, when the moe's output reaches it value for value: a candidate's changed
+  // values then go through them alone into that layer's output.
+  std::vector<TailStage> feature_tail;
+  std::size_t feature_affine = 0;  // 0: no usable tail (the suffix runs over every value)
+
+  std::string detail;  // for explain: what the computation runs through (attention, moe)
 
   bool usable() const { return kind != Kind::none && probed; }
+};
+
+// The tokens of a moe's batch grouped by the expert that serves them: expert e's are
+// tokens[begin[e] .. begin[e + 1]), ascending (token = sample * tokens + position).
+struct MoeServed {
+  std::vector<int64_t> begin, tokens;
 };
 
 // One worker's buffers for the site-local path, sized on first use and reused.
@@ -75,6 +96,15 @@ struct SiteWork {
   std::vector<S> deltas;    // [candidates, moves]
   std::vector<S> parts;     // the moved q/k/v parts of one head [candidates, batch * L, hd]
   std::vector<S> head_mix;  // per moved head [candidates, batch * L, hd]
+  // moe: per moved parameter its expert, output row (-1: a router entry) and input column
+  // (-1: a bias); the output rows the candidates change (every row once the router moves)
+  // and each row's slot among them (-1: unchanged)
+  std::vector<int64_t> move_expert, move_row, move_col;
+  std::vector<int64_t> rows, row_slot;
+  bool router_moved = false;
+  std::vector<S> route_scores;  // one token's router scores
+  M values, value_base;         // the changed values [batch, tokens * rows], the incumbent's
+  M tail_base, tail_weights;    // feature tail: the incumbent there, the affine W^T rows
 };
 
 // The number of values of a tensor shape.

@@ -344,6 +344,164 @@ void attention_apply_fused(const SiteLayer& L, const S* x, int64_t batch, const 
   }
 }
 
+// --- hard mixture of experts
+
+// The incumbent's router scores [batch * tokens, experts] and each token's expert (the first
+// largest score, as the layer picks it), computed by the layer's own expression.
+template <class S>
+void moe_base(const SiteLayer& L, const S* x, int64_t batch, const S* params, Mat<S>& scores,
+              std::vector<int32_t>& route, MoeServed& served) {
+  const int64_t rows = batch * L.tokens, experts = L.experts, in = L.expert_in;
+  scores.resize(rows, experts);
+  scores.noalias() = ConstMapMat<S>(x, rows, in) * ConstMapMat<S>(params, experts, in).transpose();
+  scores.rowwise() +=
+      Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(params + experts * in, experts);
+  route.resize(static_cast<std::size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    int32_t best = 0;
+    for (int32_t e = 1; e < experts; ++e)
+      if (scores(r, e) > scores(r, best)) best = e;
+    route[static_cast<std::size_t>(r)] = best;
+  }
+  // The tokens of each expert, in order: a counting sort.
+  served.begin.assign(static_cast<std::size_t>(experts) + 1, 0);
+  for (const int32_t e : route) ++served.begin[static_cast<std::size_t>(e) + 1];
+  for (std::size_t e = 1; e < served.begin.size(); ++e) served.begin[e] += served.begin[e - 1];
+  served.tokens.resize(route.size());
+  std::vector<int64_t> next(served.begin.begin(), served.begin.end() - 1);
+  for (int64_t r = 0; r < rows; ++r)
+    served.tokens[static_cast<std::size_t>(
+        next[static_cast<std::size_t>(route[static_cast<std::size_t>(r)])]++)] = r;
+}
+
+// Decodes the moved parameters (w.param): their expert, row and column, and the output rows
+// the candidates change (all of them once the router moves: tokens may change expert).
+template <class S>
+void moe_setup(const SiteLayer& L, SiteWork<S>& w) {
+  const int64_t in = L.expert_in, out = L.expert_out, router_end = L.experts * (in + 1);
+  const int64_t per_expert = out * (in + 1);
+  w.move_expert.clear();
+  w.move_row.clear();
+  w.move_col.clear();
+  w.router_moved = false;
+  w.row_slot.assign(static_cast<std::size_t>(out), -1);
+  for (const int64_t p : w.param) {
+    if (p < router_end) {
+      w.router_moved = true;
+      w.move_expert.push_back(p < L.experts * in ? p / in : p - L.experts * in);
+      w.move_row.push_back(-1);
+      w.move_col.push_back(p < L.experts * in ? p % in : -1);
+      continue;
+    }
+    const int64_t q = (p - router_end) % per_expert;
+    w.move_expert.push_back((p - router_end) / per_expert);
+    w.move_row.push_back(q < out * in ? q / in : q - out * in);
+    w.move_col.push_back(q < out * in ? q % in : -1);
+    w.row_slot[static_cast<std::size_t>(w.move_row.back())] = 0;
+  }
+  w.rows.clear();
+  for (int64_t o = 0; o < out; ++o)
+    if (w.router_moved || w.row_slot[static_cast<std::size_t>(o)] == 0) {
+      w.row_slot[static_cast<std::size_t>(o)] = static_cast<int64_t>(w.rows.size());
+      w.rows.push_back(o);
+    }
+}
+
+// values [batch, tokens * R] (R = w.rows.size()) holds the incumbent's output at the rows
+// w.rows of every token; adds the moved parameters' change (w.delta): a token keeps its expert
+// and takes its moved rows' change, or the moved router sends it to another expert and its
+// rows are that expert's (with that expert's moved parameters).
+template <class S>
+void moe_apply(const SiteLayer& L, const S* x, int64_t batch, const S* params, const Mat<S>& scores,
+               const std::vector<int32_t>& route, const MoeServed& served, SiteWork<S>& w,
+               S* values) {
+  const int64_t in = L.expert_in, out = L.expert_out, rows = static_cast<int64_t>(w.rows.size());
+  const std::size_t moves = w.param.size();
+  if (!w.router_moved) {
+    // Every token keeps its expert: only the moved experts' tokens change.
+    for (std::size_t m = 0; m < moves; ++m) {
+      const auto e = static_cast<std::size_t>(w.move_expert[m]);
+      const int64_t slot = w.row_slot[static_cast<std::size_t>(w.move_row[m])], col = w.move_col[m];
+      const S delta = w.delta[m];
+      for (int64_t k = served.begin[e]; k < served.begin[e + 1]; ++k) {
+        const int64_t r = served.tokens[static_cast<std::size_t>(k)];
+        values[r * rows + slot] += delta * (col < 0 ? S(1) : x[r * in + col]);
+      }
+    }
+    return;
+  }
+  w.route_scores.resize(static_cast<std::size_t>(L.experts));
+  for (int64_t r = 0; r < batch * L.tokens; ++r) {
+    const S* token = x + r * in;
+    S* y = values + r * rows;
+    const int32_t was = route[static_cast<std::size_t>(r)];
+    int32_t now = was;
+    if (w.router_moved) {
+      for (int64_t e = 0; e < L.experts; ++e)
+        w.route_scores[static_cast<std::size_t>(e)] = scores(r, e);
+      for (std::size_t m = 0; m < moves; ++m)
+        if (w.move_row[m] < 0)
+          w.route_scores[static_cast<std::size_t>(w.move_expert[m])] +=
+              w.delta[m] * (w.move_col[m] < 0 ? S(1) : token[w.move_col[m]]);
+      now = 0;  // the first largest score, as the layer picks it
+      for (int32_t e = 1; e < L.experts; ++e)
+        if (w.route_scores[static_cast<std::size_t>(e)] >
+            w.route_scores[static_cast<std::size_t>(now)])
+          now = e;
+    }
+    if (now != was) {
+      // Rerouted: the new expert's rows from scratch (w.rows is every row here).
+      const S* expert = params + L.expert_offset(now);
+      const ConstMapMat<S> weight(expert, out, in);
+      for (int64_t j = 0; j < rows; ++j) {
+        const int64_t o = w.rows[static_cast<std::size_t>(j)];
+        y[j] = weight.row(o).dot(Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(token, in)) +
+               expert[out * in + o];
+      }
+    }
+    for (std::size_t m = 0; m < moves; ++m)
+      if (w.move_row[m] >= 0 && w.move_expert[m] == now)
+        y[w.row_slot[static_cast<std::size_t>(w.move_row[m])]] +=
+            w.delta[m] * (w.move_col[m] < 0 ? S(1) : token[w.move_col[m]]);
+  }
+}
+
+// values [batch, tokens * R] <- full [batch, tokens * expert_out] at the rows w.rows
+// (scatter: the other way).
+template <class S, class Full>
+void moe_gather(const SiteLayer& L, const SiteWork<S>& w, const Full& full, int64_t batch,
+                typename SiteWork<S>::M& values) {
+  const auto rows = static_cast<int64_t>(w.rows.size());
+  values.resize(batch, L.tokens * rows);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < L.tokens; ++t)
+      for (int64_t j = 0; j < rows; ++j)
+        values(b, t * rows + j) = full(b, t * L.expert_out + w.rows[static_cast<std::size_t>(j)]);
+}
+template <class S, class Full>
+void moe_scatter(const SiteLayer& L, const SiteWork<S>& w, const typename SiteWork<S>::M& values,
+                 Full&& full) {
+  const auto rows = static_cast<int64_t>(w.rows.size());
+  for (int64_t b = 0; b < values.rows(); ++b)
+    for (int64_t t = 0; t < L.tokens; ++t)
+      for (int64_t j = 0; j < rows; ++j)
+        full(b, t * L.expert_out + w.rows[static_cast<std::size_t>(j)]) = values(b, t * rows + j);
+}
+
+// The feature tail's elementwise layers on values, in place.
+template <class S>
+void run_feature_tail(const std::vector<TailStage>& stages, typename SiteWork<S>::M& values) {
+  for (const TailStage& st : stages) {
+    if (st.op == TailStage::Op::relu) {
+      values = values.cwiseMax(S(0));
+      continue;
+    }
+    const pp_scalar_fn fn = st.layer->view->elementwise_fn;
+    for (Eigen::Index i = 0; i < values.size(); ++i)
+      values.data()[i] = static_cast<S>(fn(st.layer->ctx, static_cast<double>(values.data()[i])));
+  }
+}
+
 }  // namespace
 
 // --- attribute helpers (site_local.hpp)
@@ -432,6 +590,22 @@ std::string parse_attention(const pp_layer_view& v, const pp_attention_attrs& a,
   return {};
 }
 
+std::string parse_moe(const pp_layer_view& v, const pp_moe_attrs& a, SiteLayer& L) {
+  if (v.in_ndim < 1) return "an input without dimensions";
+  L.expert_in = a.in_features;
+  L.expert_out = a.out_features;
+  L.experts = a.experts;
+  if (L.expert_in <= 0 || L.expert_out <= 0 || L.experts <= 0 || L.experts > INT32_MAX ||
+      v.in_shape[v.in_ndim - 1] != L.expert_in)
+    return "attributes out of range";
+  L.tokens = numel(v.in_ndim, v.in_shape) / L.expert_in;
+  if (numel(v.out_ndim, v.out_shape) != L.tokens * L.expert_out)
+    return "an output shape that differs from the attributes";
+  if (v.param_count != L.expert_offset(L.experts))
+    return "a parameter count that differs from the attributes";
+  return {};
+}
+
 bool close(double a, double b) { return std::abs(a - b) <= 1e-9 * (1.0 + std::abs(b)); }
 
 // Empty when the per-site computation agrees with the host forward on random inputs,
@@ -454,6 +628,11 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
     const int64_t weights = L.c_out * L.patch();
     tensors.emplace_back(0, weights);
     if (L.bias) tensors.emplace_back(weights, layer.count);
+  } else if (L.kind == SiteLayer::Kind::moe) {
+    tensors.emplace_back(0, L.experts * L.expert_in);                   // router weight
+    tensors.emplace_back(L.experts * L.expert_in, L.expert_offset(0));  // router bias
+    tensors.emplace_back(L.expert_offset(0), layer.count);              // the experts
+    tensors.emplace_back(L.expert_offset(0), layer.count);
   } else {
     const int64_t e = L.embed, in_w = 3 * e * e, out_w = L.out_weight_offset();
     tensors.emplace_back(0, in_w);
@@ -464,9 +643,13 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
   tensors.emplace_back(0, layer.count);
   tensors.emplace_back(0, layer.count);
   SiteWork<double> w;
-  Mat<double> qkv, mixed;
+  Mat<double> qkv, mixed, scores;
+  std::vector<int32_t> route;
+  MoeServed served;
   if (L.kind == SiteLayer::Kind::attention)
     attention_base(L, x.data(), rows, params.data(), qkv, mixed, w);
+  if (L.kind == SiteLayer::Kind::moe)
+    moe_base(L, x.data(), rows, params.data(), scores, route, served);
   for (const auto& [first, end] : tensors) {
     // Two parameters of this tensor and one anywhere.
     w.param.clear();
@@ -487,6 +670,12 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
     if (L.kind == SiteLayer::Kind::conv) {
       conv_gather(L, x.data(), rows, w);
       conv_apply(L, rows, w, mine.data());
+    } else if (L.kind == SiteLayer::Kind::moe) {
+      moe_setup(L, w);
+      MapMat<double> full(mine.data(), rows, L.tokens * L.expert_out);
+      moe_gather(L, w, full, rows, w.values);
+      moe_apply(L, x.data(), rows, params.data(), scores, route, served, w, w.values.data());
+      moe_scatter(L, w, w.values, full);
     } else {
       attention_setup(L, w);
       attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
@@ -515,17 +704,22 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
   const pp_layer_view& v = *layer.view;
   L.declared = (v.contract & PP_CONTRACT_SITE_LOCAL) != 0;
   const std::string kind = v.kind != nullptr ? v.kind : "";
-  // The built-in conv and attention arrive typed (ops.h); nothing else has a per-site form.
-  const bool conv = v.op == PP_OP_CONV && v.op_attrs != nullptr;
-  const bool attention = v.op == PP_OP_SELF_ATTENTION && v.op_attrs != nullptr;
-  if (!conv && !attention) {
+  // The built-in conv, attention and moe arrive typed (ops.h); nothing else has a per-site
+  // form.
+  std::string why;
+  if (v.op == PP_OP_CONV && v.op_attrs != nullptr) {
+    L.kind = SiteLayer::Kind::conv;
+    why = parse_conv(v, *static_cast<const pp_conv_attrs*>(v.op_attrs), L);
+  } else if (v.op == PP_OP_SELF_ATTENTION && v.op_attrs != nullptr) {
+    L.kind = SiteLayer::Kind::attention;
+    why = parse_attention(v, *static_cast<const pp_attention_attrs*>(v.op_attrs), L);
+  } else if (v.op == PP_OP_MOE && v.op_attrs != nullptr) {
+    L.kind = SiteLayer::Kind::moe;
+    why = parse_moe(v, *static_cast<const pp_moe_attrs*>(v.op_attrs), L);
+  } else {
     L.note = "site-local declined: the plugin has no per-site computation for kind '" + kind + "'";
     return L;
   }
-  L.kind = conv ? SiteLayer::Kind::conv : SiteLayer::Kind::attention;
-  std::string why =
-      conv ? parse_conv(v, *static_cast<const pp_conv_attrs*>(v.op_attrs), L)
-           : parse_attention(v, *static_cast<const pp_attention_attrs*>(v.op_attrs), L);
   if (why.empty() && v.host_forward == nullptr) why = "it has no host forward to probe";
   // The sdpa operation of the host, for the evaluator's dtype and (for the probe) float64.
   const pp_sdpa_table *sdpa = nullptr, *sdpa_probe = nullptr;
@@ -567,14 +761,48 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
   if (L.kind == SiteLayer::Kind::attention) {
     if (sdpa != nullptr && sdpa_note.empty()) {
       L.sdpa = sdpa;
-      L.attention = std::string("; attention: sdpa (cpu, ") + pp::dtype_name(dtype) + ") from " +
-                    provider + ", candidates batched";
+      L.detail = std::string("; attention: sdpa (cpu, ") + pp::dtype_name(dtype) + ") from " +
+                 provider + ", candidates batched";
     } else {
-      L.attention = "; attention: explicit (" + sdpa_note + ")";
+      L.detail = "; attention: explicit (" + sdpa_note + ")";
     }
   }
   return L;
 }
+
+namespace {
+
+// The moe's feature tail (SiteLayer::feature_tail): "" when usable, else why not. Every
+// stage is a layer the model plan verified elementwise, so the tail needs no probe of its own.
+std::string plan_feature_tail(const ModelPlan& plan, std::size_t moe, SiteLayer& L) {
+  std::string through;
+  for (std::size_t m = moe + 1; m < plan.layers.size(); ++m) {
+    const LayerPlan& layer = plan.layers[m];
+    const std::string kind = layer.view->kind != nullptr ? layer.view->kind : "";
+    const std::string named = "layer " + std::to_string(m) + " (" + kind + ")";
+    if (layer.op == LayerOp::affine) {
+      if (layer.in != L.tokens * L.expert_out) break;
+      L.feature_affine = m;
+      return "the changed values through " + through + "into " + named + "'s output";
+    }
+    const bool flatten = layer.view->op == PP_OP_FLATTEN;
+    if (layer.op != LayerOp::elementwise || layer.in != layer.out ||
+        !(layer.is_relu || flatten || layer.view->elementwise_fn != nullptr)) {
+      L.feature_tail.clear();
+      return named + " is not a verified elementwise layer";
+    }
+    through += kind + ", ";
+    if (flatten) continue;  // the identity on the values
+    TailStage st;
+    st.op = layer.is_relu ? TailStage::Op::relu : TailStage::Op::scalar_fn;
+    st.layer = &layer;
+    L.feature_tail.push_back(st);
+  }
+  L.feature_tail.clear();
+  return "no affine layer takes its values";
+}
+
+}  // namespace
 
 // --- the evaluator's side
 
@@ -585,8 +813,17 @@ SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
     if ((ctx_.plan.layers[l].view->contract & PP_CONTRACT_SITE_LOCAL) != 0) {
       SiteLayer& site = site_[l];
       site = plan_site_layer(ctx_.plan.layers[l], ctx_.host, pp::dtype_of<S>());
-      if (site.kind == SiteLayer::Kind::conv && site.usable())
+      if (site.kind == SiteLayer::Kind::conv && site.usable()) {
         site.tail = plan_channel_tail(ctx_.plan, l, site.c_out, site.oh, site.ow);
+        site.detail = "; " + site.tail.note;
+      }
+      if (site.kind == SiteLayer::Kind::moe && site.usable()) {
+        const std::string tail = plan_feature_tail(ctx_.plan, l, site);
+        site.detail =
+            "; moe: moved experts' rows of the tokens they serve, tokens rerouted by "
+            "a moved router recomputed; " +
+            (site.feature_affine > 0 ? tail : "no feature tail: " + tail);
+      }
     }
 }
 
@@ -613,12 +850,18 @@ template <class S>
 void SiteLocalPath<S>::prepare() {
   site_qkv_.resize(ctx_.plan.layers.size());
   site_mixed_.resize(ctx_.plan.layers.size());
+  site_scores_.resize(ctx_.plan.layers.size());
+  site_route_.resize(ctx_.plan.layers.size());
+  site_served_.resize(ctx_.plan.layers.size());
   SiteWork<S> w;
   for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l) {
     const SiteLayer& site = site_[l];
-    if (site.kind != SiteLayer::Kind::attention ||
-        ctx_.planner->layer_path_candidates()[l][static_cast<int>(Path::site_local)] == 0)
-      continue;
+    if (ctx_.planner->layer_path_candidates()[l][static_cast<int>(Path::site_local)] == 0) continue;
+    if (site.kind == SiteLayer::Kind::moe)
+      moe_base(site, ctx_.inc.acts[l].data(), ctx_.inc.batch,
+               ctx_.inc.eff.data() + ctx_.plan.layers[l].offset, site_scores_[l], site_route_[l],
+               site_served_[l]);
+    if (site.kind != SiteLayer::Kind::attention) continue;
     attention_base(site, ctx_.inc.acts[l].data(), ctx_.inc.batch,
                    ctx_.inc.eff.data() + ctx_.plan.layers[l].offset, site_qkv_[l], site_mixed_[l],
                    w);
@@ -642,12 +885,18 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
   const S* params = ctx_.inc.eff.data() + layer.offset;
   if (site.kind == SiteLayer::Kind::conv)
     conv_gather(site, ctx_.inc.acts[l].data(), batch, w);
-  else
+  else if (site.kind == SiteLayer::Kind::attention)
     attention_setup(site, w);
+  else
+    moe_setup(site, w);
   // The group's rows are stacked as the input of layer suffix_from: the layer after this one,
-  // or after the affine layer that the conv's channel-local tail feeds.
+  // or after the affine layer that the conv's channel-local tail or the moe's feature tail
+  // feeds.
   const bool through_tail = site.kind == SiteLayer::Kind::conv && site.tail.usable;
-  const std::size_t suffix_from = through_tail ? site.tail.affine + 1 : l + 1;
+  const bool through_features = site.kind == SiteLayer::Kind::moe && site.feature_affine > 0;
+  const std::size_t suffix_from = through_tail       ? site.tail.affine + 1
+                                  : through_features ? site.feature_affine + 1
+                                                     : l + 1;
   s.stack.resize(n * batch, ctx_.plan.layers[suffix_from - 1].out);
   // Candidate i's change of moved parameter t, as host layers see it: the raw parameter in S
   // (no transform) minus the incumbent's.
@@ -695,6 +944,37 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
         }
         rows.noalias() +=
             w.slice_diff * ctx_.inc.weights_t[a].middleRows(o * tail.slice, tail.slice);
+      }
+    }
+  } else if (site.kind == SiteLayer::Kind::moe) {
+    // The changed rows of every token, then (with the feature tail) through the elementwise
+    // layers into the affine layer's output: y = y_incumbent + (values_new - values) W^T.
+    const auto& base = ctx_.inc.acts[l + 1];
+    const auto rows = static_cast<int64_t>(w.rows.size());
+    const std::size_t a = site.feature_affine;
+    if (through_features) {
+      moe_gather(site, w, ctx_.inc.acts[a], batch, w.tail_base);
+      w.tail_weights.resize(site.tokens * rows, ctx_.plan.layers[a].out);
+      for (int64_t t = 0; t < site.tokens; ++t)
+        for (int64_t j = 0; j < rows; ++j)
+          w.tail_weights.row(t * rows + j) =
+              ctx_.inc.weights_t[a].row(t * site.expert_out + w.rows[static_cast<std::size_t>(j)]);
+    }
+    moe_gather(site, w, base, batch, w.value_base);
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      w.values = w.value_base;
+      moe_apply(site, ctx_.inc.acts[l].data(), batch, params, site_scores_[l], site_route_[l],
+                site_served_[l], w, w.values.data());
+      auto stacked = s.stack.middleRows(i * batch, batch);
+      if (through_features) {
+        run_feature_tail<S>(site.feature_tail, w.values);
+        w.values -= w.tail_base;
+        stacked = ctx_.inc.acts[a + 1];
+        stacked.noalias() += w.values * w.tail_weights;
+      } else {
+        stacked = base;
+        moe_scatter(site, w, w.values, stacked);
       }
     }
   } else {

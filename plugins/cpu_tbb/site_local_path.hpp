@@ -1,10 +1,11 @@
-// The site-local path: a particle whose coordinates all lie in one convolution or
-// self-attention layer (site_local_path.cpp says how). Built with the evaluator: each
-// layer that declares the site-local contract is parsed and probed against its own forward
-// (site_local.hpp); a layer that fails is declined with the reason.
+// The site-local path: a particle whose coordinates all lie in one convolution,
+// self-attention or hard mixture-of-experts layer (site_local_path.cpp says how). Built with the
+// evaluator: each layer that declares the site-local contract is parsed and probed against its own
+// forward (site_local.hpp); a layer that fails is declined with the reason.
 //
 // decline() answers the planner; prepare() computes per call the incumbent's attention
-// internals of the layers in use (one thread); evaluate() then runs on many workers at once.
+// internals and expert routes of the layers in use (one thread); evaluate() then runs on many
+// workers at once.
 #pragma once
 
 #include "context.hpp"
@@ -30,8 +31,11 @@ class SiteLocalPath {
 
  private:
   const EvaluationContext<S>& ctx_;
-  std::vector<SiteLayer> site_;                // per layer (kind none unless site-local)
-  std::vector<Mat<S>> site_qkv_, site_mixed_;  // per call, attention layers in use
+  std::vector<SiteLayer> site_;                   // per layer (kind none unless site-local)
+  std::vector<Mat<S>> site_qkv_, site_mixed_;     // per call, attention layers in use
+  std::vector<Mat<S>> site_scores_;               // per call, moe layers in use: router scores
+  std::vector<std::vector<int32_t>> site_route_;  // and each token's expert,
+  std::vector<MoeServed> site_served_;            // and each expert's tokens
 };
 
 }  // namespace polyprobe::cpu_tbb

@@ -1,4 +1,4 @@
-// The site-local path (conv1d, conv2d, self_attention) against the core's float64 reference:
+// The site-local path (conv1d, conv2d, self_attention, moe) against the core's float64 reference:
 // every candidate's loss, the path actually taken, its declines, threads and chunks.
 #include "cpu_tbb/cpu_tbb_fixture.hpp"
 
@@ -48,11 +48,12 @@ int64_t declined_for(const nlohmann::json& explain, const std::string& prefix) {
 
 // Auto and forced site-local, float64 and float32, d = 2 and 3: every loss equals the
 // reference's, and every candidate whose particle lies in the site-local layer took the path.
-void check_site_local(const Model& model, const std::vector<std::string>& kinds) {
+void check_site_local(const Model& model, const std::vector<std::string>& kinds,
+                      double radius = 0.3) {
   const auto loss = make_loss("cross_entropy", 1e-3);
   const Batch batch = make_batch(model, 6);
   for (const int32_t d : {2, 3}) {
-    const Candidates cands = make_candidates(model.num_parameters(), d, 3, 0.3);
+    const Candidates cands = make_candidates(model.num_parameters(), d, 3, radius);
     const int64_t expect = candidates_in(model, cands, kinds);
     REQUIRE(expect > 0);
     const Run ref = run_evaluator(model, *loss, batch, cands, request("reference", DType::f64));
@@ -225,6 +226,47 @@ TEST_CASE("cpu_tbb: site-local, self-attention, softmax and argmax, causal or no
                                     {"flatten", {}},
                                     {"linear", {{"out_features", 3}}}});
   check_site_local(no_bias, {"self_attention"});
+}
+
+// Train's probe radius (0.1) moves few routes; radius 2 reroutes many tokens, whose rows the
+// path recomputes with their new expert.
+TEST_CASE("cpu_tbb: site-local, hard mixture of experts, through its tail or the suffix",
+          "[cpu_tbb]") {
+  for (const double radius : {0.1, 2.0}) {
+    INFO("radius " << radius);
+    const Model tail =
+        spatial_model(Shape{{5, 6}}, {{"moe", {{"num_experts", 3}, {"out_features", 4}}},
+                                      {"relu", {}},
+                                      {"flatten", {}},
+                                      {"linear", {{"out_features", 3}}}});
+    check_site_local(tail, {"moe"}, radius);
+    CHECK_THAT(site_local_note(tail),
+               Catch::Matchers::EndsWith("the changed values through relu, flatten, into layer 3 "
+                                         "(linear)'s output"));
+    const Model smooth =
+        spatial_model(Shape{{4, 5}}, {{"moe", {{"num_experts", 2}, {"out_features", 3}}},
+                                      {"tanh", {}},
+                                      {"flatten", {}},
+                                      {"linear", {{"out_features", 4}}},
+                                      {"relu", {}},
+                                      {"linear", {{"out_features", 3}}}});
+    check_site_local(smooth, {"moe"}, radius);
+    // A second moe after the first: no feature tail, the suffix runs over every value.
+    const Model stacked =
+        spatial_model(Shape{{4, 6}}, {{"moe", {{"num_experts", 4}, {"out_features", 5}}},
+                                      {"moe", {{"num_experts", 2}, {"out_features", 3}}},
+                                      {"flatten", {}},
+                                      {"linear", {{"out_features", 3}}}});
+    check_site_local(stacked, {"moe"}, radius);
+    CHECK_THAT(site_local_note(stacked),
+               Catch::Matchers::Contains("no feature tail: layer 1 (moe) is not a "
+                                         "verified elementwise layer"));
+    const Model flat =
+        spatial_model(Shape{{7}}, {{"moe", {{"num_experts", 3}, {"out_features", 5}}},
+                                   {"relu", {}},
+                                   {"linear", {{"out_features", 3}}}});
+    check_site_local(flat, {"moe"}, radius);
+  }
 }
 
 TEST_CASE("cpu_tbb: site-local, a particle spanning two layers declines and stays exact",
