@@ -92,6 +92,15 @@ struct SiteWork {
   M scores;        // [length, length]
   M mix;           // the moved heads' new mix [length, embed] (other columns unused)
   M diff;          // [length, head_dim]
+  // argmax attention: one q/k/v column's change, its partner column, one query's scores,
+  // one output row's change and the changed rows (out of attention_fast_apply)
+  Eigen::Matrix<S, Eigen::Dynamic, 1> column, partner, row_scores;
+  Eigen::Matrix<S, 1, Eigen::Dynamic> row_change;
+  struct RowChange {
+    int64_t sample, row;
+    Eigen::Matrix<S, 1, Eigen::Dynamic> change;
+  };
+  std::vector<RowChange> changes;
   // attention with the sdpa operation, all candidates of a group at once:
   std::vector<S> deltas;    // [candidates, moves]
   std::vector<S> parts;     // the moved q/k/v parts of one head [candidates, batch * L, hd]

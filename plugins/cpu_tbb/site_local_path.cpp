@@ -1,5 +1,5 @@
-// The site-local path: a particle whose coordinates all lie in one convolution or
-// self-attention layer.
+// The site-local path: a particle whose coordinates all lie in one convolution,
+// self-attention or hard mixture-of-experts layer.
 //
 // The incumbent's activations before the layer are reused (prefix reuse). The layer's
 // output for each candidate is the incumbent's with only what the moved parameters own
@@ -15,10 +15,19 @@
 //     "sdpa" operation (operations.h; the attention_sdpa plugin), a group's candidates go
 //     through it together: per moved head, one fused call over (candidate, sample) in which
 //     the q/k/v parts the particle does not move are the incumbent's, shared (stride 0).
+//     Argmax attention needs no recomputed head for the common particles: one moved q or k
+//     row changes the head's scores by a rank-one term, so each query's new key costs one
+//     pass over the keys and only the queries whose key changes change; moved v rows keep
+//     every key; out_proj moves are linear (attention_fast_apply);
+//   - moe: a moved expert row changes that output column of the tokens the expert serves;
+//     a moved router entry may send tokens to another expert, whose rows are then
+//     recomputed with it.
 // A conv with a channel-local tail (channel_tail.hpp: ReLU, pooling, flatten, then an affine
 // layer) carries each moved channel alone through the tail, a few samples at a time, and adds
 // (slice_new - slice_old) W[:, slice]^T to the affine layer's incumbent output, so the
-// channels the particle does not move are never recomputed.
+// channels the particle does not move are never recomputed. A moe, and argmax attention's
+// q/k rows, carry their changed values through the verified elementwise layers after them
+// (ReLU, flatten, ...) into the next affine layer's output the same way (the feature tail).
 // The rest of the model then runs once over the group's candidates stacked as
 // [candidates * batch, features] rows (one GEMM per affine layer, host forwards otherwise),
 // and each candidate's loss comes from its rows, plus the l2 term.
@@ -139,10 +148,13 @@ S attention_scale(const SiteLayer& L) {
   return S(1) / std::sqrt(static_cast<S>(L.head_dim()));
 }
 
-// The incumbent's q|k|v [batch * L, 3E] and mix [batch * L, E] of every sample.
+// The incumbent's q|k|v [batch * L, 3E] and mix [batch * L, E] of every sample. With
+// `picks` (argmax attention), also each head's scores [batch * heads * L, L] and the key each
+// row picks [batch * heads * L] (sample-major, then head, then row).
 template <class S>
 void attention_base(const SiteLayer& L, const S* x, int64_t batch, const S* params, Mat<S>& qkv,
-                    Mat<S>& mixed, SiteWork<S>& w) {
+                    Mat<S>& mixed, SiteWork<S>& w, Mat<S>* scores = nullptr,
+                    std::vector<int32_t>* picks = nullptr) {
   const int64_t len = L.length, e = L.embed, hd = L.head_dim();
   const S scale = attention_scale<S>(L);
   const ConstMapMat<S> in_weight(params, 3 * e, e);
@@ -152,12 +164,24 @@ void attention_base(const SiteLayer& L, const S* x, int64_t batch, const S* para
   if (L.bias)
     qkv.rowwise() +=
         Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(params + 3 * e * e, 3 * e);
+  if (picks != nullptr) {
+    scores->resize(batch * L.heads * len, len);
+    picks->resize(static_cast<std::size_t>(batch * L.heads * len));
+  }
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < L.heads; ++h) {
       const auto rows = qkv.middleRows(b * len, len);
       w.scores.noalias() =
           (rows.middleCols(h * hd, hd) * scale) * rows.middleCols(e + h * hd, hd).transpose();
+      if (picks != nullptr) scores->middleRows((b * L.heads + h) * len, len) = w.scores;
       weigh_rows<S>(L, w.scores);
+      if (picks != nullptr)
+        for (int64_t r = 0; r < len; ++r) {
+          Eigen::Index key = 0;
+          w.scores.row(r).maxCoeff(&key);  // the one-hot row's 1
+          (*picks)[static_cast<std::size_t>((b * L.heads + h) * len + r)] =
+              static_cast<int32_t>(key);
+        }
       mixed.block(b * len, h * hd, len, hd).noalias() =
           w.scores * rows.middleCols(2 * e + h * hd, hd);
     }
@@ -229,6 +253,112 @@ void attention_apply(const SiteLayer& L, const S* x, int64_t batch, const S* par
       } else {
         y.col(p - out_w_end).array() += w.delta[t];
       }
+    }
+  }
+}
+
+// The forms of particle whose change argmax attention computes without recomputing a head
+// (attention_fast_apply); anything else takes attention_apply.
+enum class AttentionForm { general, qk_row, v_rows, out_proj };
+
+template <class S>
+AttentionForm attention_form(const SiteLayer& L, const SiteWork<S>& w) {
+  if (!L.argmax) return AttentionForm::general;
+  const int64_t e = L.embed, in_w_end = 3 * e * e, in_end = in_w_end + (L.bias ? 3 * e : 0);
+  if (w.param.front() >= L.out_weight_offset()) return AttentionForm::out_proj;
+  if (w.param.back() >= in_end) return AttentionForm::general;
+  const auto row = [&](int64_t p) { return p < in_w_end ? p / e : p - in_w_end; };
+  bool one_row = true, all_v = true;
+  for (const int64_t p : w.param) {
+    one_row = one_row && row(p) == row(w.param.front());
+    all_v = all_v && row(p) >= 2 * e;
+  }
+  if (all_v) return AttentionForm::v_rows;
+  return one_row ? AttentionForm::qk_row : AttentionForm::general;
+}
+
+// out [batch, L * E] holds the incumbent's output; adds the change of a particle of `form`
+// (not general) of argmax attention (a q or k row with out null: appends each changed output
+// row to w.changes instead), from the incumbent's q|k|v, mix, scores and picks
+// (attention_base):
+//   - one q (or k) row: the head's scores change by scale * dq k^T (or q dk^T), rank one, so
+//     each query's new pick costs one pass over its keys, and only queries whose pick changes
+//     change the mix: out_r += (v_new - v_old) W_o[:, head]^T;
+//   - v rows: the picks stay; out_r += dv[pick_r] W_o[:, j] per moved row j;
+//   - out_proj: out[:, e] += delta * mix[:, j] (or delta for the bias).
+template <class S>
+void attention_fast_apply(const SiteLayer& L, AttentionForm form, const S* x, int64_t batch,
+                          const S* params, const Mat<S>& qkv, const Mat<S>& mixed,
+                          const Mat<S>& scores, const std::vector<int32_t>& picks, SiteWork<S>& w,
+                          S* out) {
+  const int64_t len = L.length, e = L.embed, hd = L.head_dim(), in_w_end = 3 * e * e;
+  const int64_t out_w = L.out_weight_offset(), out_w_end = out_w + e * e;
+  const ConstMapMat<S> out_weight(params + out_w, e, e);
+  const auto row_of = [&](int64_t p) { return p < in_w_end ? p / e : p - in_w_end; };
+  w.changes.clear();
+  // Moved in_proj parameter t's change of its q/k/v column for the L tokens, into (or, with
+  // `add`, onto) w.column.
+  const auto column_change = [&](const ConstMapMat<S>& tokens, std::size_t t, bool add) {
+    const int64_t p = w.param[t];
+    if (!add) w.column.setZero(len);
+    if (p < in_w_end)
+      w.column += w.delta[t] * tokens.col(p % e);
+    else
+      w.column.array() += w.delta[t];
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    const ConstMapMat<S> tokens(x + b * len * e, len, e);
+    MapMat<S> y(out != nullptr ? out + b * len * e : nullptr, len, e);
+    const auto base_qkv = qkv.middleRows(b * len, len);
+    if (form == AttentionForm::out_proj) {
+      const auto base_mix = mixed.middleRows(b * len, len);
+      for (std::size_t t = 0; t < w.param.size(); ++t) {
+        const int64_t p = w.param[t];
+        if (p < out_w_end)
+          y.col((p - out_w) / e) += w.delta[t] * base_mix.col((p - out_w) % e);
+        else
+          y.col(p - out_w_end).array() += w.delta[t];
+      }
+      continue;
+    }
+    if (form == AttentionForm::v_rows) {
+      for (std::size_t t = 0; t < w.param.size(); ++t) {
+        const int64_t j = row_of(w.param[t]) - 2 * e, h = j / hd;
+        column_change(tokens, t, false);
+        const int32_t* pick = picks.data() + (b * L.heads + h) * len;
+        for (int64_t r = 0; r < len; ++r)
+          y.row(r) += w.column(pick[r]) * out_weight.col(j).transpose();
+      }
+      continue;
+    }
+    // One q or k row: the change of that column, and the partner column it multiplies
+    // (scaled, contiguous).
+    const int64_t row = row_of(w.param.front()), within = row % e, h = within / hd;
+    const bool is_query = row < e;
+    for (std::size_t t = 0; t < w.param.size(); ++t) column_change(tokens, t, t > 0);
+    w.partner = attention_scale<S>(L) * base_qkv.col(is_query ? e + within : within);
+    const auto head_scores = scores.middleRows((b * L.heads + h) * len, len);
+    const int32_t* pick = picks.data() + (b * L.heads + h) * len;
+    w.row_scores.resize(len);
+    for (int64_t r = 0; r < len; ++r) {
+      const int64_t visible = L.causal ? r + 1 : len;
+      if (is_query)
+        w.row_scores.head(visible) =
+            head_scores.row(r).head(visible).transpose() + w.column(r) * w.partner.head(visible);
+      else
+        w.row_scores.head(visible) =
+            head_scores.row(r).head(visible).transpose() + w.partner(r) * w.column.head(visible);
+      int64_t best = 0;  // the first largest, as weigh_rows picks
+      for (int64_t c = 1; c < visible; ++c)
+        if (w.row_scores(c) > w.row_scores(best)) best = c;
+      if (best == pick[r]) continue;
+      const auto values = base_qkv.middleCols(2 * e + h * hd, hd);
+      w.row_change.noalias() =
+          (values.row(best) - values.row(pick[r])) * out_weight.middleCols(h * hd, hd).transpose();
+      if (out != nullptr)
+        y.row(r) += w.row_change;
+      else
+        w.changes.push_back({b, r, w.row_change});
     }
   }
 }
@@ -640,23 +770,37 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
     tensors.emplace_back(out_w, out_w + e * e);
     if (L.bias) tensors.emplace_back(out_w + e * e, layer.count);
   }
+  // Argmax attention's one-row forms (attention_form): a q, a k and a v row's first weights.
+  std::vector<std::vector<int64_t>> rows_moved;
+  if (L.kind == SiteLayer::Kind::attention && L.argmax)
+    for (int64_t part = 0; part < 3; ++part) {
+      const int64_t row =
+          part * L.embed + static_cast<int64_t>(rng() % static_cast<uint64_t>(L.embed));
+      rows_moved.push_back({row * L.embed, row * L.embed + 1});
+    }
   tensors.emplace_back(0, layer.count);
   tensors.emplace_back(0, layer.count);
   SiteWork<double> w;
   Mat<double> qkv, mixed, scores;
   std::vector<int32_t> route;
   MoeServed served;
+  std::vector<int32_t> picks;
   if (L.kind == SiteLayer::Kind::attention)
-    attention_base(L, x.data(), rows, params.data(), qkv, mixed, w);
+    attention_base(L, x.data(), rows, params.data(), qkv, mixed, w, &scores, &picks);
   if (L.kind == SiteLayer::Kind::moe)
     moe_base(L, x.data(), rows, params.data(), scores, route, served);
-  for (const auto& [first, end] : tensors) {
-    // Two parameters of this tensor and one anywhere.
+  for (std::size_t k = 0; k < tensors.size() + rows_moved.size(); ++k) {
     w.param.clear();
-    for (int i = 0; i < 3; ++i) {
-      const int64_t lo = i < 2 ? first : 0, hi = i < 2 ? end : layer.count;
-      const int64_t p = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo));
-      if (std::find(w.param.begin(), w.param.end(), p) == w.param.end()) w.param.push_back(p);
+    if (k < tensors.size()) {
+      // Two parameters of this tensor and one anywhere.
+      const auto [first, end] = tensors[k];
+      for (int i = 0; i < 3; ++i) {
+        const int64_t lo = i < 2 ? first : 0, hi = i < 2 ? end : layer.count;
+        const int64_t p = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo));
+        if (std::find(w.param.begin(), w.param.end(), p) == w.param.end()) w.param.push_back(p);
+      }
+    } else {
+      w.param = rows_moved[k - tensors.size()];
     }
     std::sort(w.param.begin(), w.param.end());
     w.delta.resize(w.param.size());
@@ -679,6 +823,15 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
     } else {
       attention_setup(L, w);
       attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
+      if (const AttentionForm form = attention_form(L, w); form != AttentionForm::general) {
+        std::vector<double> fast = y0;
+        attention_fast_apply(L, form, x.data(), rows, params.data(), qkv, mixed, scores, picks, w,
+                             fast.data());
+        for (std::size_t i = 0; i < fast.size(); ++i)
+          if (!close(fast[i], y1[i]))
+            return "output " + std::to_string(i) + " is " + std::to_string(y1[i]) +
+                   " where the argmax update gives " + std::to_string(fast[i]);
+      }
       if (sdpa != nullptr) {
         SiteLayer with = L;
         with.sdpa = sdpa;
@@ -772,16 +925,18 @@ SiteLayer plan_site_layer(const LayerPlan& layer, const pp_host_api* host, int32
 
 namespace {
 
-// The moe's feature tail (SiteLayer::feature_tail): "" when usable, else why not. Every
-// stage is a layer the model plan verified elementwise, so the tail needs no probe of its own.
-std::string plan_feature_tail(const ModelPlan& plan, std::size_t moe, SiteLayer& L) {
+// The feature tail of a moe or attention layer (SiteLayer::feature_tail): what it runs
+// through, or why there is none (feature_affine stays 0). Every stage is a layer the model
+// plan verified elementwise, so the tail needs no probe of its own.
+std::string plan_feature_tail(const ModelPlan& plan, std::size_t site, SiteLayer& L) {
+  const int64_t values = plan.layers[site].out;
   std::string through;
-  for (std::size_t m = moe + 1; m < plan.layers.size(); ++m) {
+  for (std::size_t m = site + 1; m < plan.layers.size(); ++m) {
     const LayerPlan& layer = plan.layers[m];
     const std::string kind = layer.view->kind != nullptr ? layer.view->kind : "";
     const std::string named = "layer " + std::to_string(m) + " (" + kind + ")";
     if (layer.op == LayerOp::affine) {
-      if (layer.in != L.tokens * L.expert_out) break;
+      if (layer.in != values) break;
       L.feature_affine = m;
       return "the changed values through " + through + "into " + named + "'s output";
     }
@@ -816,6 +971,13 @@ SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
       if (site.kind == SiteLayer::Kind::conv && site.usable()) {
         site.tail = plan_channel_tail(ctx_.plan, l, site.c_out, site.oh, site.ow);
         site.detail = "; " + site.tail.note;
+      }
+      if (site.kind == SiteLayer::Kind::attention && site.usable() && site.argmax) {
+        const std::string tail = plan_feature_tail(ctx_.plan, l, site);
+        site.detail +=
+            "; argmax: a moved q or k row updates the scores rank-one and changes "
+            "only the queries whose key changes" +
+            (site.feature_affine > 0 ? ", " + tail : "");
       }
       if (site.kind == SiteLayer::Kind::moe && site.usable()) {
         const std::string tail = plan_feature_tail(ctx_.plan, l, site);
@@ -864,7 +1026,8 @@ void SiteLocalPath<S>::prepare() {
     if (site.kind != SiteLayer::Kind::attention) continue;
     attention_base(site, ctx_.inc.acts[l].data(), ctx_.inc.batch,
                    ctx_.inc.eff.data() + ctx_.plan.layers[l].offset, site_qkv_[l], site_mixed_[l],
-                   w);
+                   w, site.argmax ? &site_scores_[l] : nullptr,
+                   site.argmax ? &site_route_[l] : nullptr);
   }
 }
 
@@ -890,10 +1053,14 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
   else
     moe_setup(site, w);
   // The group's rows are stacked as the input of layer suffix_from: the layer after this one,
-  // or after the affine layer that the conv's channel-local tail or the moe's feature tail
-  // feeds.
+  // or after the affine layer that the conv's channel-local tail or the feature tail (moe,
+  // argmax attention's q/k rows) feeds.
   const bool through_tail = site.kind == SiteLayer::Kind::conv && site.tail.usable;
-  const bool through_features = site.kind == SiteLayer::Kind::moe && site.feature_affine > 0;
+  const AttentionForm form =
+      site.kind == SiteLayer::Kind::attention ? attention_form(site, w) : AttentionForm::general;
+  const bool through_features =
+      (site.kind == SiteLayer::Kind::moe || form == AttentionForm::qk_row) &&
+      site.feature_affine > 0;
   const std::size_t suffix_from = through_tail       ? site.tail.affine + 1
                                   : through_features ? site.feature_affine + 1
                                                      : l + 1;
@@ -907,7 +1074,34 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
       raw += s.coef[t * static_cast<std::size_t>(d) + static_cast<std::size_t>(k)] * delta[k];
     return static_cast<S>(raw) - ctx_.inc.eff[static_cast<std::size_t>(s.touched[t])];
   };
-  if (site.kind == SiteLayer::Kind::attention && site.sdpa != nullptr) {
+  if (form == AttentionForm::qk_row && through_features) {
+    // Only the queries whose key changes change: each changed output row through the feature
+    // tail into the affine layer's output, y += (f(row_new) - f(row)) W[:, row]^T.
+    const std::size_t a = site.feature_affine;
+    const int64_t e = site.embed;
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      attention_fast_apply(site, form, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
+                           site_mixed_[l], site_scores_[l], site_route_[l], w,
+                           static_cast<S*>(nullptr));
+      auto stacked = s.stack.middleRows(i * batch, batch);
+      stacked = ctx_.inc.acts[a + 1];
+      for (const auto& [b, r, row_change] : w.changes) {
+        w.values = ctx_.inc.acts[l + 1].block(b, r * e, 1, e) + row_change;
+        run_feature_tail<S>(site.feature_tail, w.values);
+        w.values -= ctx_.inc.acts[a].block(b, r * e, 1, e);
+        stacked.row(b).noalias() += w.values * ctx_.inc.weights_t[a].middleRows(r * e, e);
+      }
+    }
+  } else if (form != AttentionForm::general) {
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
+      attention_fast_apply(site, form, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
+                           site_mixed_[l], site_scores_[l], site_route_[l], w,
+                           s.stack.data() + i * batch * layer.out);
+    }
+  } else if (site.kind == SiteLayer::Kind::attention && site.sdpa != nullptr) {
     w.deltas.resize(static_cast<std::size_t>(n * moves));
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t t = 0; t < moves; ++t)

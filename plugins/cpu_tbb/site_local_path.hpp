@@ -31,11 +31,13 @@ class SiteLocalPath {
 
  private:
   const EvaluationContext<S>& ctx_;
-  std::vector<SiteLayer> site_;                   // per layer (kind none unless site-local)
-  std::vector<Mat<S>> site_qkv_, site_mixed_;     // per call, attention layers in use
-  std::vector<Mat<S>> site_scores_;               // per call, moe layers in use: router scores
-  std::vector<std::vector<int32_t>> site_route_;  // and each token's expert,
-  std::vector<MoeServed> site_served_;            // and each expert's tokens
+  std::vector<SiteLayer> site_;                // per layer (kind none unless site-local)
+  std::vector<Mat<S>> site_qkv_, site_mixed_;  // per call, attention layers in use
+  // Per call, for the layers in use: a moe's router scores, each token's expert and each
+  // expert's tokens; argmax attention's head scores and each query's key.
+  std::vector<Mat<S>> site_scores_;
+  std::vector<std::vector<int32_t>> site_route_;
+  std::vector<MoeServed> site_served_;
 };
 
 }  // namespace polyprobe::cpu_tbb
