@@ -76,6 +76,19 @@ struct MoeServed {
   std::vector<int64_t> begin, tokens;
 };
 
+// Argmax attention's incumbent keys, for attention_fast_apply (site_local_path.cpp): per
+// query row (sample-major, then head, then row) the head's scores [batch * heads * L, L], the
+// key it picks, its margin (the picked score minus the best other visible one; +inf with one
+// key) and its largest |score|; per sample the range (max - min over the tokens) of each
+// k column [batch, E] and of each q column.
+template <class S>
+struct ArgmaxKeys {
+  Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> scores;
+  std::vector<int32_t> picks;
+  std::vector<S> margin, magnitude;
+  Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> key_range;
+};
+
 // One worker's buffers for the site-local path, sized on first use and reused.
 template <class S>
 struct SiteWork {

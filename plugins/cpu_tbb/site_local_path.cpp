@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <stdexcept>
 
@@ -148,13 +149,11 @@ S attention_scale(const SiteLayer& L) {
   return S(1) / std::sqrt(static_cast<S>(L.head_dim()));
 }
 
-// The incumbent's q|k|v [batch * L, 3E] and mix [batch * L, E] of every sample. With
-// `picks` (argmax attention), also each head's scores [batch * heads * L, L] and the key each
-// row picks [batch * heads * L] (sample-major, then head, then row).
+// The incumbent's q|k|v [batch * L, 3E] and mix [batch * L, E] of every sample, and with
+// `keys` (argmax attention) its keys.
 template <class S>
 void attention_base(const SiteLayer& L, const S* x, int64_t batch, const S* params, Mat<S>& qkv,
-                    Mat<S>& mixed, SiteWork<S>& w, Mat<S>* scores = nullptr,
-                    std::vector<int32_t>* picks = nullptr) {
+                    Mat<S>& mixed, SiteWork<S>& w, ArgmaxKeys<S>* keys = nullptr) {
   const int64_t len = L.length, e = L.embed, hd = L.head_dim();
   const S scale = attention_scale<S>(L);
   const ConstMapMat<S> in_weight(params, 3 * e, e);
@@ -164,24 +163,40 @@ void attention_base(const SiteLayer& L, const S* x, int64_t batch, const S* para
   if (L.bias)
     qkv.rowwise() +=
         Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(params + 3 * e * e, 3 * e);
-  if (picks != nullptr) {
-    scores->resize(batch * L.heads * len, len);
-    picks->resize(static_cast<std::size_t>(batch * L.heads * len));
+  if (keys != nullptr) {
+    const auto queries = static_cast<std::size_t>(batch * L.heads * len);
+    keys->scores.resize(batch * L.heads * len, len);
+    keys->picks.resize(queries);
+    keys->margin.resize(queries);
+    keys->magnitude.resize(queries);
+    keys->key_range.resize(batch, 2 * e);
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto columns = qkv.block(b * len, 0, len, 2 * e);
+      keys->key_range.row(b) = columns.colwise().maxCoeff() - columns.colwise().minCoeff();
+    }
   }
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < L.heads; ++h) {
       const auto rows = qkv.middleRows(b * len, len);
       w.scores.noalias() =
           (rows.middleCols(h * hd, hd) * scale) * rows.middleCols(e + h * hd, hd).transpose();
-      if (picks != nullptr) scores->middleRows((b * L.heads + h) * len, len) = w.scores;
-      weigh_rows<S>(L, w.scores);
-      if (picks != nullptr)
+      if (keys != nullptr)
         for (int64_t r = 0; r < len; ++r) {
-          Eigen::Index key = 0;
-          w.scores.row(r).maxCoeff(&key);  // the one-hot row's 1
-          (*picks)[static_cast<std::size_t>((b * L.heads + h) * len + r)] =
-              static_cast<int32_t>(key);
+          const auto q = static_cast<std::size_t>((b * L.heads + h) * len + r);
+          const int64_t visible = L.causal ? r + 1 : len;
+          const auto row = w.scores.row(r).head(visible);
+          int64_t best = 0;  // as weigh_rows picks
+          for (int64_t c = 1; c < visible; ++c)
+            if (row(c) > row(best)) best = c;
+          S other = -std::numeric_limits<S>::infinity();
+          for (int64_t c = 0; c < visible; ++c)
+            if (c != best) other = std::max(other, row(c));
+          keys->picks[q] = static_cast<int32_t>(best);
+          keys->margin[q] = row(best) - other;
+          keys->magnitude[q] = row.cwiseAbs().maxCoeff();
+          keys->scores.row(static_cast<Eigen::Index>(q)) = w.scores.row(r);
         }
+      weigh_rows<S>(L, w.scores);
       mixed.block(b * len, h * hd, len, hd).noalias() =
           w.scores * rows.middleCols(2 * e + h * hd, hd);
     }
@@ -289,8 +304,7 @@ AttentionForm attention_form(const SiteLayer& L, const SiteWork<S>& w) {
 template <class S>
 void attention_fast_apply(const SiteLayer& L, AttentionForm form, const S* x, int64_t batch,
                           const S* params, const Mat<S>& qkv, const Mat<S>& mixed,
-                          const Mat<S>& scores, const std::vector<int32_t>& picks, SiteWork<S>& w,
-                          S* out) {
+                          const ArgmaxKeys<S>& keys, SiteWork<S>& w, S* out) {
   const int64_t len = L.length, e = L.embed, hd = L.head_dim(), in_w_end = 3 * e * e;
   const int64_t out_w = L.out_weight_offset(), out_w_end = out_w + e * e;
   const ConstMapMat<S> out_weight(params + out_w, e, e);
@@ -325,9 +339,9 @@ void attention_fast_apply(const SiteLayer& L, AttentionForm form, const S* x, in
       for (std::size_t t = 0; t < w.param.size(); ++t) {
         const int64_t j = row_of(w.param[t]) - 2 * e, h = j / hd;
         column_change(tokens, t, false);
-        const int32_t* pick = picks.data() + (b * L.heads + h) * len;
-        for (int64_t r = 0; r < len; ++r)
-          y.row(r) += w.column(pick[r]) * out_weight.col(j).transpose();
+        w.row_change = out_weight.col(j).transpose();  // contiguous
+        const int32_t* pick = keys.picks.data() + (b * L.heads + h) * len;
+        for (int64_t r = 0; r < len; ++r) y.row(r) += w.column(pick[r]) * w.row_change;
       }
       continue;
     }
@@ -336,11 +350,24 @@ void attention_fast_apply(const SiteLayer& L, AttentionForm form, const S* x, in
     const int64_t row = row_of(w.param.front()), within = row % e, h = within / hd;
     const bool is_query = row < e;
     for (std::size_t t = 0; t < w.param.size(); ++t) column_change(tokens, t, t > 0);
-    w.partner = attention_scale<S>(L) * base_qkv.col(is_query ? e + within : within);
-    const auto head_scores = scores.middleRows((b * L.heads + h) * len, len);
-    const int32_t* pick = picks.data() + (b * L.heads + h) * len;
+    const S scale = attention_scale<S>(L);
+    w.partner = scale * base_qkv.col(is_query ? e + within : within);
+    const std::size_t first = static_cast<std::size_t>((b * L.heads + h) * len);
+    const auto head_scores = keys.scores.middleRows(static_cast<Eigen::Index>(first), len);
+    const int32_t* pick = keys.picks.data() + first;
+    // A query keeps its key when its margin exceeds what the rank-one term can change
+    // between two keys: |dq_r| * (range of k's column) * scale for a q row, |q_r| * (range
+    // of dk) * scale for a k row; the slack covers the rounding of the updated scores.
+    const S spread = is_query ? scale * keys.key_range(b, e + within)
+                              : (w.column.maxCoeff() - w.column.minCoeff()) * scale;
+    constexpr S kSlack = 16 * std::numeric_limits<S>::epsilon();
     w.row_scores.resize(len);
     for (int64_t r = 0; r < len; ++r) {
+      const S factor = is_query ? std::abs(w.column(r)) : std::abs(w.partner(r)) / scale;
+      const S bound = factor * spread;
+      if (bound * (1 + kSlack) + kSlack * (keys.magnitude[first + r] + bound) <
+          keys.margin[first + r])
+        continue;
       const int64_t visible = L.causal ? r + 1 : len;
       if (is_query)
         w.row_scores.head(visible) =
@@ -784,9 +811,9 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
   Mat<double> qkv, mixed, scores;
   std::vector<int32_t> route;
   MoeServed served;
-  std::vector<int32_t> picks;
+  ArgmaxKeys<double> keys;
   if (L.kind == SiteLayer::Kind::attention)
-    attention_base(L, x.data(), rows, params.data(), qkv, mixed, w, &scores, &picks);
+    attention_base(L, x.data(), rows, params.data(), qkv, mixed, w, L.argmax ? &keys : nullptr);
   if (L.kind == SiteLayer::Kind::moe)
     moe_base(L, x.data(), rows, params.data(), scores, route, served);
   for (std::size_t k = 0; k < tensors.size() + rows_moved.size(); ++k) {
@@ -825,7 +852,7 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
       attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
       if (const AttentionForm form = attention_form(L, w); form != AttentionForm::general) {
         std::vector<double> fast = y0;
-        attention_fast_apply(L, form, x.data(), rows, params.data(), qkv, mixed, scores, picks, w,
+        attention_fast_apply(L, form, x.data(), rows, params.data(), qkv, mixed, keys, w,
                              fast.data());
         for (std::size_t i = 0; i < fast.size(); ++i)
           if (!close(fast[i], y1[i]))
@@ -1015,6 +1042,7 @@ void SiteLocalPath<S>::prepare() {
   site_scores_.resize(ctx_.plan.layers.size());
   site_route_.resize(ctx_.plan.layers.size());
   site_served_.resize(ctx_.plan.layers.size());
+  site_keys_.resize(ctx_.plan.layers.size());
   SiteWork<S> w;
   for (std::size_t l = 0; l < ctx_.plan.layers.size(); ++l) {
     const SiteLayer& site = site_[l];
@@ -1026,8 +1054,7 @@ void SiteLocalPath<S>::prepare() {
     if (site.kind != SiteLayer::Kind::attention) continue;
     attention_base(site, ctx_.inc.acts[l].data(), ctx_.inc.batch,
                    ctx_.inc.eff.data() + ctx_.plan.layers[l].offset, site_qkv_[l], site_mixed_[l],
-                   w, site.argmax ? &site_scores_[l] : nullptr,
-                   site.argmax ? &site_route_[l] : nullptr);
+                   w, site.argmax ? &site_keys_[l] : nullptr);
   }
 }
 
@@ -1082,8 +1109,7 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     for (int64_t i = 0; i < n; ++i) {
       for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
       attention_fast_apply(site, form, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
-                           site_mixed_[l], site_scores_[l], site_route_[l], w,
-                           static_cast<S*>(nullptr));
+                           site_mixed_[l], site_keys_[l], w, static_cast<S*>(nullptr));
       auto stacked = s.stack.middleRows(i * batch, batch);
       stacked = ctx_.inc.acts[a + 1];
       for (const auto& [b, r, row_change] : w.changes) {
@@ -1098,7 +1124,7 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
       for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
       s.stack.middleRows(i * batch, batch) = ctx_.inc.acts[l + 1];
       attention_fast_apply(site, form, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
-                           site_mixed_[l], site_scores_[l], site_route_[l], w,
+                           site_mixed_[l], site_keys_[l], w,
                            s.stack.data() + i * batch * layer.out);
     }
   } else if (site.kind == SiteLayer::Kind::attention && site.sdpa != nullptr) {

@@ -34,10 +34,11 @@ class SiteLocalPath {
   std::vector<SiteLayer> site_;                // per layer (kind none unless site-local)
   std::vector<Mat<S>> site_qkv_, site_mixed_;  // per call, attention layers in use
   // Per call, for the layers in use: a moe's router scores, each token's expert and each
-  // expert's tokens; argmax attention's head scores and each query's key.
+  // expert's tokens; argmax attention's incumbent keys.
   std::vector<Mat<S>> site_scores_;
   std::vector<std::vector<int32_t>> site_route_;
   std::vector<MoeServed> site_served_;
+  std::vector<ArgmaxKeys<S>> site_keys_;
 };
 
 }  // namespace polyprobe::cpu_tbb
