@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace polyprobe::cpu_tbb {
@@ -64,6 +65,11 @@ struct SiteLayer {
   // values then go through them alone into that layer's output.
   std::vector<TailStage> feature_tail;
   std::size_t feature_affine = 0;  // 0: no usable tail (the suffix runs over every value)
+
+  // moe and attention: the output's [tokens, width] per sample
+  std::pair<int64_t, int64_t> sites() const {
+    return kind == Kind::moe ? std::pair{tokens, expert_out} : std::pair{length, embed};
+  }
 
   std::string detail;  // for explain: what the computation runs through (attention, moe)
 

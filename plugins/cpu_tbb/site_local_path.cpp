@@ -625,24 +625,29 @@ void moe_apply(const SiteLayer& L, const S* x, int64_t batch, const S* params, c
 
 // values [batch, tokens * R] <- full [batch, tokens * expert_out] at the rows w.rows
 // (scatter: the other way).
+// A moe's or attention layer's output is [tokens, width] per sample (SiteLayer::sites):
+// values [batch, tokens * R] <- full [batch, tokens * width] at the columns w.rows (R of
+// them; scatter: the other way).
 template <class S, class Full>
-void moe_gather(const SiteLayer& L, const SiteWork<S>& w, const Full& full, int64_t batch,
-                typename SiteWork<S>::M& values) {
+void gather_columns(const SiteLayer& L, const SiteWork<S>& w, const Full& full, int64_t batch,
+                    typename SiteWork<S>::M& values) {
+  const auto [tokens, width] = L.sites();
   const auto rows = static_cast<int64_t>(w.rows.size());
-  values.resize(batch, L.tokens * rows);
+  values.resize(batch, tokens * rows);
   for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t < L.tokens; ++t)
+    for (int64_t t = 0; t < tokens; ++t)
       for (int64_t j = 0; j < rows; ++j)
-        values(b, t * rows + j) = full(b, t * L.expert_out + w.rows[static_cast<std::size_t>(j)]);
+        values(b, t * rows + j) = full(b, t * width + w.rows[static_cast<std::size_t>(j)]);
 }
 template <class S, class Full>
-void moe_scatter(const SiteLayer& L, const SiteWork<S>& w, const typename SiteWork<S>::M& values,
-                 Full&& full) {
+void scatter_columns(const SiteLayer& L, const SiteWork<S>& w,
+                     const typename SiteWork<S>::M& values, Full&& full) {
+  const auto [tokens, width] = L.sites();
   const auto rows = static_cast<int64_t>(w.rows.size());
   for (int64_t b = 0; b < values.rows(); ++b)
-    for (int64_t t = 0; t < L.tokens; ++t)
+    for (int64_t t = 0; t < tokens; ++t)
       for (int64_t j = 0; j < rows; ++j)
-        full(b, t * L.expert_out + w.rows[static_cast<std::size_t>(j)]) = values(b, t * rows + j);
+        full(b, t * width + w.rows[static_cast<std::size_t>(j)]) = values(b, t * rows + j);
 }
 
 // The feature tail's elementwise layers on values, in place.
@@ -657,6 +662,34 @@ void run_feature_tail(const std::vector<TailStage>& stages, typename SiteWork<S>
     for (Eigen::Index i = 0; i < values.size(); ++i)
       values.data()[i] = static_cast<S>(fn(st.layer->ctx, static_cast<double>(values.data()[i])));
   }
+}
+
+// The feature tail of site layer l over the columns w.rows, per group: the incumbent's
+// values at the affine layer's input (w.tail_base) and that layer's W^T rows for them
+// (w.tail_weights).
+template <class S>
+void feature_tail_setup(const SiteLayer& L, const IncumbentCache<S>& inc, int64_t out,
+                        SiteWork<S>& w) {
+  const std::size_t a = L.feature_affine;
+  const auto [tokens, width] = L.sites();
+  const auto rows = static_cast<int64_t>(w.rows.size());
+  gather_columns(L, w, inc.acts[a], inc.batch, w.tail_base);
+  w.tail_weights.resize(tokens * rows, out);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t j = 0; j < rows; ++j)
+      w.tail_weights.row(t * rows + j) =
+          inc.weights_t[a].row(t * width + w.rows[static_cast<std::size_t>(j)]);
+}
+
+// One candidate's new values at the columns (w.values, overwritten) through the feature tail
+// into the affine layer's output: stacked = y_incumbent + (f(values) - f(values_0)) W^T.
+template <class S, class Rows>
+void feature_tail_finish(const SiteLayer& L, const IncumbentCache<S>& inc, SiteWork<S>& w,
+                         Rows&& stacked) {
+  run_feature_tail<S>(L.feature_tail, w.values);
+  w.values -= w.tail_base;
+  stacked = inc.acts[L.feature_affine + 1];
+  stacked.noalias() += w.values * w.tail_weights;
 }
 
 }  // namespace
@@ -844,9 +877,9 @@ std::string probe_site(const LayerPlan& layer, const SiteLayer& L, const pp_sdpa
     } else if (L.kind == SiteLayer::Kind::moe) {
       moe_setup(L, w);
       MapMat<double> full(mine.data(), rows, L.tokens * L.expert_out);
-      moe_gather(L, w, full, rows, w.values);
+      gather_columns(L, w, full, rows, w.values);
       moe_apply(L, x.data(), rows, params.data(), scores, route, served, w, w.values.data());
-      moe_scatter(L, w, w.values, full);
+      scatter_columns(L, w, w.values, full);
     } else {
       attention_setup(L, w);
       attention_apply(L, x.data(), rows, params.data(), qkv, mixed, w, mine.data());
@@ -1003,7 +1036,7 @@ SiteLocalPath<S>::SiteLocalPath(const EvaluationContext<S>& ctx) : ctx_(ctx) {
         const std::string tail = plan_feature_tail(ctx_.plan, l, site);
         site.detail +=
             "; argmax: a moved q or k row updates the scores rank-one and changes "
-            "only the queries whose key changes" +
+            "only the queries whose key changes; v rows keep every key, out_proj moves are linear" +
             (site.feature_affine > 0 ? ", " + tail : "");
       }
       if (site.kind == SiteLayer::Kind::moe && site.usable()) {
@@ -1086,7 +1119,7 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
   const AttentionForm form =
       site.kind == SiteLayer::Kind::attention ? attention_form(site, w) : AttentionForm::general;
   const bool through_features =
-      (site.kind == SiteLayer::Kind::moe || form == AttentionForm::qk_row) &&
+      (site.kind == SiteLayer::Kind::moe || form != AttentionForm::general) &&
       site.feature_affine > 0;
   const std::size_t suffix_from = through_tail       ? site.tail.affine + 1
                                   : through_features ? site.feature_affine + 1
@@ -1118,6 +1151,43 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
         w.values -= ctx_.inc.acts[a].block(b, r * e, 1, e);
         stacked.row(b).noalias() += w.values * ctx_.inc.weights_t[a].middleRows(r * e, e);
       }
+    }
+  } else if (form != AttentionForm::general && through_features) {
+    // The changed columns (every column for v rows, the moved out_proj rows' columns) through
+    // the feature tail.
+    const int64_t e = site.embed, out_w = site.out_weight_offset(), out_w_end = out_w + e * e;
+    const auto column_of = [&](int64_t p) {
+      return p < out_w_end ? (p - out_w) / e : p - out_w_end;
+    };
+    w.rows.clear();
+    w.row_slot.assign(static_cast<std::size_t>(e), -1);
+    for (int64_t col = 0; col < e; ++col) {
+      const bool moved = form == AttentionForm::v_rows ||
+                         std::any_of(w.param.begin(), w.param.end(),
+                                     [&](int64_t p) { return column_of(p) == col; });
+      if (!moved) continue;
+      w.row_slot[static_cast<std::size_t>(col)] = static_cast<int64_t>(w.rows.size());
+      w.rows.push_back(col);
+    }
+    feature_tail_setup(site, ctx_.inc, ctx_.plan.layers[site.feature_affine].out, w);
+    gather_columns(site, w, ctx_.inc.acts[l + 1], batch, w.value_base);
+    const auto rows = static_cast<int64_t>(w.rows.size());
+    const Mat<S>& mixed = site_mixed_[l];
+    for (int64_t i = 0; i < n; ++i) {
+      for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
+      w.values = w.value_base;
+      if (form == AttentionForm::v_rows) {  // every column: the output's own layout
+        attention_fast_apply(site, form, ctx_.inc.acts[l].data(), batch, params, site_qkv_[l],
+                             site_mixed_[l], site_keys_[l], w, w.values.data());
+      } else {
+        for (std::size_t t = 0; t < w.param.size(); ++t) {
+          const int64_t p = w.param[t], slot = w.row_slot[static_cast<std::size_t>(column_of(p))];
+          for (int64_t r = 0; r < batch * site.length; ++r)
+            w.values.data()[r * rows + slot] +=
+                p < out_w_end ? w.delta[t] * mixed(r, (p - out_w) % e) : w.delta[t];
+        }
+      }
+      feature_tail_finish(site, ctx_.inc, w, s.stack.middleRows(i * batch, batch));
     }
   } else if (form != AttentionForm::general) {
     for (int64_t i = 0; i < n; ++i) {
@@ -1168,19 +1238,11 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
     }
   } else if (site.kind == SiteLayer::Kind::moe) {
     // The changed rows of every token, then (with the feature tail) through the elementwise
-    // layers into the affine layer's output: y = y_incumbent + (values_new - values) W^T.
+    // layers into the affine layer's output.
     const auto& base = ctx_.inc.acts[l + 1];
-    const auto rows = static_cast<int64_t>(w.rows.size());
-    const std::size_t a = site.feature_affine;
-    if (through_features) {
-      moe_gather(site, w, ctx_.inc.acts[a], batch, w.tail_base);
-      w.tail_weights.resize(site.tokens * rows, ctx_.plan.layers[a].out);
-      for (int64_t t = 0; t < site.tokens; ++t)
-        for (int64_t j = 0; j < rows; ++j)
-          w.tail_weights.row(t * rows + j) =
-              ctx_.inc.weights_t[a].row(t * site.expert_out + w.rows[static_cast<std::size_t>(j)]);
-    }
-    moe_gather(site, w, base, batch, w.value_base);
+    if (through_features)
+      feature_tail_setup(site, ctx_.inc, ctx_.plan.layers[site.feature_affine].out, w);
+    gather_columns(site, w, base, batch, w.value_base);
     for (int64_t i = 0; i < n; ++i) {
       for (std::size_t t = 0; t < s.touched.size(); ++t) w.delta[t] = change(i, t);
       w.values = w.value_base;
@@ -1188,13 +1250,10 @@ void SiteLocalPath<S>::evaluate(const Candidates& c, const Group& g, Scratch& s,
                 site_served_[l], w, w.values.data());
       auto stacked = s.stack.middleRows(i * batch, batch);
       if (through_features) {
-        run_feature_tail<S>(site.feature_tail, w.values);
-        w.values -= w.tail_base;
-        stacked = ctx_.inc.acts[a + 1];
-        stacked.noalias() += w.values * w.tail_weights;
+        feature_tail_finish(site, ctx_.inc, w, stacked);
       } else {
         stacked = base;
-        moe_scatter(site, w, w.values, stacked);
+        scatter_columns(site, w, w.values, stacked);
       }
     }
   } else {
