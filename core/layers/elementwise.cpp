@@ -46,6 +46,13 @@ class Elementwise final : public LayerBase<Elementwise> {
       case Op::tanh:
         y = x.array().tanh().matrix();
         break;
+      case Op::sign:  // the cheap functions without a switch per value
+        y = x.unaryExpr([](S v) { return kernels::sign(v); });
+        break;
+      case Op::staircase:
+        y = x.unaryExpr(
+            [step = static_cast<S>(step_)](S v) { return kernels::staircase(v, step); });
+        break;
       default:
         y = x.unaryExpr([this](S v) { return eval(v); });
         break;

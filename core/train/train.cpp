@@ -27,9 +27,11 @@ using train_detail::Checkpoint;
 
 // Rows per chunk of an evaluation: a function of the row count alone, so the chunks (and
 // their forwards and partial sums, added in chunk order) are the same for any thread count
-// and the results do not depend on it. A minibatch (the post-step record) goes in chunks of 4
-// rows, so that its forward runs on every thread; a validation or test split in chunks of 64.
-int64_t evaluation_rows(int64_t rows) { return rows <= 256 ? 4 : 64; }
+// and the results do not depend on it. A minibatch (the post-step record) goes in chunks of
+// 32 rows, so that its forward runs on a few threads while each chunk's layers still pay
+// their per-call work (a quantised layer's transform of its weights) a few times, not once per
+// handful of rows; a validation or test split in chunks of 64.
+int64_t evaluation_rows(int64_t rows) { return rows <= 256 ? 32 : 64; }
 
 // The chunks an evaluation computes here: all of them, or with processes that share the steps
 // (StepShard: each process's evaluator scores its slice of the candidates) an even share, whose

@@ -22,6 +22,7 @@
 
 #include "unit_change.hpp"
 
+#include <polyprobe/plugin/kernels/activations.hpp>
 #include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
@@ -81,6 +82,37 @@ void DeltaPath<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out
   if (layer.is_relu) {
     for (int64_t i = 0; i < count; ++i) out[i] = in[i] > S(0) ? in[i] : S(0);
     return;
+  }
+  if (layer.view->op == PP_OP_ACTIVATION && layer.view->op_attrs != nullptr) {
+    // A built-in activation: its formula (kernels/activations.hpp, as the core's layer
+    // evaluates it), without the host call's buffers.
+    const auto& attrs = *static_cast<const pp_activation_attrs*>(layer.view->op_attrs);
+    const auto each = [&](auto f) {
+      for (int64_t i = 0; i < count; ++i) out[i] = f(in[i]);
+    };
+    switch (attrs.fn) {
+      case PP_ACT_IDENTITY:
+        std::copy(in, in + count, out);
+        return;
+      case PP_ACT_SIGN:
+        each([](S v) { return kernels::sign(v); });
+        return;
+      case PP_ACT_STAIRCASE:
+        each([step = static_cast<S>(attrs.step)](S v) { return kernels::staircase(v, step); });
+        return;
+      case PP_ACT_GELU:
+        each([](S v) { return kernels::gelu(v); });
+        return;
+      case PP_ACT_GELU_TANH:
+        each([](S v) { return kernels::gelu_tanh(v); });
+        return;
+      case PP_ACT_TANH:  // Eigen's tanh, as the core's layer
+        Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(out, count) =
+            Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(in, count).tanh();
+        return;
+      default:
+        break;  // a function this plugin does not know: the host's forward
+    }
   }
   // The layer's own forward on a flat buffer viewed as rows of its width: probed to be
   // elementwise and indifferent to where a value sits.
