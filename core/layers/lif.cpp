@@ -9,6 +9,8 @@
 // before it to make the currents trainable.
 #include "layers/builtin.hpp"
 
+#include <polyprobe/plugin/kernels/lif.hpp>
+
 namespace polyprobe {
 namespace {
 
@@ -47,27 +49,20 @@ class LeakyIntegrateFire final : public LayerBase<LeakyIntegrateFire> {
 
   template <class S>
   void forward_impl(ConstMatrixRef<S> x, std::span<const S>, MatrixRef<S> y) const {
-    y = x.unaryExpr([this](S current) { return rate(current); });
+    for (Eigen::Index r = 0; r < x.rows(); ++r) rates(x.row(r).data(), y.row(r).data(), x.cols());
   }
 
  private:
-  // The firing rate of one neuron driven by a constant current, in the precision S.
+  // The firing rates of neurons driven by constant currents, in the precision S.
   template <class S>
-  S rate(S current) const {
-    const auto beta = static_cast<S>(beta_), threshold = static_cast<S>(threshold_);
-    S v = 0;
-    int64_t spikes = 0;
-    for (int64_t t = 0; t < steps_; ++t) {
-      v = beta * v + current;
-      if (v >= threshold) {
-        ++spikes;
-        v = reset_to_zero_ ? S(0) : v - threshold;
-      }
-    }
-    return static_cast<S>(spikes) / static_cast<S>(steps_);
+  void rates(const S* current, S* rate, int64_t count) const {
+    kernels::lif_rates(current, rate, count, steps_, static_cast<S>(beta_),
+                       static_cast<S>(threshold_), reset_to_zero_);
   }
   static double rate_fn(const void* self, double x) {
-    return static_cast<const LeakyIntegrateFire*>(self)->rate(x);
+    double rate = 0;
+    static_cast<const LeakyIntegrateFire*>(self)->rates(&x, &rate, 1);
+    return rate;
   }
 
   Shape shape_;

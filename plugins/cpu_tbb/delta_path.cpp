@@ -23,6 +23,7 @@
 #include "unit_change.hpp"
 
 #include <polyprobe/plugin/kernels/activations.hpp>
+#include <polyprobe/plugin/kernels/lif.hpp>
 #include <polyprobe/plugin/plugin.hpp>
 
 #include <tbb/blocked_range.h>
@@ -113,6 +114,12 @@ void DeltaPath<S>::apply_elementwise(const LayerPlan& layer, const S* in, S* out
       default:
         break;  // a function this plugin does not know: the host's forward
     }
+  }
+  if (layer.view->op == PP_OP_LIF && layer.view->op_attrs != nullptr) {
+    const auto& lif = *static_cast<const pp_lif_attrs*>(layer.view->op_attrs);
+    kernels::lif_rates(in, out, count, lif.steps, static_cast<S>(lif.beta),
+                       static_cast<S>(lif.threshold), lif.reset_to_zero != 0);
+    return;
   }
   // The layer's own forward on a flat buffer viewed as rows of its width: probed to be
   // elementwise and indifferent to where a value sits.
