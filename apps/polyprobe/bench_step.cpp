@@ -231,13 +231,14 @@ namespace {
 // transport solve, the move), each timed call one more step of the same run.
 BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std::string& regime,
                                 const std::string& device, int threads, bool host_transport,
-                                CandidateDType candidates) {
+                                bool device_rotations, CandidateDType candidates) {
   const StepRegime* mode = nullptr;
   for (const StepRegime& r : kRegimes)
     if (regime == r.name) mode = &r;
   Workload w = build_workload(find_workload(name), 0, &ctx.registry);
   OptimizerConfig config = complete_step_config(w, regime);
   config.device_transport = !host_transport;
+  config.device_rotations = device_rotations;
   PolytopeOptimizer optimizer(*w.model, config, w.subspace.get());
   auto evaluator = ctx.registry.make_evaluator(
       *w.model, *w.loss, step_request(ctx, w, device, threads, "", candidates));
@@ -260,7 +261,8 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.suite = "step";
   r.workload = name;
   r.device = device;
-  r.path = (host_transport ? regime + "+host-transport" : regime) + dtype_suffix(candidates);
+  r.path = (host_transport ? regime + "+host-transport" : regime) +
+           (device_rotations ? "+device-rotations" : "") + dtype_suffix(candidates);
   r.threads = threads;
   r.candidates = last.candidates;
   r.batch = w.spec.batch;
@@ -295,6 +297,12 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
       !host_transport && evaluator->solves_transport() ? "backend device" : "host";
   for (const char* key : {"step_bytes_to_host", "step_bytes_to_device"})
     if (plugin.contains(key)) r.extra[key] = plugin[key];
+  // Who drew the step's rotations: the backend only where it says it draws them for this d
+  // (and the step leaves them to it); else the host, and sent up.
+  r.extra["rotations"] = device_rotations && !host_transport && evaluator->solves_transport() &&
+                                 evaluator->draws_rotations(config.particle_dim)
+                             ? "backend device"
+                             : "host";
   r.extra["transport_iterations"] = last.transport_iterations;
   r.extra["candidates_per_second"] = static_cast<double>(last.candidates) / (t.median_ms * 1e-3);
   if (threads == 1 && device == "cpu") {
@@ -359,9 +367,16 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         for (const std::string& transport : split(ctx.vm["transports"].as<std::string>())) {
           if (transport != "device" && transport != "host")
             throw UsageError("--transports: unknown '" + transport + "' (device, host)");
-          for (const CandidateDType dtype : dtypes)
-            records.push_back(time_complete_steps(ctx, name, regime, device, threads,
-                                                  transport == "host", dtype));
+          for (const std::string& rotations : split(ctx.vm["rotations"].as<std::string>())) {
+            if (rotations != "device" && rotations != "host")
+              throw UsageError("--rotations: unknown '" + rotations + "' (host, device)");
+            if (rotations == "device" && transport == "host")
+              continue;  // the backend draws rotations only where it solves the transport
+            for (const CandidateDType dtype : dtypes)
+              records.push_back(time_complete_steps(ctx, name, regime, device, threads,
+                                                    transport == "host", rotations == "device",
+                                                    dtype));
+          }
         }
     }
     if (std::find(regimes.begin(), regimes.end(), "evaluation") == regimes.end()) continue;
@@ -491,6 +506,10 @@ BenchSuite step_suite() {
         "transports", po::value<std::string>()->default_value("device"),
         "step: where complete steps solve the transport: device (on the backend's device when "
         "it offers it, else the host), host, or device,host for both side by side")(
+        "rotations", po::value<std::string>()->default_value("host"),
+        "step: who draws a complete step's rotations: host (drawn and sent up), device (the "
+        "backend draws them from the optimizer's stream where it solves the transport and can: "
+        "--device-rotations on), or host,device side by side")(
         "candidate-dtypes", po::value<std::string>()->default_value("same"),
         "step: the candidates' precision, side by side: same (float32), bf16, fp16 "
         "(candidate_autocast, e.g. same,bf16,fp16 with --bench-device cuda)")(

@@ -523,6 +523,30 @@ TEST_CASE("bench scale takes its workloads from --workloads too, never ignoring 
   CHECK_THAT(unknown.err, Catch::Contains("unknown workload 'no-such-workload'"));
 }
 
+TEST_CASE("bench step times rotations drawn by the host and, where it can, the backend") {
+  const std::string json = std::string(POLYPROBE_TEST_TMP) + "/rotations.json";
+  std::filesystem::create_directories(POLYPROBE_TEST_TMP);
+  const auto r = polyprobe(
+      "bench step --quiet --workloads mlp64-full --bench-threads 1 --repeats 1 --no-peak "
+      "--regimes step@train --rotations host,device --transports device,host --json " +
+      json);
+  REQUIRE(r.exit_code == 0);
+  std::ifstream in(json);
+  const auto records = nlohmann::json::parse(in).at("records");
+  // host transport: host rotations only (the backend draws only where it solves); device
+  // transport: both, and cpu_tbb draws none, so the record says the host drew them.
+  std::vector<std::string> paths;
+  for (const auto& record : records) {
+    paths.push_back(record.at("path").get<std::string>());
+    CHECK(record.at("rotations") == "host");
+  }
+  CHECK(paths == std::vector<std::string>{"step@train", "step@train+device-rotations",
+                                          "step@train+host-transport"});
+  const auto unknown = polyprobe("bench step --rotations sideways --workloads mlp64-full");
+  CHECK(unknown.exit_code != 0);
+  CHECK_THAT(unknown.err, Catch::Contains("--rotations: unknown 'sideways' (host, device)"));
+}
+
 TEST_CASE("bench suites refuse another suite's options, naming the suites that read them") {
   // Each would otherwise run on its own defaults: forward would time the CPU.
   const auto device = polyprobe("bench forward --bench-device cuda");
