@@ -522,6 +522,14 @@ int train_run(Context& ctx, TrainRanks& ranks) {
   if (options.patience < 0) throw UsageError("--patience must be >= 0 (0: never stop early)");
   if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
     throw UsageError("--time-limit must be a number of seconds >= 0 (0: none)");
+  const std::string clock = vm["schedule-clock"].as<std::string>();
+  if (clock != "steps" && clock != "time")
+    throw UsageError("--schedule-clock: unknown clock '" + clock + "' (steps or time)");
+  options.schedule_over_time = clock == "time";
+  if (options.schedule_over_time && options.time_limit_s <= 0)
+    throw UsageError(
+        "--schedule-clock time runs the schedule over --time-limit's seconds: add --time-limit "
+        "SECONDS");
   if (vm.count("metrics")) options.metrics_path = vm["metrics"].as<std::string>();
   options.record_test = vm["metrics-test"].as<bool>();
   if (options.record_test && options.metrics_path.empty())
@@ -568,6 +576,13 @@ int train_run(Context& ctx, TrainRanks& ranks) {
       (splits.train.size() + options.batch_size - 1) / options.batch_size;
   const OptimizerSettings settings =
       optimizer_settings(vm, ctx.registry, options.epochs * steps_per_epoch, seed);
+  const ScheduleKind schedule = settings.optimizer.schedule;
+  if (options.schedule_over_time && schedule != ScheduleKind::linear &&
+      schedule != ScheduleKind::cosine && !settings.optimizer.momentum)
+    throw UsageError("--schedule-clock time has no effect with --schedule " +
+                     std::string(to_string(schedule)) +
+                     ": only linear and cosine schedules (and momentum's warm-up) run over the "
+                     "run's length");
   // The subspace is recreated identically on --resume: its bases depend only on its settings.
   const std::unique_ptr<Subspace> subspace = ctx.registry.make_subspace(model, settings.subspace);
   // The sizes that are known only once the optimizer and the evaluator exist: an allocation
@@ -652,6 +667,7 @@ int train_run(Context& ctx, TrainRanks& ranks) {
                             vm["rank-waits"].as<std::string>());
     options.write_files = ranks.leader();
     options.agree_on_stop = ranks.stop_agreement();
+    options.agree_on_clock = ranks.clock_agreement();
   }
 
   std::ostream& out = *ctx.out;
@@ -890,6 +906,10 @@ Command train_command() {
         "measure the validation split every this many steps (0: after every epoch); the best "
         "validated state is restored at the end")("time-limit", number_value(0),
                                                   "stop after this many seconds (0: none)")(
+        "schedule-clock", po::value<std::string>()->default_value("steps")->value_name("CLOCK"),
+        "what a linear or cosine schedule runs over: steps (the epochs' steps; repeatable) or "
+        "time (whichever ends the run first, the epochs or --time-limit, so a timed run ends "
+        "annealed; the steps then depend on the clock)")(
         "validation-fraction", number_value(0.15),
         "share of the training data held out for validation")(
         "test-fraction", number_value(0.15),

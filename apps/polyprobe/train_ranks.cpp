@@ -131,6 +131,17 @@ std::function<uint32_t(uint32_t)> TrainRanks::stop_agreement() {
   return nullptr;
 }
 
+std::function<double(double)> TrainRanks::clock_agreement() {
+#if POLYPROBE_HAVE_MPI
+  if (size_ > 1)
+    return [this](double seconds) {
+      impl_->job.broadcast(std::span<double>(&seconds, 1), 0, "the schedule's clock");
+      return seconds;
+    };
+#endif
+  return nullptr;
+}
+
 void TrainRanks::fail(const std::string& message) {
 #if POLYPROBE_HAVE_MPI
   impl_->job.abort(message);

@@ -75,6 +75,8 @@ class TrainRanks {
   nlohmann::json shard_account(const Evaluator& evaluator) const;
   // TrainOptions::agree_on_stop: the leader's stop reasons (alone: null).
   std::function<uint32_t(uint32_t)> stop_agreement();
+  // TrainOptions::agree_on_clock: the leader's seconds (alone: null).
+  std::function<double(double)> clock_agreement();
   // A failure of this rank after the agreement: says so on stderr naming the rank, and ends the
   // job on every rank (alone: not to be called; the caller reports the error itself).
   [[noreturn]] void fail(const std::string& message);

@@ -197,6 +197,13 @@ void PolytopeOptimizer::resync_from_model() {
   impl_->search_.engine().forget_history();
 }
 
+void PolytopeOptimizer::set_schedule_progress(std::optional<double> fraction) {
+  if (fraction && !(*fraction >= 0 && *fraction <= 1))
+    throw Error("set_schedule_progress: the fraction of the run must be in [0, 1], got " +
+                std::to_string(*fraction));
+  impl_->search_.engine().set_run_progress(fraction);
+}
+
 void PolytopeOptimizer::gather_state() {
   detail::StepEngine& engine = impl_->search_.engine();
   if (!engine.duals_spread()) return;

@@ -40,11 +40,12 @@ std::string_view to_string(ScheduleKind kind) {
 EpsilonSchedule::EpsilonSchedule(ScheduleSettings settings)
     : settings_(settings), progressive_epsilon_(settings.epsilon) {}
 
-double EpsilonSchedule::at(int64_t step) const {
+double EpsilonSchedule::at(int64_t step, std::optional<double> run_progress) const {
   const double start = settings_.epsilon;
   const double end = settings_.epsilon_final;
   const double progress =
-      settings_.total_steps > 0
+      run_progress ? std::clamp(*run_progress, 0.0, 1.0)
+      : settings_.total_steps > 0
           ? std::min(1.0, static_cast<double>(step) / static_cast<double>(settings_.total_steps))
           : 1.0;
   switch (settings_.kind) {

@@ -194,8 +194,10 @@ StepEngine::StepEngine(const OptimizerConfig& config, int32_t d, int64_t particl
 
 double StepEngine::momentum_coefficient() const {
   const double progress =
-      std::min(1.0, static_cast<double>(step_) /
-                        static_cast<double>(std::max<int64_t>(1, config_.total_steps)));
+      run_progress_
+          ? std::clamp(*run_progress_, 0.0, 1.0)
+          : std::min(1.0, static_cast<double>(step_) /
+                              static_cast<double>(std::max<int64_t>(1, config_.total_steps)));
   return config_.momentum_init + (config_.momentum_final - config_.momentum_init) * progress;
 }
 
@@ -221,7 +223,7 @@ void StepEngine::plan(uint64_t objective_key, std::span<const ParticleRange> onl
                       bool leave_rotations) {
   if (!next_is_scored()) throw Error("StepEngine::plan on a momentum-only step; call coast()");
   key_ = objective_key;
-  epsilon_ = schedule_.at(step_);
+  epsilon_ = schedule_.at(step_, run_progress_);
   const RadiusMultipliers m = radius_->multipliers();
   probe_r_ = config_.probe_radius * epsilon_ * m.probe;
   step_r_plan_ = config_.step_radius * epsilon_ * m.step;
@@ -892,7 +894,7 @@ StepInfo StepEngine::coast(std::span<double> moves) {
   if (next_is_scored()) throw Error("StepEngine::coast on a scored step; call plan()");
   StepInfo info = begin_info();
   info.momentum_only = true;
-  info.epsilon = schedule_.at(step_);
+  info.epsilon = schedule_.at(step_, run_progress_);
   for (std::size_t c = 0; c < moves.size(); ++c)
     moves[c] = velocity_[c] = config_.amortize_ema * velocity_[c];
   double norm2 = 0;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -151,6 +152,11 @@ class StepEngine {
   void save(std::ostream& out) const;
   void load(std::istream& in);
 
+  // How far along the run linear and cosine schedules and momentum's warm-up are, in [0, 1],
+  // in place of step / total_steps from the next step on (nullopt: the steps). Not state: the
+  // caller sets it before every step it times.
+  void set_run_progress(std::optional<double> progress) { run_progress_ = progress; }
+
  private:
   // Solves one block's transport into weights_; returns its Sinkhorn result (iterations and
   // convergence; the closed-form rules report 0 and converged).
@@ -189,6 +195,7 @@ class StepEngine {
   TransportSolver solver_;
   Matrix<double> template_;
   EpsilonSchedule schedule_;
+  std::optional<double> run_progress_;
   std::unique_ptr<RadiusModel> radius_;
   RotationMethod rotation_method_;  // resolved for P particles
   StepThreads threads_;

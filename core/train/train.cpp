@@ -239,6 +239,20 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   if (options.max_reverted_steps < 1) throw Error("max_reverted_steps must be >= 1");
   if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
     throw Error("time_limit_s must be a number of seconds >= 0 (0: none)");
+  if (options.schedule_over_time) {
+    if (options.time_limit_s <= 0)
+      throw Error(
+          "schedule_over_time runs the schedule over time_limit_s, which is 0 (no limit): set a "
+          "time limit");
+    const OptimizerConfig& config = optimizer.config();
+    const bool by_length = config.schedule == ScheduleKind::linear ||
+                           config.schedule == ScheduleKind::cosine || config.momentum;
+    if (!by_length)
+      throw Error("schedule_over_time has no effect on the schedule '" +
+                  std::string(to_string(config.schedule)) +
+                  "' without momentum: only linear and cosine schedules (and momentum's "
+                  "warm-up) depend on the run's length");
+  }
   if (options.resume && options.checkpoint_path.empty())
     throw Error("resuming needs a checkpoint file (--save or --checkpoint)");
   // The output files are regular files or new ones, never a device or a library in use.
@@ -355,6 +369,15 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
   while (!stop) {
     const Batch batch = stream.next();
     before.assign(model.parameters().begin(), model.parameters().end());
+    if (options.schedule_over_time) {
+      double seconds = elapsed();
+      if (options.agree_on_clock) seconds = options.agree_on_clock(seconds);
+      const double by_steps =
+          static_cast<double>(state.step) /
+          static_cast<double>(std::max<int64_t>(1, optimizer.config().total_steps));
+      optimizer.set_schedule_progress(
+          std::min(1.0, std::max(by_steps, seconds / options.time_limit_s)));
+    }
     auto phase = Clock::now();
     optimizer.register_evaluator(evaluator, batch);
     const StepInfo info = optimizer.step();
@@ -405,13 +428,14 @@ TrainResult train(Model& model, const Loss& loss, PolytopeOptimizer& optimizer,
     }
     TrainProgress progress{state.step, stream.epoch(), steps_per_epoch, options.epochs,
                            now.loss,   now.accuracy,   now.samples,     state.evaluations,
-                           elapsed(),  std::nullopt,   reverted};
+                           elapsed(),  std::nullopt,   reverted,        info.epsilon};
     nlohmann::json record = {{"step", progress.step},
                              {"epoch", progress.epoch},
                              {"loss", progress.loss},
                              {"accuracy", progress.accuracy},
                              {"candidates", progress.candidates},
-                             {"seconds", progress.seconds}};
+                             {"seconds", progress.seconds},
+                             {"epsilon", progress.epsilon}};
     if (!options.metrics_path.empty() && options.write_files) {
       nlohmann::json paths = candidates_per_path(evaluator, info.candidates);
       if (!paths.empty()) record["paths"] = std::move(paths);

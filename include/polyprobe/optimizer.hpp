@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 namespace polyprobe {
@@ -180,6 +181,11 @@ class PolytopeOptimizer {
   // Re-reads the parameters after external weight changes; drops momentum and deferred
   // comparisons that referred to the old weights.
   void resync_from_model();
+  // How far along the run linear and cosine schedules and momentum's warm-up are, as a
+  // fraction in [0, 1], in place of steps() / total_steps from the next step on; nullopt goes
+  // back to the steps. train() sets it before every step of a run timed by the clock
+  // (TrainOptions::schedule_over_time). Not part of the saved state.
+  void set_schedule_progress(std::optional<double> fraction);
 
   // The whole optimizer state (RNG, duals, radii and controllers, pending prediction,
   // momentum, caches), exactly; load_state requires the same configuration and model shape.

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string_view>
 
 namespace polyprobe {
@@ -38,8 +39,10 @@ struct ScheduleSettings {
 class EpsilonSchedule {
  public:
   explicit EpsilonSchedule(ScheduleSettings settings = {});
-  // epsilon at step `step` (0-based).
-  double at(int64_t step) const;
+  // epsilon at step `step` (0-based). `progress` (in [0, 1]), when given, is how far along
+  // the run linear and cosine schedules are, in place of step / total_steps (a run timed by
+  // the clock instead of its steps); the other kinds ignore it.
+  double at(int64_t step, std::optional<double> progress = std::nullopt) const;
   // Progressive feedback: whether the last iterative solve met its tolerance.
   void observe_solve(bool converged);
   void save(std::ostream& out) const;

@@ -57,17 +57,23 @@ struct TrainProgress {
   double seconds = 0;         // since the start (of this run and the ones it resumes)
   std::optional<double> validation_accuracy;  // set when the validation split was measured
   bool reverted = false;  // the step made the minibatch loss non-finite and was undone
+  double epsilon = 0;     // the schedule's epsilon this step (the radii's and transport's scale)
 };
 
 struct TrainOptions {
   int64_t epochs = 10;
   int64_t batch_size = 64;
-  uint64_t seed = 0;                   // minibatch order
-  int64_t patience = 0;                // validations without improvement before stopping; 0 = off
-  int64_t validate_every = 0;          // steps between validations; 0 = at the end of every epoch
-  double time_limit_s = 0;             // stop (between steps) after this long; 0 = no limit
-  DType dtype = DType::f32;            // precision of validation forwards
-  std::filesystem::path metrics_path;  // JSON lines; empty = none
+  uint64_t seed = 0;           // minibatch order
+  int64_t patience = 0;        // validations without improvement before stopping; 0 = off
+  int64_t validate_every = 0;  // steps between validations; 0 = at the end of every epoch
+  double time_limit_s = 0;     // stop (between steps) after this long; 0 = no limit
+  // The optimizer's linear or cosine schedule (and momentum's warm-up) advances by the larger
+  // of two fractions of the run, its steps' (of total_steps) and its seconds' (of
+  // time_limit_s), so a run the time limit cuts still ends annealed. Needs time_limit_s > 0
+  // and a schedule that depends on the run's length. The steps then depend on the clock.
+  bool schedule_over_time = false;
+  DType dtype = DType::f32;               // precision of validation forwards
+  std::filesystem::path metrics_path;     // JSON lines; empty = none
   std::filesystem::path checkpoint_path;  // written after every epoch; empty = none
   bool resume = false;                    // continue from checkpoint_path
   int64_t max_reverted_steps = 20;        // consecutive non-finite steps before giving up
@@ -90,6 +96,10 @@ struct TrainOptions {
   // (checked after on_progress), which depend on its clock and its signals; returns the reason
   // every process acts on (the leader's), so that all stop after the same step.
   std::function<uint32_t(uint32_t)> agree_on_stop;
+  // (optional, with schedule_over_time) Called before every step, in the same order on every
+  // process, with this process's seconds; returns the leader's, so that every process's
+  // schedule reads the same clock.
+  std::function<double(double)> agree_on_clock;
 };
 
 // The reasons agree_on_stop carries.

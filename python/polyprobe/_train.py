@@ -20,6 +20,8 @@ TRAIN_OPTIONS: Dict[str, Tuple[Any, type, str]] = {
     "patience": (0, int, "stop after this many validations without gain (0: never)"),
     "validate_every": (0, int, "validate every this many steps (0: after every epoch)"),
     "time_limit": (0.0, float, "stop after this many seconds (0: none)"),
+    "schedule_clock": ("steps", str, "steps, or time: the schedule ends with the epochs or "
+                       "time_limit, whichever comes first"),
     "loss": (None, str, "cross_entropy, mse, hinge or zero_one (default: the model's)"),
     "l2": (None, float, "weight of l2 * |theta|^2 (default: the model's)"),
     "metrics": (None, str, "also write JSON lines to this file"),
@@ -149,7 +151,7 @@ def train(model: Model, x_train: Any, y_train: Any,
     ``validation=(x_val, y_val)``; without it ``validation_fraction`` of the training data
     is held out (seeded by ``seed``). ``options`` are ``polyprobe train``'s with the same
     defaults (``polyprobe.TRAIN_OPTIONS`` lists them: epochs=20, batch=128, seed=0,
-    patience, validate_every, time_limit, loss, l2, metrics, checkpoint, resume, the
+    patience, validate_every, time_limit, schedule_clock="steps", loss, l2, metrics, checkpoint, resume, the
     optimizer's step_radius=2, probe_radius=2, epsilon=0.3, epsilon_final=0.02,
     schedule="cosine", radius_model="quadratic", polytope="simplex", particle_dim=2, and
     backend="auto", device="cpu", dtype="float32", candidate_dtype="same", threads=0). An

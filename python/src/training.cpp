@@ -119,6 +119,12 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
   if (!(options.time_limit_s >= 0) || !std::isfinite(options.time_limit_s))
     throw BadInput("train: time_limit must be a number of seconds >= 0 (0: none), got " +
                    std::to_string(options.time_limit_s));
+  const auto clock = opt<std::string>(o, "schedule_clock");
+  if (clock != "steps" && clock != "time")
+    throw BadInput("train: schedule_clock must be 'steps' or 'time', got '" + clock + "'");
+  options.schedule_over_time = clock == "time";
+  if (options.schedule_over_time && options.time_limit_s <= 0)
+    throw BadInput("train: schedule_clock='time' runs the schedule over time_limit: set one");
   for (const char* output : {"metrics", "checkpoint"})
     if (!o[output].is_none() && opt<std::string>(o, output).empty())
       throw BadInput(std::string("train: ") + output +
@@ -168,6 +174,7 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
         d["accuracy"] = p.accuracy;
         d["candidates"] = p.candidates;
         d["seconds"] = p.seconds;
+        d["epsilon"] = p.epsilon;
         d["validation_accuracy"] =
             p.validation_accuracy ? py::cast(*p.validation_accuracy) : py::none();
         progress(d);
@@ -199,6 +206,7 @@ py::dict train_py(PyModel& pm, py::handle x_train, py::handle y_train, py::handl
     d["accuracy"] = p.accuracy;
     d["candidates"] = p.candidates;
     d["seconds"] = p.seconds;
+    d["epsilon"] = p.epsilon;
     d["validation_accuracy"] =
         p.validation_accuracy ? py::cast(*p.validation_accuracy) : py::none();
     metrics.append(d);

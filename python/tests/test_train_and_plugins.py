@@ -90,6 +90,15 @@ def test_train_labels_and_options_are_checked_as_the_cli_does(digits, tmp_path):
     assert r.steps > 0
     with pytest.raises(ValueError, match="time_limit must be a number of seconds >= 0"):
         polyprobe.train(mlp(), x, y, time_limit=-1, progress=False)
+    with pytest.raises(ValueError, match="schedule_clock='time' runs the schedule over time_limit"):
+        polyprobe.train(mlp(), x, y, schedule_clock="time", progress=False)
+    with pytest.raises(ValueError, match="schedule_clock must be 'steps' or 'time'"):
+        polyprobe.train(mlp(), x, y, schedule_clock="wall", time_limit=5, progress=False)
+    # Timed by the clock, the schedule is at least as far along as the steps say.
+    timed = polyprobe.train(mlp(), x, y, epochs=1, schedule_clock="time", time_limit=60,
+                            progress=False)
+    steps = polyprobe.train(mlp(), x, y, epochs=1, progress=False)
+    assert all(a["epsilon"] <= b["epsilon"] for a, b in zip(timed.metrics, steps.metrics))
     with pytest.raises(ValueError, match="seed must be >= 0"):
         polyprobe.train(mlp(), x, y, validation=(x, y), seed=-1, progress=False)
     with pytest.raises(ValueError, match="metrics needs a file name"):

@@ -639,6 +639,10 @@ TEST_CASE("an invalid optimizer combination in train is one line naming the rule
       {"--num-probe two", "--num-probe: expected an integer, got 'two'"},
       {"--momentum=maybe", "--momentum: expected on or off"},
       {"--radius-options {}x", "--radius-options has no effect here"},
+      {"--schedule-clock time", "add --time-limit SECONDS"},
+      {"--schedule-clock wall --time-limit 5", "--schedule-clock: unknown clock 'wall'"},
+      {"--schedule-clock time --time-limit 5 --schedule power",
+       "--schedule-clock time has no effect with --schedule power"},
   };
   for (const auto& [args, says] : cases) {
     INFO(args);

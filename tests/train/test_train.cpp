@@ -329,6 +329,63 @@ TEST_CASE("a process that leaves the files to another writes none, and the agree
   CHECK(dir.files().empty());
 }
 
+TEST_CASE("a schedule over time anneals by the clock or the steps, whichever is further",
+          "[train][schedule]") {
+  const DataSplits data = small_digits();
+  OptimizerConfig config = quick_config();
+  config.schedule = ScheduleKind::cosine;
+  config.epsilon = 0.05;
+  config.epsilon_final = 0.005;
+  config.total_steps = 12;  // 3 epochs of 4 steps
+  struct CosineRun {
+    Model model = linear_model();
+    std::unique_ptr<Loss> loss = make_loss("cross_entropy");
+    std::unique_ptr<Evaluator> evaluator = make_reference_evaluator(model, *loss);
+  };
+  const auto run = [&](TrainOptions options, std::vector<double>& epsilons) {
+    CosineRun r;
+    PolytopeOptimizer optimizer(r.model, config);
+    options.epochs = 3;
+    options.batch_size = 100;
+    options.on_progress = [&](const TrainProgress& p) { epsilons.push_back(p.epsilon); };
+    train(r.model, *r.loss, optimizer, *r.evaluator, data, options);
+    return std::vector<double>(r.model.parameters().begin(), r.model.parameters().end());
+  };
+  const EpsilonSchedule cosine(ScheduleSettings{ScheduleKind::cosine, 0.05, 0.005, 12});
+  std::vector<double> by_steps;
+  const std::vector<double> stepped = run(TrainOptions{}, by_steps);
+  REQUIRE(by_steps.size() == 12);
+  for (int64_t s = 0; s < 12; ++s) CHECK(by_steps[s] == cosine.at(s));
+
+  // A clock that has not moved: the steps decide, the very same run.
+  TrainOptions timed;
+  timed.schedule_over_time = true;
+  timed.time_limit_s = 1000;
+  timed.agree_on_clock = [](double) { return 0.0; };
+  std::vector<double> still;
+  CHECK(run(timed, still) == stepped);
+  CHECK(still == by_steps);
+
+  // Half the time limit gone before the first step: the schedule starts half way, and the
+  // steps take over once they are further along.
+  timed.agree_on_clock = [](double) { return 500.0; };
+  std::vector<double> halfway;
+  const std::vector<double> moved = run(timed, halfway);
+  REQUIRE(halfway.size() == 12);
+  for (int64_t s = 0; s < 12; ++s)
+    CHECK(halfway[s] == cosine.at(s, std::max(0.5, static_cast<double>(s) / 12)));
+  CHECK(halfway[0] < by_steps[0]);
+  CHECK(moved != stepped);
+
+  // It needs a time limit, and a schedule that depends on the run's length.
+  std::vector<double> unused;
+  timed.time_limit_s = 0;
+  CHECK_THROWS_WITH(run(timed, unused), Catch::Contains("set a time limit"));
+  timed.time_limit_s = 1000;
+  config.schedule = ScheduleKind::constant;
+  CHECK_THROWS_WITH(run(timed, unused), Catch::Contains("has no effect"));
+}
+
 TEST_CASE("a stopped run leaves the best validated state in the model, resuming names its step",
           "[train][checkpoint]") {
   const DataSplits data = small_digits();
