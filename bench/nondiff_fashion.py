@@ -27,7 +27,8 @@ for lif the surrogate slope k in {5, 25}, for moe the relaxation (straight-throu
 tau in {0.5, 1}, for argmax attention tau in {0.5, 1}. Every setting trains for --search-budget
 seconds; the one with the best validation accuracy then trains for the largest budget. The
 search's time is not charged to the baseline (it favours the baselines); polyprobe runs its
-config as written, untuned per budget.
+config as written, untuned per budget: its schedule anneals over the budget
+(`schedule-clock = time`).
 
 Equal budgets: every method's curve is test accuracy of the best validated state against wall
 time. polyprobe runs once per budget B (--time-limit B) and its figure is the test accuracy of
@@ -43,6 +44,10 @@ statistics, as polyprobe does; batches of 128, as the configs.
     python3 bench/nondiff_fashion.py --budgets 30,120,600 --out bench/nondiff-cpu.json
     python3 bench/nondiff_fashion.py --device cuda --budgets 10,60 --out bench/nondiff-cuda.json
     python3 bench/plot_nondiff.py bench/nondiff-cpu.json docs/fashion-nondiff-cpu.svg
+
+After a change to polyprobe alone, --reuse-baselines OLD.json trains polyprobe only and copies
+the baselines' runs (same device and budgets) from OLD.json; "baselines_from" in the records'
+meta says when those ran.
 
 Needs PyTorch (1.13 or 2.x) and numpy; the built `polyprobe` (--polyprobe, default
 build/bin/polyprobe or the one on PATH). It loads python/polyprobe/torch.py by path,
@@ -398,6 +403,9 @@ def main():
     parser.add_argument("--polyprobe", help="the polyprobe executable")
     parser.add_argument("--polyprobe-args", default="",
                         help="extra arguments for every polyprobe run (e.g. '--threads 16')")
+    parser.add_argument("--reuse-baselines", metavar="FILE",
+                        help="take the gradient baselines' and the ceiling's runs from FILE (records "
+                        "of this script on the same device and budgets) and train polyprobe only")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="JSON records to write")
     args = parser.parse_args()
@@ -413,6 +421,17 @@ def main():
     torch.set_num_threads(args.threads or os.cpu_count())
     exe = polyprobe_exe(args.polyprobe)
     eval_every = args.eval_every or budgets[0] / 10
+    reused = None
+    if args.reuse_baselines:
+        try:
+            reused = json.loads(pathlib.Path(args.reuse_baselines).read_text())
+        except (OSError, ValueError) as e:
+            sys.exit(f"FAIL: --reuse-baselines {args.reuse_baselines}: {e}")
+        meta = reused.get("meta", {})
+        if meta.get("device") != args.device or meta.get("budgets") != budgets:
+            sys.exit(f"FAIL: --reuse-baselines {args.reuse_baselines} holds device "
+                     f"{meta.get('device')} and budgets {meta.get('budgets')}; this run asks "
+                     f"for {args.device} and {budgets}")
     data = fashion_mnist(args.seed)
     records = {"meta": {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                         "device": args.device, "budgets": budgets,
@@ -423,6 +442,8 @@ def main():
                         "load_average": os.getloadavg()[0],
                         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda")
                         else None}, "runs": []}
+    if reused is not None:
+        records["meta"]["baselines_from"] = reused["meta"].get("date")
 
     def save():
         pathlib.Path(args.out).write_text(json.dumps(records, indent=1) + "\n")
@@ -446,6 +467,13 @@ def main():
             print(f"{name} polyprobe: " + (error or f"{curve[-1][1]:.4f} at {curve[-1][0]} s"),
                   flush=True)
             for method in ("baseline", "float"):
+                if reused is not None:
+                    old = [r for r in reused["runs"] if r["model"] == name and r["method"] == method]
+                    if not old:
+                        sys.exit(f"FAIL: --reuse-baselines {args.reuse_baselines} has no {method} "
+                                 f"run of {name}")
+                    records["runs"].append(old[0])
+                    continue
                 search = []
                 for hp in search_space(name, method):
                     c, val = train_torch(spec, method, hp, data, args.search_budget,

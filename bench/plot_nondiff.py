@@ -39,7 +39,9 @@ def main():
     print(f"{meta['date']}, device {meta['device']}"
           + (f" ({meta['gpu']})" if meta.get("gpu") else "")
           + f", {meta['cores']} cores, torch {meta['torch']}, load average "
-          f"{meta['load_average']:.1f} at the start\n")
+          f"{meta['load_average']:.1f} at the start"
+          + (f"; the baselines' runs from {meta['baselines_from']}" if meta.get("baselines_from")
+             else "") + "\n")
     print("| model | method | " + " | ".join(f"{b:g} s" for b in budgets) + " |")
     print("| --- | --- | " + " | ".join("---" for _ in budgets) + " |")
     draw = accuracy_curves().svg
