@@ -44,6 +44,17 @@ for n in 1 2 3; do
   # Rank 0 alone prints: one copy of each line.
   [[ $(grep -c "test accuracy" r$n.out) == 1 ]] || fail "$n ranks printed the result more than once"
 done
+# The schedule on rank 0's clock: every rank asks for it before every step, so none waits
+# forever, and the run the limit cuts still ends annealed.
+timeout 120 "${mpi[@]}" -np 2 "$polyprobe" train --epochs 200 --hidden 24 --threads 1 --quiet \
+  --schedule-clock time --time-limit 1 --metrics clock.jsonl >clock.out 2>&1 ||
+  fail "mpirun -np 2 train --schedule-clock time: $(cat clock.out)"
+grep -q "reached --time-limit" clock.out || fail "the timed 2-rank run did not reach its limit: $(cat clock.out)"
+python3 -c '
+import json, sys
+eps = [json.loads(l)["epsilon"] for l in open(sys.argv[1]) if "epsilon" in l]
+sys.exit(0 if eps and eps[-1] < 0.25 * eps[0] else 1)' clock.jsonl ||
+  fail "the timed 2-rank run did not anneal by the clock"
 grep -q "on each of 2 ranks" r2.out || fail "the 2-rank run does not say it is sharded: $(cat r2.out)"
 grep -q "exchanges over mpi, why: the backend's losses are in host memory" r2.out ||
   fail "the 2-rank run does not say how its losses cross and why: $(cat r2.out)"
