@@ -261,8 +261,10 @@ BenchRecord time_complete_steps(Context& ctx, const std::string& name, const std
   r.suite = "step";
   r.workload = name;
   r.device = device;
-  r.path = (host_transport ? regime + "+host-transport" : regime) +
-           (device_rotations ? "+device-rotations" : "") + dtype_suffix(candidates);
+  // The suffixes name what differs from `polyprobe train`'s defaults.
+  r.path = (host_transport ? regime + "+host-transport"
+                           : regime + (device_rotations ? "" : "+host-rotations")) +
+           dtype_suffix(candidates);
   r.threads = threads;
   r.candidates = last.candidates;
   r.batch = w.spec.batch;
@@ -367,15 +369,17 @@ std::vector<BenchRecord> run_step(Context& ctx) {
         for (const std::string& transport : split(ctx.vm["transports"].as<std::string>())) {
           if (transport != "device" && transport != "host")
             throw UsageError("--transports: unknown '" + transport + "' (device, host)");
-          for (const std::string& rotations : split(ctx.vm["rotations"].as<std::string>())) {
+          const std::vector<std::string> choices = split(ctx.vm["rotations"].as<std::string>());
+          for (const std::string& rotations : choices) {
             if (rotations != "device" && rotations != "host")
               throw UsageError("--rotations: unknown '" + rotations + "' (host, device)");
-            if (rotations == "device" && transport == "host")
-              continue;  // the backend draws rotations only where it solves the transport
+            // The backend draws rotations only where it solves the transport: with the host's
+            // transport, one record, the host's rotations.
+            if (transport == "host" && rotations != choices.front()) continue;
             for (const CandidateDType dtype : dtypes)
-              records.push_back(time_complete_steps(ctx, name, regime, device, threads,
-                                                    transport == "host", rotations == "device",
-                                                    dtype));
+              records.push_back(
+                  time_complete_steps(ctx, name, regime, device, threads, transport == "host",
+                                      rotations == "device" && transport == "device", dtype));
           }
         }
     }
@@ -506,10 +510,10 @@ BenchSuite step_suite() {
         "transports", po::value<std::string>()->default_value("device"),
         "step: where complete steps solve the transport: device (on the backend's device when "
         "it offers it, else the host), host, or device,host for both side by side")(
-        "rotations", po::value<std::string>()->default_value("host"),
-        "step: who draws a complete step's rotations: host (drawn and sent up), device (the "
-        "backend draws them from the optimizer's stream where it solves the transport and can: "
-        "--device-rotations on), or host,device side by side")(
+        "rotations", po::value<std::string>()->default_value("device"),
+        "step: who draws a complete step's rotations: device (as train does: the backend draws "
+        "them from the optimizer's stream where it solves the transport and can, else the "
+        "host), host (drawn and sent up: --device-rotations off), or host,device side by side")(
         "candidate-dtypes", po::value<std::string>()->default_value("same"),
         "step: the candidates' precision, side by side: same (float32), bf16, fp16 "
         "(candidate_autocast, e.g. same,bf16,fp16 with --bench-device cuda)")(

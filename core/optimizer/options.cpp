@@ -457,8 +457,7 @@ std::vector<OptimizerOption> make_table() {
   t.push_back(flag({"device-rotations", transport,
                     "with the transport on the device: let a backend that offers it (cuda, "
                     "particles of d = 2) draw each step's rotations itself, the host's bits, so "
-                    "nothing per particle is sent up; off (the default): the host draws and "
-                    "sends them"},
+                    "nothing per particle is sent; off: the host draws and sends them"},
                    [](S s) -> bool& { return s.optimizer.device_rotations; }));
   needs(t.back(), "--device-transport on",
         [](const OptimizerSettings& s) { return s.optimizer.device_transport; });

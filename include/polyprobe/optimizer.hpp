@@ -81,9 +81,8 @@ struct OptimizerConfig {
   // matrix, solve and move where its losses are; false: the host does (same formulas).
   bool device_transport = true;
   // With the transport there: let such an evaluator that draws rotations itself
-  // (Evaluator::draws_rotations, the host's bits) do so; false (the default): the host draws
-  // and sends them.
-  bool device_rotations = false;
+  // (Evaluator::draws_rotations, the host's bits) do so; false: the host draws and sends them.
+  bool device_rotations = true;
   // Processes that share the steps (an evaluator with a StepShard: mpirun) each finish only
   // their own particles and share partial sums and moves; false: each gathers every loss and
   // finishes the whole step. The same bits either way.

@@ -540,7 +540,7 @@ TEST_CASE("bench step times rotations drawn by the host and, where it can, the b
     paths.push_back(record.at("path").get<std::string>());
     CHECK(record.at("rotations") == "host");
   }
-  CHECK(paths == std::vector<std::string>{"step@train", "step@train+device-rotations",
+  CHECK(paths == std::vector<std::string>{"step@train+host-rotations", "step@train",
                                           "step@train+host-transport"});
   const auto unknown = polyprobe("bench step --rotations sideways --workloads mlp64-full");
   CHECK(unknown.exit_code != 0);
