@@ -39,7 +39,8 @@ while they evaluate; polyprobe's seconds include its validations (both favour th
 
 The data: Fashion-MNIST's 60,000 training images (15 % held out for validation by a seeded
 shuffle) and its 10,000 test images, standardised per pixel with the training part's
-statistics, as polyprobe does; batches of 128, as the configs.
+statistics, as polyprobe does; the baselines in batches of 128 (polyprobe: its config's, 128
+or 64).
 
     python3 bench/nondiff_fashion.py --budgets 30,120,600 --out bench/nondiff-cpu.json
     python3 bench/nondiff_fashion.py --device cuda --budgets 10,60 --out bench/nondiff-cuda.json
